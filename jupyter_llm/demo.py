@@ -1,0 +1,196 @@
+"""Tiny, valid llama-architecture GGUF models for tests, demos and benchmarks.
+
+The weights are seeded random numbers: the model talks nonsense, but it
+exercises every path (tokenizer, chat template, KV cache, sampling) through
+llama.cpp exactly like a real model does, and nothing has to be downloaded.
+
+    python -m jupyter_llm.demo model.gguf            # just the file
+    python -m jupyter_llm.demo --install demo         # into the model store
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+BOS, EOS, IM_START, IM_END = "<s>", "</s>", "<|im_start|>", "<|im_end|>"
+
+
+@dataclass(frozen=True)
+class DemoModelSpec:
+    """Shape of a generated model; defaults load in milliseconds."""
+
+    n_embd: int = 64
+    n_layer: int = 2
+    n_ff: int = 128
+    n_head: int = 4
+    n_head_kv: int = 2
+    context_length: int = 2048
+    seed: int = 0
+    name: str = "jupyter-llm-demo"
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode mapping used by byte-level BPE."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def vocabulary() -> tuple[list[str], list[int], list[str]]:
+    """Byte tokens, a few merged tokens, and the special tokens, with their types."""
+    import gguf
+
+    b2u = byte_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    types = [gguf.TokenType.NORMAL] * 256
+    merges = [f"{b2u[ord('h')]} {b2u[ord('e')]}", f"{b2u[ord(' ')]} {b2u[ord('t')]}"]
+    tokens += ["he", b2u[ord(" ")] + "t"]
+    types += [gguf.TokenType.NORMAL] * 2
+    for special in (BOS, EOS, IM_START, IM_END):
+        tokens.append(special)
+        types.append(gguf.TokenType.CONTROL)
+    return tokens, [int(t) for t in types], merges
+
+
+def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = None) -> Path:
+    """Write a llama GGUF with random f32 weights to ``path`` (atomically)."""
+    import gguf
+
+    spec = spec or DemoModelSpec()
+    if spec.n_embd % spec.n_head or spec.n_head % spec.n_head_kv:
+        raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokens, types, merges = vocabulary()
+    n_vocab = len(tokens)
+    head_dim = spec.n_embd // spec.n_head
+    n_embd_kv = head_dim * spec.n_head_kv
+    rng = np.random.default_rng(spec.seed)
+
+    def weights(*shape: int, scale: float = 0.02) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name(spec.name)
+    writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    writer.add_context_length(spec.context_length)
+    writer.add_embedding_length(spec.n_embd)
+    writer.add_block_count(spec.n_layer)
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokens.index(BOS))
+    writer.add_eos_token_id(tokens.index(IM_END))
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+    writer.add_tensor("token_embd.weight", weights(n_vocab, spec.n_embd, scale=1.0))
+    for i in range(spec.n_layer):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", weights(spec.n_embd, spec.n_embd))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", weights(n_embd_kv, spec.n_embd))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", weights(n_embd_kv, spec.n_embd))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", weights(spec.n_embd, spec.n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weights(spec.n_ff, spec.n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", weights(spec.n_ff, spec.n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", weights(spec.n_embd, spec.n_ff))
+    writer.add_tensor("output_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
+    output = weights(n_vocab, spec.n_embd, scale=1.0)
+    # Only printable ASCII (and the merged tokens) get large logits, so the
+    # nonsense is at least readable; the end-of-generation tokens stay unlikely
+    # so that greedy decoding runs long.
+    b2u = byte_to_unicode()
+    for b in range(256):
+        if not (32 <= b < 127 or b == 10):
+            output[tokens.index(b2u[b])] = 0.0
+    for special in (BOS, EOS, IM_START, IM_END):
+        output[tokens.index(special)] = 0.0
+    writer.add_tensor("output.weight", output)
+
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m jupyter_llm.demo",
+        description="Write a tiny llama GGUF with random weights (for tests and demos).",
+    )
+    parser.add_argument("path", nargs="?", help="output .gguf file")
+    parser.add_argument("--install", metavar="NAME", help="also add it to the model store")
+    parser.add_argument("--n-embd", type=int, default=DemoModelSpec.n_embd)
+    parser.add_argument("--n-layer", type=int, default=DemoModelSpec.n_layer)
+    parser.add_argument("--n-ff", type=int, default=DemoModelSpec.n_ff)
+    parser.add_argument("--n-head", type=int, default=DemoModelSpec.n_head)
+    parser.add_argument("--n-head-kv", type=int, default=DemoModelSpec.n_head_kv)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not args.path and not args.install:
+        parser.error("give a path, --install NAME, or both")
+    spec = DemoModelSpec(
+        n_embd=args.n_embd,
+        n_layer=args.n_layer,
+        n_ff=args.n_ff,
+        n_head=args.n_head,
+        n_head_kv=args.n_head_kv,
+        seed=args.seed,
+    )
+    if args.install:
+        import tempfile
+
+        from jupyter_llm.config import Settings
+        from jupyter_llm.models.store import ModelStore
+
+        store = ModelStore(Settings.from_env().models_dir)
+        with tempfile.TemporaryDirectory(dir=store.root) as tmp:
+            model_file = write_demo_model(Path(tmp) / "demo.gguf", spec)
+            digest = store.add_blob_from_file(model_file)
+            store.create(args.install, {"demo.gguf": digest})
+        print(f"installed {args.install} into {store.root}")
+    if args.path:
+        print(write_demo_model(args.path, spec))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

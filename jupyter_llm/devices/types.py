@@ -1,0 +1,52 @@
+"""Device facts as one type, and the one sort order used everywhere."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One compute device as a runner's backends see it (memory in bytes)."""
+
+    id: str
+    library: str  # CUDA, ROCm, Vulkan, Metal, CPU
+    name: str
+    description: str = ""
+    integrated: bool = False
+    pci_id: str = ""
+    total_memory: int = 0
+    free_memory: int = 0
+    compute: str = ""
+    driver: str = ""
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.library != "CPU"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    """Host memory (bytes) and CPU threads."""
+
+    total_memory: int
+    free_memory: int
+    free_swap: int
+    threads: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def device_sort_key(device: DeviceInfo) -> tuple[int, int, str]:
+    """Discrete GPUs first, then integrated GPUs, then CPU; most free memory first."""
+    rank = 2 if not device.is_gpu else (1 if device.integrated else 0)
+    return (rank, -device.free_memory, device.id)
+
+
+def sort_devices(devices: list[DeviceInfo]) -> list[DeviceInfo]:
+    return sorted(devices, key=device_sort_key)

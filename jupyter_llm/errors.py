@@ -1,0 +1,42 @@
+"""One error type per failure a user can see; the API maps each to its HTTP status."""
+
+from __future__ import annotations
+
+
+class LLMError(Exception):
+    """Base class: ``str(e)`` is the message a client sees."""
+
+    status = 500
+
+
+class InvalidRequest(LLMError):
+    status = 400
+
+
+class ModelNotFound(LLMError):
+    status = 404
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"model '{name}' not found")
+        self.name = name
+
+
+class ServerBusy(LLMError):
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__("server busy, please try again. maximum pending requests exceeded")
+
+
+class RunnerFailed(LLMError):
+    """A runner process failed or died; the message names the cause."""
+
+    status = 500
+
+
+class ModelLoadFailed(RunnerFailed):
+    pass
+
+
+class ConfigError(LLMError):
+    status = 500

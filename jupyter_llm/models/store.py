@@ -1,0 +1,264 @@
+"""Ollama's on-disk layout: ``manifests/<host>/<ns>/<name>/<tag>`` JSON and
+``blobs/sha256-<hex>``. The same directory can be shared with Ollama.
+
+Every write goes to a temporary file first and is renamed into place only when
+complete, so a crash never leaves a half-written blob or manifest behind.
+All methods block: call them from an executor in the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from jupyter_llm.errors import InvalidRequest, ModelNotFound
+from jupyter_llm.models.gguf_info import GGUFInfo, read_gguf_info
+from jupyter_llm.models.names import ModelName, parse_model_name
+
+MEDIA_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+MEDIA_CONFIG = "application/vnd.docker.container.image.v1+json"
+MEDIA_MODEL = "application/vnd.ollama.image.model"
+MEDIA_TEMPLATE = "application/vnd.ollama.image.template"
+MEDIA_SYSTEM = "application/vnd.ollama.image.system"
+MEDIA_PARAMS = "application/vnd.ollama.image.params"
+MEDIA_LICENSE = "application/vnd.ollama.image.license"
+
+_DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
+CHUNK = 1 << 20
+
+
+def parse_digest(digest: object, field: str = "digest") -> str:
+    """Normalise ``sha256:<hex>`` (or ``sha256-<hex>``) to ``sha256:<hex>``."""
+    if not isinstance(digest, str) or not (m := _DIGEST.match(digest)):
+        raise InvalidRequest(f"invalid {field}: {digest!r}; expected sha256:<64 hex digits>")
+    return f"sha256:{m.group(1)}"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model as the store knows it (no runner state)."""
+
+    name: ModelName
+    digest: str  # sha256 of the manifest, as Ollama reports it
+    size: int
+    modified_at: datetime
+    model_path: Path
+    template: str | None
+    system: str | None
+    config: dict[str, Any]
+
+    @property
+    def details(self) -> dict[str, Any]:
+        c = self.config
+        family = c.get("model_family", "")
+        return {
+            "parent_model": "",
+            "format": c.get("model_format", "gguf"),
+            "family": family,
+            "families": [family] if family else None,
+            "parameter_size": c.get("model_type", ""),
+            "quantization_level": c.get("file_type", ""),
+        }
+
+
+class BlobWriter:
+    """Receives a blob in chunks, hashing as it goes; ``commit`` keeps it only if
+    the sha256 matches. Used for streamed HTTP uploads."""
+
+    def __init__(self, store: ModelStore) -> None:
+        store.blobs_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".upload-", dir=store.blobs_dir)
+        self._file: BinaryIO = os.fdopen(fd, "wb")
+        self._tmp = Path(name)
+        self._hash = hashlib.sha256()
+        self._store = store
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self._file.write(chunk)
+        self._hash.update(chunk)
+        self.size += len(chunk)
+
+    def commit(self, expected: str) -> str:
+        expected = parse_digest(expected)
+        actual = f"sha256:{self._hash.hexdigest()}"
+        try:
+            self._file.close()
+            if actual != expected:
+                raise InvalidRequest(f"digest mismatch, expected {expected!r}, got {actual!r}")
+            os.replace(self._tmp, self._store.blob_path(expected))
+        finally:
+            self._tmp.unlink(missing_ok=True)
+        return actual
+
+    def abort(self) -> None:
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+class ModelStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).expanduser()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.blobs_dir = self.root / "blobs"
+        self.manifests_dir = self.root / "manifests"
+
+    # -- blobs ---------------------------------------------------------------------
+    def blob_path(self, digest: str) -> Path:
+        return self.blobs_dir / parse_digest(digest).replace(":", "-")
+
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).is_file()
+
+    def blob_writer(self) -> BlobWriter:
+        return BlobWriter(self)
+
+    def add_blob_from_file(self, path: Path) -> str:
+        """Copy a local file into the store; returns its digest."""
+        writer = self.blob_writer()
+        try:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    writer.write(chunk)
+                    digest.update(chunk)
+        except BaseException:
+            writer.abort()
+            raise
+        return writer.commit(f"sha256:{digest.hexdigest()}")
+
+    def add_blob_bytes(self, data: bytes) -> str:
+        writer = self.blob_writer()
+        writer.write(data)
+        return writer.commit(f"sha256:{hashlib.sha256(data).hexdigest()}")
+
+    # -- manifests -----------------------------------------------------------------
+    def manifest_path(self, name: ModelName) -> Path:
+        return self.manifests_dir.joinpath(*name.manifest_parts())
+
+    def create(
+        self,
+        model: str | ModelName,
+        files: dict[str, str],
+        template: str | None = None,
+        system: str | None = None,
+    ) -> ModelEntry:
+        """Make a model from uploaded GGUF blobs: writes config blob and manifest."""
+        name = model if isinstance(model, ModelName) else parse_model_name(model)
+        if not isinstance(files, dict) or not files:
+            raise InvalidRequest("files must be an object mapping file names to sha256 digests")
+        ggufs = [(fname, parse_digest(d, f"files[{fname!r}]")) for fname, d in files.items()]
+        if len(ggufs) != 1:
+            raise InvalidRequest("files must name exactly one GGUF model file")
+        fname, digest = ggufs[0]
+        if not self.has_blob(digest):
+            raise InvalidRequest(f"blob {digest} for {fname!r} has not been uploaded")
+        info = read_gguf_info(self.blob_path(digest))
+        layers = [self._layer(MEDIA_MODEL, digest)]
+        for media, text in ((MEDIA_TEMPLATE, template), (MEDIA_SYSTEM, system)):
+            if text:
+                layers.append(self._layer(media, self.add_blob_bytes(text.encode())))
+        config = self._config_for(info)
+        config_bytes = json.dumps(config).encode()
+        config_digest = self.add_blob_bytes(config_bytes)
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_MANIFEST,
+            "config": {
+                "mediaType": MEDIA_CONFIG,
+                "digest": config_digest,
+                "size": len(config_bytes),
+            },
+            "layers": layers,
+        }
+        self._write_atomic(self.manifest_path(name), json.dumps(manifest, indent=2).encode())
+        return self.get(name)
+
+    def get(self, model: str | ModelName) -> ModelEntry:
+        name = model if isinstance(model, ModelName) else parse_model_name(model)
+        path = self.manifest_path(name)
+        try:
+            raw = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ModelNotFound(name.display) from None
+        return self._entry(name, path, raw)
+
+    def list(self) -> list[ModelEntry]:
+        entries = []
+        if not self.manifests_dir.is_dir():
+            return entries
+        for path in self.manifests_dir.glob("*/*/*/*"):
+            if not path.is_file() or path.name.startswith("."):
+                continue
+            host, namespace, name, tag = path.relative_to(self.manifests_dir).parts
+            try:
+                model = ModelName(host, namespace, name, tag)
+                entries.append(self._entry(model, path, path.read_bytes()))
+            except (ValueError, KeyError, OSError, InvalidRequest):
+                continue  # a foreign or broken manifest is skipped, not fatal
+        return sorted(entries, key=lambda e: e.modified_at, reverse=True)
+
+    # -- helpers -------------------------------------------------------------------
+    def _entry(self, name: ModelName, path: Path, raw: bytes) -> ModelEntry:
+        manifest = json.loads(raw)
+        layers = manifest.get("layers", [])
+        model_layer = next((la for la in layers if la.get("mediaType") == MEDIA_MODEL), None)
+        if model_layer is None:
+            raise InvalidRequest(f"model '{name.display}' has no model layer")
+
+        def text(media: str) -> str | None:
+            layer = next((la for la in layers if la.get("mediaType") == media), None)
+            return self.blob_path(layer["digest"]).read_text() if layer else None
+
+        config: dict[str, Any] = {}
+        if cfg := manifest.get("config"):
+            try:
+                config = json.loads(self.blob_path(cfg["digest"]).read_bytes())
+            except (OSError, ValueError):
+                config = {}
+        return ModelEntry(
+            name=name,
+            digest=hashlib.sha256(raw).hexdigest(),
+            size=sum(int(la.get("size", 0)) for la in layers),
+            modified_at=datetime.fromtimestamp(path.stat().st_mtime, UTC),
+            model_path=self.blob_path(model_layer["digest"]),
+            template=text(MEDIA_TEMPLATE),
+            system=text(MEDIA_SYSTEM),
+            config=config,
+        )
+
+    def _layer(self, media: str, digest: str) -> dict[str, Any]:
+        return {"mediaType": media, "digest": digest, "size": self.blob_path(digest).stat().st_size}
+
+    @staticmethod
+    def _config_for(info: GGUFInfo) -> dict[str, Any]:
+        return {
+            "model_format": "gguf",
+            "model_family": info.architecture,
+            "model_families": [info.architecture],
+            "model_type": info.parameter_size,
+            "file_type": info.file_type,
+            "architecture": "amd64",
+            "os": "linux",
+            "rootfs": {"type": "layers", "diff_ids": []},
+        }
+
+    @staticmethod
+    def _write_atomic(path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)

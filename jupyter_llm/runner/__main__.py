@@ -1,0 +1,7 @@
+"""Entry point of a runner process: ``python -m jupyter_llm.runner --fd N``."""
+
+import sys
+
+from jupyter_llm.runner.service import main
+
+sys.exit(main())

@@ -1,0 +1,363 @@
+"""The runner's engine: one model, one context, decoding with llama.cpp's C API.
+
+The high-level ``llama_cpp.Llama`` spends Python time per token (score copies,
+bookkeeping). Here the hot loop is: native sampler chain -> one reused
+``llama_batch`` -> ``llama_decode``, plus an incremental UTF-8 decoder.
+Runs in the runner process only; everything here blocks.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import llama_cpp
+
+Emit = Callable[[str], None]
+Cancelled = Callable[[], bool]
+
+# Ollama's defaults (api.DefaultOptions) for what the client leaves out.
+DEFAULT_SAMPLING: dict[str, Any] = {
+    "num_predict": -1,
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.9,
+    "min_p": 0.0,
+    "repeat_penalty": 1.1,
+    "repeat_last_n": 64,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "seed": -1,
+    "stop": [],
+}
+DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
+
+
+class EngineError(Exception):
+    """A failure the runner reports to the server as an ``error`` reply."""
+
+
+@dataclass
+class LoadParams:
+    path: str
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0
+    n_gpu_layers: int = 0
+    main_gpu: int = 0
+    tensor_split: list[float] = field(default_factory=list)
+    use_mmap: bool = True
+    flash_attn: bool = False
+
+
+@dataclass
+class Completion:
+    """What a finished request reports (durations in nanoseconds)."""
+
+    done_reason: str = "stop"
+    prompt_eval_count: int = 0
+    prompt_eval_duration: int = 0
+    eval_count: int = 0
+    eval_duration: int = 0
+    context: list[int] = field(default_factory=list)
+
+
+_backend_ready = False
+_LOG_DEBUG, _LOG_CONT = 1, 5  # enum ggml_log_level
+_log_state = {"keep": True}
+
+
+@llama_cpp.llama_log_callback
+def _log_to_stderr(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """llama.cpp's INFO and up go to stderr, which the server reads (buffer
+    sizes, errors); DEBUG lines are dropped."""
+    keep = _log_state["keep"] if level == _LOG_CONT else level != _LOG_DEBUG
+    _log_state["keep"] = keep
+    if keep:
+        sys.stderr.write(text.decode(errors="replace"))
+        sys.stderr.flush()
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        llama_cpp.llama_log_set(_log_to_stderr, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+class Engine:
+    def __init__(self, params: LoadParams) -> None:
+        _init_backend()
+        mp = llama_cpp.llama_model_default_params()
+        mp.n_gpu_layers = params.n_gpu_layers
+        mp.main_gpu = params.main_gpu
+        mp.use_mmap = params.use_mmap
+        self._tensor_split = None
+        if params.tensor_split:
+            self._tensor_split = (ctypes.c_float * len(params.tensor_split))(*params.tensor_split)
+            mp.tensor_split = self._tensor_split
+        self.model = llama_cpp.llama_model_load_from_file(params.path.encode(), mp)
+        if not self.model:
+            raise EngineError(f"failed to load model {params.path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
+        n_ctx = max(16, min(params.n_ctx, self.n_ctx_train or params.n_ctx))
+        self.n_batch = max(1, min(params.n_batch, n_ctx))
+        cp = llama_cpp.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = self.n_batch
+        cp.n_ubatch = self.n_batch
+        if params.n_threads > 0:
+            cp.n_threads = params.n_threads
+            cp.n_threads_batch = params.n_threads
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise EngineError("failed to create the llama context (out of memory?)")
+        self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.cached: list[int] = []  # tokens whose KV entries are in sequence 0
+        self._piece = ctypes.create_string_buffer(256)
+        self.chat_template = self.metadata("tokenizer.chat_template")
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+
+    def close(self) -> None:
+        if self.ctx:
+            llama_cpp.llama_batch_free(self.batch)
+            llama_cpp.llama_free(self.ctx)
+            llama_cpp.llama_model_free(self.model)
+            self.ctx = None
+
+    # -- model facts -----------------------------------------------------------------
+    def metadata(self, key: str) -> str:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode(errors="replace") if n >= 0 else ""
+
+    def token_text(self, token: int, special: bool = True) -> str:
+        return self._piece_bytes(token, special).decode(errors="replace")
+
+    def _piece_bytes(self, token: int, special: bool = False) -> bytes:
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece, 256, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            return buf.raw[:n]
+        return self._piece.raw[:n]
+
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        data = text.encode()
+        cap = len(data) + 8
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(
+            self.vocab, data, len(data), buf, cap, add_special, parse_special
+        )
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(
+                self.vocab, data, len(data), buf, cap, add_special, parse_special
+            )
+        return list(buf[:n])
+
+    # -- prompts ---------------------------------------------------------------------
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
+        """The model's chat template (Jinja2, as transformers renders it)."""
+        if not self.chat_template:
+            lines = [f"{m.get('role', 'user')}: {m.get('content', '')}" for m in messages]
+            return "\n".join([*lines, "assistant: "])
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        bos = llama_cpp.llama_vocab_bos(self.vocab)
+        eos = llama_cpp.llama_vocab_eos(self.vocab)
+        formatter = Jinja2ChatFormatter(
+            template=self.chat_template,
+            bos_token=self.token_text(bos) if bos >= 0 else "",
+            eos_token=self.token_text(eos) if eos >= 0 else "",
+            add_generation_prompt=True,
+        )
+        try:
+            return formatter(messages=messages, tools=tools).prompt
+        except Exception as e:  # template errors are the user's input problem
+            raise EngineError(f"chat template failed: {e}") from e
+
+    # -- decoding --------------------------------------------------------------------
+    def _evaluate(self, tokens: list[int]) -> None:
+        """Decode ``tokens`` after the cached ones; logits only for the last."""
+        b = self.batch
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            pos0 = len(self.cached)
+            for i, token in enumerate(chunk):
+                b.token[i] = token
+                b.pos[i] = pos0 + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = 0
+            b.logits[len(chunk) - 1] = 1
+            b.n_tokens = len(chunk)
+            rc = llama_cpp.llama_decode(self.ctx, b)
+            if rc != 0:
+                raise EngineError(f"llama_decode failed with status {rc}")
+            self.cached.extend(chunk)
+
+    def _reuse_prefix(self, tokens: list[int]) -> int:
+        """Keep the longest cached prefix (at least one token is re-evaluated)."""
+        common = 0
+        for a, b in zip(self.cached, tokens, strict=False):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(tokens) - 1)
+        if common < len(self.cached):
+            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, common, -1):
+                llama_cpp.llama_memory_clear(self.memory, True)
+                common = 0
+            del self.cached[common:]
+        return common
+
+    def _sampler(self, opts: dict[str, Any], grammar: str | None) -> Any:
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = llama_cpp.llama_sampler_chain_add
+        if grammar:
+            g = llama_cpp.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+            if not g:
+                llama_cpp.llama_sampler_free(chain)
+                raise EngineError("invalid grammar")
+            add(chain, g)
+        repeat, freq, presence = (
+            float(opts["repeat_penalty"]),
+            float(opts["frequency_penalty"]),
+            float(opts["presence_penalty"]),
+        )
+        if repeat != 1.0 or freq != 0.0 or presence != 0.0:
+            last_n = int(opts["repeat_last_n"])
+            last_n = self.n_ctx if last_n == -1 else last_n
+            add(
+                chain,
+                llama_cpp.llama_sampler_init_penalties(
+                    self.n_vocab, last_n, repeat, freq, presence
+                ),
+            )
+        temperature = float(opts["temperature"])
+        if temperature <= 0:
+            add(chain, llama_cpp.llama_sampler_init_greedy())
+            return chain
+        if int(opts["top_k"]) > 0:
+            add(chain, llama_cpp.llama_sampler_init_top_k(int(opts["top_k"])))
+        if float(opts["top_p"]) < 1.0:
+            add(chain, llama_cpp.llama_sampler_init_top_p(float(opts["top_p"]), 1))
+        if float(opts["min_p"]) > 0.0:
+            add(chain, llama_cpp.llama_sampler_init_min_p(float(opts["min_p"]), 1))
+        add(chain, llama_cpp.llama_sampler_init_temp(temperature))
+        seed = int(opts["seed"])
+        add(chain, llama_cpp.llama_sampler_init_dist(seed if seed >= 0 else DEFAULT_SEED))
+        return chain
+
+    def complete(
+        self,
+        prompt: str,
+        options: dict[str, Any],
+        emit: Emit,
+        cancelled: Cancelled,
+        grammar: str | None = None,
+    ) -> Completion:
+        opts = {**DEFAULT_SAMPLING, **{k: v for k, v in options.items() if v is not None}}
+        stops = [opts["stop"]] if isinstance(opts["stop"], str) else list(opts["stop"] or [])
+        tokens = self.tokenize(prompt, add_special=self.add_bos, parse_special=True)
+        if not tokens:
+            tokens = [llama_cpp.llama_vocab_bos(self.vocab)]
+        limit = int(opts["num_predict"])
+        if len(tokens) >= self.n_ctx:  # keep the end of an over-long prompt, like Ollama
+            tokens = tokens[-(self.n_ctx // 2) :]
+        result = Completion(prompt_eval_count=len(tokens))
+
+        t0 = time.perf_counter_ns()
+        common = self._reuse_prefix(tokens)
+        self._evaluate(tokens[common:])
+        t1 = time.perf_counter_ns()
+        result.prompt_eval_duration = t1 - t0
+
+        chain = self._sampler(opts, grammar)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pending = ""
+        generated: list[int] = []
+        sample, is_eog, piece = (
+            llama_cpp.llama_sampler_sample,
+            llama_cpp.llama_vocab_is_eog,
+            self._piece_bytes,
+        )
+        b = self.batch
+        reason = "length"
+        try:
+            while limit < 0 or len(generated) < limit:
+                if cancelled():
+                    reason = "cancel"
+                    break
+                token = sample(chain, self.ctx, -1)
+                if is_eog(self.vocab, token):
+                    reason = "stop"
+                    break
+                generated.append(token)
+                text = decoder.decode(piece(token))
+                if text:
+                    if stops:
+                        pending += text
+                        text, hit = split_at_stop(pending, stops)
+                        pending = pending[len(text) :]
+                        if text:
+                            emit(text)
+                        if hit:
+                            reason = "stop"
+                            break
+                    else:
+                        emit(text)
+                if len(self.cached) >= self.n_ctx:
+                    break
+                # one-token decode through the reused batch: the hot path
+                b.token[0] = token
+                b.pos[0] = len(self.cached)
+                b.n_seq_id[0] = 1
+                b.seq_id[0][0] = 0
+                b.logits[0] = 1
+                b.n_tokens = 1
+                if llama_cpp.llama_decode(self.ctx, b) != 0:
+                    raise EngineError("llama_decode failed while generating")
+                self.cached.append(token)
+        finally:
+            llama_cpp.llama_sampler_free(chain)
+        tail = pending + decoder.decode(b"", final=True)
+        if tail and reason != "stop":
+            emit(tail)
+        result.done_reason = reason
+        result.eval_count = len(generated)
+        result.eval_duration = time.perf_counter_ns() - t1
+        result.context = tokens + generated
+        return result
+
+
+def split_at_stop(pending: str, stops: list[str]) -> tuple[str, bool]:
+    """How much of ``pending`` may be emitted now, and whether a stop was hit.
+
+    Text that could still become a stop sequence is held back.
+    """
+    first = min((i for s in stops if s and (i := pending.find(s)) >= 0), default=-1)
+    if first >= 0:
+        return pending[:first], True
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(pending)), 0, -1):
+            if pending.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return pending[: len(pending) - hold], False

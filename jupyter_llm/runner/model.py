@@ -1,0 +1,92 @@
+"""``ModelRunner``: a runner process with a model loaded in it, as the scheduler
+sees it. ``start_model_runner`` is the production runner factory."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from jupyter_llm.errors import ModelLoadFailed, RunnerFailed
+from jupyter_llm.runner.process import RunnerProcess
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Everything that fixes a runner at load time (a change means a reload)."""
+
+    path: str
+    n_ctx: int
+    n_batch: int = 512
+    n_threads: int = 0
+    n_gpu_layers: int = 0
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
+    use_mmap: bool = True
+    env: tuple[tuple[str, str], ...] = field(default=())  # device visibility for the runner
+
+
+class ModelRunner:
+    def __init__(self, process: RunnerProcess, spec: LoadSpec) -> None:
+        self.process = process
+        self.spec = spec
+        self.info: dict[str, Any] = {}
+        self.load_duration_ns = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.process.alive
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.info.get("n_ctx", self.spec.n_ctx))
+
+    async def load(self, timeout: float) -> None:
+        started = time.perf_counter_ns()
+        args = {k: v for k, v in asdict(self.spec).items() if k != "env"}
+        args["tensor_split"] = list(self.spec.tensor_split)
+        try:
+            self.info = await asyncio.wait_for(self.process.call("load", **args), timeout)
+        except TimeoutError:
+            raise ModelLoadFailed(f"timed out loading the model after {timeout:.0f}s") from None
+        except RunnerFailed as e:
+            raise ModelLoadFailed(f"failed to load model: {e}") from e
+        self.load_duration_ns = time.perf_counter_ns() - started
+
+    def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]:
+        """Stream batches of ``token`` messages ending with ``done``."""
+        return self.process.stream_batches("complete", **request)
+
+    async def health(self, timeout: float = 5.0) -> bool:
+        try:
+            reply = await asyncio.wait_for(self.process.call("health"), timeout)
+        except (TimeoutError, RunnerFailed):
+            return False
+        return reply.get("status") == "ok"
+
+    async def close(self) -> None:
+        await self.process.close()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+async def start_model_runner(
+    spec: LoadSpec, *, python: str = "", load_timeout: float
+) -> ModelRunner:
+    """Spawn a runner and load ``spec`` into it; no runner is left behind on failure."""
+    process = RunnerProcess(python=python, env=dict(spec.env), label="runner")
+    await process.start()
+    runner = ModelRunner(process, spec)
+    try:
+        await runner.load(load_timeout)
+    except BaseException:
+        await process.close(timeout=2.0)
+        raise
+    return runner

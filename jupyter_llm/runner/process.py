@@ -1,0 +1,244 @@
+"""``RunnerProcess``: the one place that spawns a runner, for discovery and serving.
+
+The runner talks over a private socketpair (no TCP port). Its stderr is read
+continuously: the tail is kept for diagnostics and the last error-looking line
+is used in the error a client sees when the runner fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from jupyter_llm.errors import RunnerFailed
+from jupyter_llm.runner.protocol import decode, encode, is_error_line
+
+log = logging.getLogger(__name__)
+
+STREAM_LIMIT = 64 * 1024 * 1024  # one message may carry a large embedding
+_EOF = object()
+
+
+class RunnerProcess:
+    """A runner child process and the client side of its protocol."""
+
+    def __init__(
+        self,
+        *,
+        python: str = "",
+        env: dict[str, str] | None = None,
+        label: str = "runner",
+    ) -> None:
+        self.python = python or sys.executable
+        self.env = env or {}
+        self.label = label
+        self.last_error: str = ""
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=50)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Queue[Any]] = {}
+        self._ids = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._dead: RunnerFailed | None = None
+        self._exited = asyncio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def start(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                self.python,
+                "-m",
+                "jupyter_llm.runner",
+                "--fd",
+                str(child.fileno()),
+                pass_fds=(child.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+        except OSError as e:
+            parent.close()
+            raise RunnerFailed(f"could not start the runner process: {e}") from e
+        finally:
+            child.close()
+        reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=STREAM_LIMIT)
+        self._tasks = [
+            asyncio.create_task(self._read_replies(reader)),
+            asyncio.create_task(self._read_stderr()),
+        ]
+        log.debug("%s started (pid %s)", self.label, self.pid)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._dead is None and self._proc.returncode is None
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Ask the runner to exit; kill it if it does not within ``timeout``."""
+        if self._proc is None:
+            return
+        if self.alive:
+            with contextlib.suppress(Exception):
+                self._send({"id": 0, "op": "close"})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), timeout)
+        self.kill()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._proc.wait(), timeout)
+        await asyncio.wait_for(self._exited.wait(), timeout)
+        for task in self._tasks:
+            task.cancel()
+
+    def kill(self) -> None:
+        """Synchronous SIGKILL, safe to call from shutdown paths."""
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+
+    # -- requests ------------------------------------------------------------------
+    async def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send one request and wait for its single reply."""
+        async for message in self.stream(op, **args):
+            return message
+        raise RunnerFailed(f"{self.label} sent no reply to {op}")
+
+    async def stream(self, op: str, **args: Any) -> AsyncIterator[dict[str, Any]]:
+        """Send a request and yield its replies until ``done``/``result``.
+
+        Closing the iterator early (client gone, task cancelled) cancels the
+        request in the runner.
+        """
+        batches = self.stream_batches(op, **args)
+        try:
+            async for batch in batches:
+                for message in batch:
+                    yield message
+        finally:
+            await batches.aclose()
+
+    async def stream_batches(self, op: str, **args: Any) -> AsyncIterator[list[dict[str, Any]]]:
+        """Like ``stream`` but yields every reply that has already arrived as one
+        list, so a consumer slower than the model writes fewer, larger chunks."""
+        rid = next(self._ids)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._pending[rid] = queue
+        finished = False
+        try:
+            self._raise_if_dead()
+            self._send({**args, "id": rid, "op": op})
+            while not finished:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                out = []
+                for message in batch:
+                    if message is _EOF:
+                        self._raise_if_dead()
+                        raise RunnerFailed(f"{self.label} stopped answering")
+                    if message.get("type") == "error":
+                        finished = True
+                        raise RunnerFailed(self._explain(message.get("error", "unknown error")))
+                    out.append(message)
+                    if message.get("type") in ("done", "result"):
+                        finished = True
+                        break
+                yield out
+        finally:
+            self._pending.pop(rid, None)
+            if not finished and self.alive:
+                with contextlib.suppress(Exception):
+                    self._send({"id": 0, "op": "cancel", "target": rid})
+
+    # -- internals -----------------------------------------------------------------
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._writer is None:
+            raise RunnerFailed(f"{self.label} is not started")
+        self._writer.write(encode(message))
+
+    def _raise_if_dead(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+
+    def _explain(self, error: str) -> str:
+        if self.last_error and self.last_error not in error:
+            return f"{error} ({self.last_error})"
+        return error
+
+    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while line := await reader.readline():
+                try:
+                    message = decode(line)
+                except ValueError:
+                    log.warning("%s sent a malformed message: %r", self.label, line[:200])
+                    continue
+                queue = self._pending.get(message.get("id", -1))
+                if queue is not None:
+                    queue.put_nowait(message)
+        except (ConnectionError, ValueError, asyncio.LimitOverrunError) as e:
+            log.warning("%s channel failed: %s", self.label, e)
+        finally:
+            await self._on_exit()
+
+    async def _on_exit(self) -> None:
+        """The channel closed: the runner is gone. Fail everything waiting on it."""
+        assert self._proc is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._proc.wait(), 2.0)
+        if self._proc.returncode is None:
+            self.kill()
+            await self._proc.wait()
+        code = self._proc.returncode
+        # let the stderr reader catch the last lines before we quote them
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._tasks[1]), 1.0)
+        self._dead = RunnerFailed(self._explain(f"{self.label} process {describe_exit(code)}"))
+        for queue in self._pending.values():
+            queue.put_nowait(_EOF)
+        self._exited.set()
+        log.debug("%s exited: %s", self.label, self._dead)
+
+    async def _read_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        stream = self._proc.stderr
+        while True:
+            try:
+                raw = await stream.readline()
+            except ValueError:  # an over-long line: skip it
+                continue
+            if not raw:
+                return
+            line = raw.decode(errors="replace").rstrip()
+            if not line:
+                continue
+            self.stderr_tail.append(line)
+            if is_error_line(line):
+                self.last_error = line.strip()
+            log.debug("[%s %s] %s", self.label, self.pid, line)
+
+
+def describe_exit(code: int | None) -> str:
+    """'was killed by SIGKILL', 'exited with status 3'."""
+    if code is None:
+        return "stopped responding"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited unexpectedly with status {code}"

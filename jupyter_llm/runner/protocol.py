@@ -1,0 +1,32 @@
+"""The runner wire protocol: newline-delimited JSON over a private socketpair.
+
+Requests:  {"id": int, "op": "info"|"load"|"complete"|"tokenize"|"health"|"cancel"|"close", ...}
+Replies:   {"id": int, "type": "result"|"token"|"done"|"error", ...}
+
+``complete`` streams ``token`` messages then one ``done``; every other op answers
+with one ``result`` (or ``error``). ``cancel`` names the id of a running request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ERROR_MARKERS = ("error", "failed to allocate", "out of memory", "ggml_assert", "exception")
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise ValueError("runner message is not a JSON object")
+    return message
+
+
+def is_error_line(line: str) -> bool:
+    """Does a runner stderr line look like the reason for a failure?"""
+    lowered = line.lower()
+    return any(marker in lowered for marker in ERROR_MARKERS)

@@ -1,0 +1,141 @@
+"""The runner process: serves one model (or device discovery) over its socket.
+
+A reader thread receives requests, answering ``health`` and recording
+``cancel`` at once, so both work while the main thread is generating. When
+the server's end of the socket closes, the runner exits: a killed server
+never leaves a runner behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import socket
+import sys
+import threading
+import traceback
+from typing import Any
+
+from jupyter_llm.runner.protocol import decode, encode
+
+
+class RunnerService:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.requests: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.cancelled: set[int] = set()
+        self.engine: Any = None
+        self.busy_with: int | None = None
+        self._send_lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = encode(message)
+        with self._send_lock:
+            self.sock.sendall(data)
+
+    # -- reader thread -----------------------------------------------------------------
+    def read_requests(self) -> None:
+        stream = self.sock.makefile("rb")
+        try:
+            for line in stream:
+                try:
+                    message = decode(line)
+                except ValueError:
+                    continue
+                op = message.get("op")
+                if op == "cancel":
+                    self.cancelled.add(int(message.get("target", -1)))
+                elif op == "health":
+                    self.send(
+                        {
+                            "id": message.get("id"),
+                            "type": "result",
+                            "status": "ok",
+                            "loaded": self.engine is not None,
+                            "busy": self.busy_with,
+                        }
+                    )
+                else:
+                    self.requests.put(message)
+        except OSError:
+            pass
+        os._exit(0)  # the server is gone (or closed us): nothing left to serve
+
+    # -- main thread -------------------------------------------------------------------
+    def serve(self) -> None:
+        threading.Thread(target=self.read_requests, daemon=True, name="requests").start()
+        while True:
+            message = self.requests.get()
+            rid = message.get("id")
+            op = message.get("op")
+            if op == "close":
+                break
+            handler = getattr(self, f"op_{op}", None)
+            self.busy_with = rid
+            try:
+                if handler is None:
+                    raise ValueError(f"unknown runner op {op!r}")
+                reply = handler(message)
+                if reply is not None:
+                    self.send({"id": rid, "type": "result", **reply})
+            except Exception as e:
+                print(f"runner error in {op}: {traceback.format_exc()}", file=sys.stderr)
+                self.send({"id": rid, "type": "error", "error": str(e) or type(e).__name__})
+            finally:
+                self.busy_with = None
+                self.cancelled.discard(rid)
+        if self.engine is not None:
+            self.engine.close()
+
+    def op_info(self, message: dict[str, Any]) -> dict[str, Any]:
+        from jupyter_llm.runner.ggml_devices import list_ggml_devices
+
+        return {"devices": list_ggml_devices(), "pid": os.getpid()}
+
+    def op_load(self, message: dict[str, Any]) -> dict[str, Any]:
+        from jupyter_llm.runner.engine import Engine, LoadParams
+
+        if self.engine is not None:
+            raise ValueError("a model is already loaded in this runner")
+        fields = LoadParams.__dataclass_fields__
+        self.engine = Engine(LoadParams(**{k: v for k, v in message.items() if k in fields}))
+        return {
+            "n_ctx": self.engine.n_ctx,
+            "n_ctx_train": self.engine.n_ctx_train,
+            "n_batch": self.engine.n_batch,
+            "chat_template": self.engine.chat_template,
+        }
+
+    def op_complete(self, message: dict[str, Any]) -> None:
+        engine = self._engine()
+        rid = message["id"]
+        if message.get("messages") is not None:
+            prompt = engine.render_chat(message["messages"], message.get("tools"))
+        else:
+            prompt = str(message.get("prompt", ""))
+        result = engine.complete(
+            prompt,
+            message.get("options") or {},
+            emit=lambda text: self.send({"id": rid, "type": "token", "text": text}),
+            cancelled=lambda: rid in self.cancelled,
+            grammar=message.get("grammar"),
+        )
+        self.send({"id": rid, "type": "done", **result.__dict__})
+
+    def op_tokenize(self, message: dict[str, Any]) -> dict[str, Any]:
+        return {"tokens": self._engine().tokenize(str(message.get("text", "")))}
+
+    def _engine(self) -> Any:
+        if self.engine is None:
+            raise ValueError("no model is loaded in this runner")
+        return self.engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jupyter_llm.runner")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket to the server")
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    RunnerService(sock).serve()
+    return 0

@@ -1,0 +1,58 @@
+"""Shared fixtures: a generated model, a Jupyter server with the extension."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jupyter_llm.demo import DemoModelSpec, write_demo_model
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+
+@pytest.fixture(scope="session")
+def demo_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama GGUF (random weights) shared by the whole session."""
+    return write_demo_model(tmp_path_factory.mktemp("gguf") / "tiny.gguf", DemoModelSpec())
+
+
+@pytest.fixture
+def models_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "models"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def simulated_devices() -> list[dict] | None:
+    """Override in a test module to run the server with simulated GPUs."""
+    return None
+
+
+@pytest.fixture
+def jp_server_config(models_dir: Path, simulated_devices, monkeypatch: pytest.MonkeyPatch):
+    if simulated_devices is not None:
+        monkeypatch.setenv("JUPYTER_LLM_SIMULATED_DEVICES", json.dumps(simulated_devices))
+    return {
+        "ServerApp": {
+            "jpserver_extensions": {"jupyter_llm": True},
+            "allow_unauthenticated_access": False,
+        },
+        "LLMExtension": {"models_dir": str(models_dir), "num_threads": 2},
+    }
+
+
+@pytest.fixture
+def installed_model(models_dir: Path, demo_gguf: Path) -> str:
+    """The demo model created in the server's store as ``tiny``."""
+    from jupyter_llm.models.store import ModelStore
+
+    store = ModelStore(models_dir)
+    store.create("tiny", {"tiny.gguf": store.add_blob_from_file(demo_gguf)})
+    return "tiny:latest"
+
+
+async def ndjson(response_body: bytes) -> list[dict]:
+    return [json.loads(line) for line in response_body.decode().splitlines() if line.strip()]

@@ -1,0 +1,39 @@
+import math
+
+import pytest
+
+from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.keep_alive import FOREVER, parse_keep_alive
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (0, 0.0),
+        (30, 30.0),
+        (1.5, 1.5),
+        (-1, FOREVER),
+        ("-1", FOREVER),
+        ("-1s", FOREVER),
+        ("10m", 600.0),
+        ("1h30m", 5400.0),
+        ("500ms", 0.5),
+        ("90", 90.0),
+        ("0", 0.0),
+        ("2h", 7200.0),
+        ("1.5s", 1.5),
+    ],
+)
+def test_valid(value, seconds):
+    assert parse_keep_alive(value) == seconds
+
+
+@pytest.mark.parametrize("value", [True, False, [], {}, "", "10x", "m", "5 minutes", "1h-3m"])
+def test_invalid(value):
+    with pytest.raises(InvalidRequest, match="keep_alive"):
+        parse_keep_alive(value)
+
+
+def test_nan_refused():
+    with pytest.raises(InvalidRequest):
+        parse_keep_alive(math.nan)
