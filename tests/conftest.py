@@ -37,7 +37,7 @@ def jp_server_config(models_dir: Path, simulated_devices, monkeypatch: pytest.Mo
         monkeypatch.setenv("JUPYTER_LLM_SIMULATED_DEVICES", json.dumps(simulated_devices))
     return {
         "ServerApp": {
-            "jpserver_extensions": {"jupyter_llm": True},
+            "jpserver_extensions": {"jupyter_llm": True, "jupyter_server_terminals": False},
             "allow_unauthenticated_access": False,
         },
         "LLMExtension": {"models_dir": str(models_dir), "num_threads": 2},

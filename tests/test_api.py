@@ -1,0 +1,306 @@
+"""Handlers through a real Jupyter server, real runners, the generated model."""
+
+import hashlib
+import json
+import os
+import signal
+
+import psutil
+import pytest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
+
+
+def lines(response):
+    return [json.loads(x) for x in response.body.decode().splitlines() if x.strip()]
+
+
+async def post(jp_fetch, path, body, raw=None):
+    return await jp_fetch(
+        "llm", *path.split("/"), method="POST", body=raw if raw is not None else json.dumps(body)
+    )
+
+
+async def expect_error(jp_fetch, path, body, status, match, raw=None, method="POST"):
+    with pytest.raises(HTTPClientError) as info:
+        if method == "POST":
+            await post(jp_fetch, path, body, raw)
+        else:
+            await jp_fetch("llm", *path.split("/"), method=method)
+    assert info.value.code == status
+    message = json.loads(info.value.response.body)["error"]
+    assert match in message, message
+    return message
+
+
+async def test_version_and_devices(jp_fetch):
+    r = await jp_fetch("llm", "api", "version")
+    assert json.loads(r.body)["version"]
+    r = await jp_fetch("llm", "api", "devices")
+    data = json.loads(r.body)
+    cpu = [d for d in data["devices"] if d["library"] == "CPU"]
+    assert cpu and cpu[0]["total_memory"] > 0
+    assert set(cpu[0]) >= {
+        "id",
+        "library",
+        "name",
+        "description",
+        "integrated",
+        "pci_id",
+        "total_memory",
+        "free_memory",
+        "compute",
+        "driver",
+    }
+    assert set(data["system"]) >= {"total_memory", "free_memory", "free_swap", "threads"}
+
+
+class TestSimulated:
+    @pytest.fixture
+    def simulated_devices(self):
+        return [
+            {
+                "id": "GPU-igpu",
+                "library": "Vulkan",
+                "name": "Radeon 780M",
+                "integrated": True,
+                "total_memory": 32 << 30,
+                "free_memory": 30 << 30,
+            },
+            {
+                "id": "GPU-0",
+                "library": "CUDA",
+                "name": "RTX 4060",
+                "total_memory": 8 << 30,
+                "free_memory": 7 << 30,
+            },
+        ]
+
+    async def test_devices_sorted(self, jp_fetch):
+        data = json.loads((await jp_fetch("llm", "api", "devices")).body)
+        assert [d["name"] for d in data["devices"]][:2] == ["RTX 4060", "Radeon 780M"]
+        assert data["devices"][-1]["library"] == "CPU"
+        assert data["simulated"] is True
+
+
+async def test_blob_upload_and_create(jp_fetch, demo_gguf):
+    data = demo_gguf.read_bytes()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("llm", "api", "blobs", digest, method="HEAD")
+    assert info.value.code == 404
+    r = await jp_fetch("llm", "api", "blobs", digest, method="POST", body=data)
+    assert r.code == 201
+    r = await jp_fetch("llm", "api", "blobs", digest, method="HEAD")
+    assert r.code == 200
+
+    r = await post(jp_fetch, "api/create", {"model": "mine", "files": {"m.gguf": digest}})
+    assert lines(r)[-1] == {"status": "success"}
+    tags = json.loads((await jp_fetch("llm", "api", "tags")).body)["models"]
+    assert [m["name"] for m in tags] == ["mine:latest"]
+    assert tags[0]["details"]["family"] == "llama"
+    assert tags[0]["size"] == len(data)
+
+
+async def test_blob_with_wrong_digest_refused(jp_fetch, models_dir):
+    wrong = "sha256:" + hashlib.sha256(b"other").hexdigest()
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("llm", "api", "blobs", wrong, method="POST", body=b"payload")
+    assert info.value.code == 400
+    assert "digest mismatch" in json.loads(info.value.response.body)["error"]
+    blobs = models_dir / "blobs"
+    assert not blobs.exists() or list(blobs.iterdir()) == []
+
+
+async def test_blob_bad_digest_syntax(jp_fetch):
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("llm", "api", "blobs", "sha256:..%2F..%2Fx", method="POST", body=b"x")
+    assert info.value.code == 400
+
+
+async def test_generate_streaming(jp_fetch, installed_model):
+    r = await post(
+        jp_fetch,
+        "api/generate",
+        {"model": "tiny", "prompt": "hello", "options": {**GREEDY, "num_predict": 8}},
+    )
+    assert r.headers["Content-Type"].startswith("application/x-ndjson")
+    chunks = lines(r)
+    final = chunks[-1]
+    assert final["done"] is True and final["done_reason"] == "length"
+    assert final["eval_count"] == 8
+    for key in (
+        "total_duration",
+        "load_duration",
+        "prompt_eval_count",
+        "prompt_eval_duration",
+        "eval_duration",
+    ):
+        assert isinstance(final[key], int) and final[key] > 0, key
+    assert all(c["done"] is False and c["model"] == installed_model for c in chunks[:-1])
+    text = "".join(c["response"] for c in chunks)
+    assert len(text) >= 8
+
+    # same request, not streamed: same text (greedy), one object, warm model
+    r = await post(
+        jp_fetch,
+        "api/generate",
+        {
+            "model": "tiny",
+            "prompt": "hello",
+            "stream": False,
+            "options": {**GREEDY, "num_predict": 8},
+        },
+    )
+    body = json.loads(r.body)
+    assert body["response"] == text and body["done"] and body["load_duration"] == 0
+
+
+async def test_chat_streaming_and_not(jp_fetch, installed_model):
+    req = {
+        "model": "tiny",
+        "messages": [{"role": "system", "content": "be kind"}, {"role": "user", "content": "hi"}],
+        "options": {**GREEDY, "num_predict": 6, "seed": 1},
+    }
+    chunks = lines(await post(jp_fetch, "api/chat", req))
+    assert chunks[-1]["done"] and chunks[-1]["message"]["role"] == "assistant"
+    text = "".join(c["message"]["content"] for c in chunks)
+    body = json.loads((await post(jp_fetch, "api/chat", {**req, "stream": False})).body)
+    assert body["message"]["content"] == text
+    assert body["prompt_eval_count"] > 10
+
+
+async def test_empty_prompt_loads_and_unloads(jp_fetch, installed_model):
+    r = await post(jp_fetch, "api/generate", {"model": "tiny"})
+    assert json.loads(r.body)["done_reason"] == "load"
+    ps = json.loads((await jp_fetch("llm", "api", "ps")).body)["models"]
+    assert [m["name"] for m in ps] == ["tiny:latest"]
+    r = await post(jp_fetch, "api/generate", {"model": "tiny", "keep_alive": 0})
+    assert json.loads(r.body)["done_reason"] == "unload"
+    assert json.loads((await jp_fetch("llm", "api", "ps")).body)["models"] == []
+
+
+BAD_INPUTS = [
+    ("api/generate", None, b"{not json", 400, "invalid JSON"),
+    ("api/generate", None, b"[1, 2]", 400, "JSON object"),
+    ("api/generate", None, b"", 400, "empty"),
+    ("api/generate", {"prompt": "x"}, None, 400, "model is required"),
+    ("api/generate", {"model": 5}, None, 400, "model"),
+    ("api/generate", {"model": "../../etc/passwd"}, None, 400, "invalid model name"),
+    ("api/generate", {"model": "tiny", "prompt": 5}, None, 400, "prompt must be a string"),
+    ("api/generate", {"model": "tiny", "stream": "yes"}, None, 400, "stream must be a boolean"),
+    ("api/generate", {"model": "tiny", "options": []}, None, 400, "options must be an object"),
+    (
+        "api/generate",
+        {"model": "tiny", "options": {"temperature": "hot"}},
+        None,
+        400,
+        "options.temperature must be a number",
+    ),
+    ("api/generate", {"model": "tiny", "options": {"num_ctx": 0}}, None, 400, "options.num_ctx"),
+    (
+        "api/generate",
+        {"model": "tiny", "options": {"num_predict": 1.5}},
+        None,
+        400,
+        "options.num_predict must be an integer",
+    ),
+    ("api/generate", {"model": "tiny", "options": {"stop": [1]}}, None, 400, "options.stop"),
+    ("api/generate", {"model": "tiny", "options": {"bogus": 1}}, None, 400, "options.bogus"),
+    ("api/generate", {"model": "tiny", "keep_alive": [1]}, None, 400, "keep_alive"),
+    ("api/generate", {"model": "tiny", "keep_alive": "10 minutes"}, None, 400, "keep_alive"),
+    ("api/generate", {"model": "tiny", "format": 7}, None, 400, "invalid format: 7"),
+    ("api/chat", {"model": "tiny", "messages": "hi"}, None, 400, "messages must be a list"),
+    (
+        "api/chat",
+        {"model": "tiny", "messages": [{"role": "bot", "content": "x"}]},
+        None,
+        400,
+        "messages[0].role",
+    ),
+    (
+        "api/chat",
+        {"model": "tiny", "messages": [{"role": "user", "content": 3}]},
+        None,
+        400,
+        "messages[0].content",
+    ),
+    ("api/create", {"model": "x"}, None, 400, "files is required"),
+    ("api/create", {"model": "x", "files": {"a.gguf": "md5:1"}}, None, 400, "invalid files"),
+    (
+        "api/create",
+        {"model": "x", "files": {"a.gguf": "sha256:" + "a" * 64}},
+        None,
+        400,
+        "not been uploaded",
+    ),
+    ("api/generate", {"model": "missing"}, None, 404, "model 'missing:latest' not found"),
+    ("api/chat", {"model": "missing", "messages": []}, None, 404, "not found"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "raw", "status", "match"), BAD_INPUTS)
+async def test_bad_input(jp_fetch, installed_model, path, body, raw, status, match):
+    await expect_error(jp_fetch, path, body, status, match, raw=raw)
+
+
+async def test_unauthenticated_requests_refused(jp_base_url, http_server, http_server_port):
+    client = AsyncHTTPClient(force_instance=True)
+    base = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/"
+    for path, method, body in [
+        ("version", "GET", None),
+        ("tags", "GET", None),
+        ("generate", "POST", b"{}"),
+        ("blobs/sha256:" + "0" * 64, "POST", b"x"),
+    ]:
+        with pytest.raises(HTTPClientError) as info:
+            await client.fetch(base + path, method=method, body=body, request_timeout=10)
+        assert info.value.code == 403, path
+
+
+async def test_runner_killed_mid_stream_then_recovers(jp_fetch, jp_serverapp, installed_model):
+    await post(jp_fetch, "api/generate", {"model": "tiny"})  # load
+    scheduler = jp_serverapp.web_app.settings["jupyter_llm"].scheduler
+    pid = scheduler.loaded_models()[0].runner.pid
+
+    # the generation in flight when the runner dies ends with an error line naming the cause
+    import asyncio
+
+    async def kill_soon():
+        await asyncio.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+
+    killer = asyncio.ensure_future(kill_soon())
+    r = await post(
+        jp_fetch,
+        "api/generate",
+        {"model": "tiny", "prompt": "go", "options": {**GREEDY, "num_predict": 1_000_000}},
+    )
+    await killer
+    last = lines(r)[-1]
+    assert "SIGKILL" in last["error"]
+
+    # the next request gets a fresh runner
+    r = await post(
+        jp_fetch,
+        "api/generate",
+        {
+            "model": "tiny",
+            "prompt": "again",
+            "stream": False,
+            "options": {**GREEDY, "num_predict": 3},
+        },
+    )
+    assert json.loads(r.body)["eval_count"] == 3
+    assert scheduler.loaded_models()[0].runner.pid != pid
+
+
+async def test_shutdown_leaves_no_runner(jp_fetch, jp_serverapp, installed_model):
+    await post(jp_fetch, "api/generate", {"model": "tiny"})
+    scheduler = jp_serverapp.web_app.settings["jupyter_llm"].scheduler
+    pid = scheduler.loaded_models()[0].runner.pid
+    assert psutil.pid_exists(pid)
+    await jp_serverapp.extension_manager.stop_all_extensions()
+    gone = not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert gone
