@@ -113,6 +113,11 @@ class Engine:
         cp.n_ctx = n_ctx
         cp.n_batch = self.n_batch
         cp.n_ubatch = self.n_batch
+        cp.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if params.flash_attn
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         if params.n_threads > 0:
             cp.n_threads = params.n_threads
             cp.n_threads_batch = params.n_threads
@@ -125,6 +130,7 @@ class Engine:
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.cached: list[int] = []  # tokens whose KV entries are in sequence 0
+        self._logits_ready = False  # do the current logits belong to cached[-1]?
         self._piece = ctypes.create_string_buffer(256)
         self.chat_template = self.metadata("tokenizer.chat_template")
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
@@ -211,20 +217,26 @@ class Engine:
                 raise EngineError(f"llama_decode failed with status {rc}")
             self.cached.extend(chunk)
 
-    def _reuse_prefix(self, tokens: list[int]) -> int:
-        """Keep the longest cached prefix (at least one token is re-evaluated)."""
+    def _prepare_prompt(self, tokens: list[int]) -> None:
+        """Evaluate what the cache does not already hold, reusing the longest
+        cached prefix. When the whole prompt is cached and the last decode left
+        its logits, nothing is evaluated at all."""
         common = 0
         for a, b in zip(self.cached, tokens, strict=False):
             if a != b:
                 break
             common += 1
-        common = min(common, len(tokens) - 1)
+        if common == len(tokens) == len(self.cached) and self._logits_ready:
+            return
+        common = min(common, len(tokens) - 1)  # re-evaluate one token for fresh logits
         if common < len(self.cached):
             if not llama_cpp.llama_memory_seq_rm(self.memory, 0, common, -1):
                 llama_cpp.llama_memory_clear(self.memory, True)
                 common = 0
             del self.cached[common:]
-        return common
+        self._logits_ready = False
+        self._evaluate(tokens[common:])
+        self._logits_ready = True
 
     def _sampler(self, opts: dict[str, Any], grammar: str | None) -> Any:
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -283,8 +295,7 @@ class Engine:
         result = Completion(prompt_eval_count=len(tokens))
 
         t0 = time.perf_counter_ns()
-        common = self._reuse_prefix(tokens)
-        self._evaluate(tokens[common:])
+        self._prepare_prompt(tokens)
         t1 = time.perf_counter_ns()
         result.prompt_eval_duration = t1 - t0
 
@@ -322,7 +333,7 @@ class Engine:
                             break
                     else:
                         emit(text)
-                if len(self.cached) >= self.n_ctx:
+                if len(generated) == limit or len(self.cached) >= self.n_ctx:
                     break
                 # one-token decode through the reused batch: the hot path
                 b.token[0] = token
@@ -331,9 +342,11 @@ class Engine:
                 b.seq_id[0][0] = 0
                 b.logits[0] = 1
                 b.n_tokens = 1
+                self._logits_ready = False
                 if llama_cpp.llama_decode(self.ctx, b) != 0:
                     raise EngineError("llama_decode failed while generating")
                 self.cached.append(token)
+                self._logits_ready = True
         finally:
             llama_cpp.llama_sampler_free(chain)
         tail = pending + decoder.decode(b"", final=True)
