@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from jupyter_llm.errors import ConfigError
+from jupyter_llm.errors import ConfigError, InvalidRequest
 from jupyter_llm.keep_alive import parse_keep_alive
 
 DEFAULT_MODELS_DIR = Path("~/.jupyter_llm/models")
@@ -66,7 +66,7 @@ def _parse(name: str, raw: str) -> Any:
         if kind == "Path":
             return Path(raw)
         return raw
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, InvalidRequest) as e:
         raise ConfigError(f"{env_name}={raw!r} is not a valid {kind}") from e
 
 

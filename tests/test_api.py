@@ -304,3 +304,11 @@ async def test_shutdown_leaves_no_runner(jp_fetch, jp_serverapp, installed_model
     await jp_serverapp.extension_manager.stop_all_extensions()
     gone = not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert gone
+
+
+async def test_bearer_token_accepted(jp_serverapp, jp_base_url, http_server, http_server_port):
+    client = AsyncHTTPClient(force_instance=True)
+    token = jp_serverapp.identity_provider.token
+    url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/version"
+    r = await client.fetch(url, headers={"Authorization": f"Bearer {token}"}, request_timeout=10)
+    assert r.code == 200

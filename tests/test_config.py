@@ -1,0 +1,48 @@
+import math
+from pathlib import Path
+
+import pytest
+
+from jupyter_llm.config import Settings
+from jupyter_llm.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("env", "field", "value"),
+    [
+        ({}, "keep_alive", 300.0),
+        ({"JUPYTER_LLM_KEEP_ALIVE": "10m"}, "keep_alive", 600.0),
+        ({"JUPYTER_LLM_KEEP_ALIVE": "-1"}, "keep_alive", math.inf),
+        ({"JUPYTER_LLM_KEEP_ALIVE": "45"}, "keep_alive", 45.0),
+        ({"JUPYTER_LLM_CONTEXT_LENGTH": "8192"}, "context_length", 8192),
+        ({"JUPYTER_LLM_NEW_ESTIMATES": "1"}, "new_estimates", True),
+        ({"JUPYTER_LLM_NEW_ESTIMATES": "false"}, "new_estimates", False),
+        ({"JUPYTER_LLM_MODELS": "/tmp/m"}, "models_dir", Path("/tmp/m")),
+        ({"JUPYTER_LLM_MAX_QUEUE": "7"}, "max_queue", 7),
+        ({"JUPYTER_LLM_MAX_QUEUE": ""}, "max_queue", 512),
+    ],
+)
+def test_from_env(env, field, value):
+    assert getattr(Settings.from_env(env), field) == value
+
+
+def test_overrides_win_over_env():
+    s = Settings.from_env({"JUPYTER_LLM_MAX_QUEUE": "7"}, max_queue=9, num_parallel=None)
+    assert s.max_queue == 9 and s.num_parallel == 1
+
+
+def test_models_dir_expands_user():
+    assert "~" not in str(Settings.from_env({}).models_dir)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"JUPYTER_LLM_MAX_QUEUE": "lots"},
+        {"JUPYTER_LLM_NEW_ESTIMATES": "maybe"},
+        {"JUPYTER_LLM_KEEP_ALIVE": "soon"},
+    ],
+)
+def test_bad_env_names_the_variable(env):
+    with pytest.raises(ConfigError, match=next(iter(env))):
+        Settings.from_env(env)
