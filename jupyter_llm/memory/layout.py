@@ -1,0 +1,189 @@
+"""Where a model's layers go: GPUs first (in device sort order), the rest on the CPU.
+
+Rules (BEHAVIOUR.md, Memory): layers fill from the last block down (the output
+layer first), discrete GPUs before integrated ones, the fewest GPUs that hold
+everything, a GPU only if it holds its graph, the per-GPU minimum and two
+layers. Pure: the caller passes free memory already net of what it has loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jupyter_llm.memory.estimate import Estimate
+
+MIB = 1 << 20
+MIN_GPU_BYTES = 457 * MIB
+CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class GpuSlot:
+    """A GPU as the layout sees it: how much we may still use."""
+
+    id: str
+    library: str
+    free: int
+    integrated: bool = False
+
+
+@dataclass(frozen=True)
+class Allocation:
+    device: str  # a device id, or "cpu"
+    weights: int
+    kv_cache: int
+    graph: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.graph
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpu_layers: tuple[tuple[str, int], ...]  # (device id, layers) in device order
+    allocations: tuple[Allocation, ...]  # one per used GPU, then the CPU
+    n_gpu_layers: int  # llama.cpp's count: the last N layers (output included) offloaded
+    n_layers: int  # blocks + output layer
+
+    @property
+    def gpus(self) -> list[str]:
+        return [device for device, _ in self.gpu_layers]
+
+    @property
+    def tensor_split(self) -> list[float]:
+        return [float(n) for _, n in self.gpu_layers]
+
+    @property
+    def vram(self) -> int:
+        return sum(a.total for a in self.allocations if a.device != CPU)
+
+    @property
+    def total(self) -> int:
+        return sum(a.total for a in self.allocations)
+
+    def on(self, device: str) -> int:
+        return sum(a.total for a in self.allocations if a.device == device)
+
+
+class LayoutFailure(Exception):
+    """No acceptable layout with the memory that is free now."""
+
+
+class DoesNotFit(LayoutFailure):
+    def __init__(self) -> None:
+        super().__init__("model does not fit in the free GPU memory")
+
+
+class NeedsSystemMemory(LayoutFailure):
+    def __init__(self, required: int, available: int) -> None:
+        super().__init__(
+            f"model requires more system memory ({format_bytes(required)}) "
+            f"than is available ({format_bytes(available)})"
+        )
+        self.required, self.available = required, available
+
+
+class CannotAllocateForced(LayoutFailure):
+    def __init__(self, num_gpu: int) -> None:
+        super().__init__(f"memory layout cannot be allocated with num_gpu = {num_gpu}")
+        self.num_gpu = num_gpu
+
+
+def format_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def plan_layout(
+    est: Estimate,
+    gpus: list[GpuSlot],
+    system_free: int,
+    *,
+    num_gpu: int = -1,
+    require_full: bool = False,
+    gpu_overhead: int = 0,
+) -> Placement:
+    """The placement for ``est`` on ``gpus`` (already in device sort order).
+
+    ``require_full`` (other models are loaded): everything on GPUs or
+    ``DoesNotFit``. ``num_gpu`` -1: automatic, 0: CPU only, N: exactly N layers
+    on GPUs or ``CannotAllocateForced``. A CPU part larger than ``system_free``
+    is ``NeedsSystemMemory``.
+    """
+    n_total = est.n_layer + 1
+    order = [est.n_layer, *range(est.n_layer - 1, -1, -1)]  # output first, then last block down
+    sizes = [est.layer_size(i) for i in order]
+    biggest = max(sizes) if sizes else 0
+
+    def room(gpu: GpuSlot, graph: int) -> int:
+        return gpu.free - gpu_overhead - MIN_GPU_BYTES - graph
+
+    def fill(candidates: list[GpuSlot], limit: int, graph: int) -> list[tuple[GpuSlot, int]]:
+        assigned, placed = [], 0
+        for gpu in candidates:
+            left, n = room(gpu, graph), 0
+            while placed < limit and sizes[placed] <= left:
+                left -= sizes[placed]
+                placed += 1
+                n += 1
+            if n:
+                assigned.append((gpu, n))
+        return assigned
+
+    assignment: list[tuple[GpuSlot, int]] = []
+    wanted = n_total if num_gpu < 0 else min(num_gpu, n_total)
+    if gpus and wanted > 0:
+        for k in range(1, len(gpus) + 1):  # the fewest GPUs (in sort order) that hold it all
+            graph = est.graph_full if k == 1 else est.graph_partial
+            trial = fill(gpus[:k], wanted, graph)
+            if sum(n for _, n in trial) == wanted:
+                assignment = trial
+                break
+        else:
+            if num_gpu > 0:
+                raise CannotAllocateForced(num_gpu)
+            if require_full:
+                raise DoesNotFit()
+            viable = [g for g in gpus if room(g, est.graph_partial) >= 2 * biggest]
+            assignment = fill(viable, wanted, est.graph_partial)
+    return _placement(est, order, assignment, system_free, n_total)
+
+
+def _placement(
+    est: Estimate,
+    order: list[int],
+    assignment: list[tuple[GpuSlot, int]],
+    system_free: int,
+    n_total: int,
+) -> Placement:
+    allocations = []
+    single = len(assignment) == 1
+    offloaded = sum(n for _, n in assignment)
+    start = 0
+    for gpu, n in assignment:
+        layers = order[start : start + n]
+        start += n
+        graph = est.graph_full if single else est.graph_partial
+        allocations.append(_allocation(gpu.id, est, layers, graph))
+    cpu_layers = order[start:]
+    cpu_graph = est.graph_full if not assignment else (est.graph_partial if cpu_layers else 0)
+    cpu = _allocation(CPU, est, cpu_layers, cpu_graph)
+    cpu = Allocation(CPU, cpu.weights + est.input_weights, cpu.kv_cache, cpu.graph)
+    if cpu.total > system_free:
+        raise NeedsSystemMemory(cpu.total, system_free)
+    allocations.append(cpu)
+    return Placement(
+        gpu_layers=tuple((gpu.id, n) for gpu, n in assignment),
+        allocations=tuple(allocations),
+        n_gpu_layers=offloaded,
+        n_layers=n_total,
+    )
+
+
+def _allocation(device: str, est: Estimate, layers: list[int], graph: int) -> Allocation:
+    weights = sum(est.output_weights if i == est.n_layer else est.layer_weights[i] for i in layers)
+    kv = sum(est.layer_kv[i] for i in layers if i < est.n_layer)
+    return Allocation(device, weights, kv, graph)

@@ -1,0 +1,160 @@
+"""Estimate and layout: pure, table-driven."""
+
+import pytest
+
+from jupyter_llm.memory import (
+    MIN_GPU_BYTES,
+    CannotAllocateForced,
+    DoesNotFit,
+    EstimateOptions,
+    GpuSlot,
+    ModelInfo,
+    NeedsSystemMemory,
+    estimate,
+    plan_layout,
+)
+from jupyter_llm.memory.model_info import read_model_info
+
+MiB, GiB = 1 << 20, 1 << 30
+
+# a 7B-like model: 32 blocks of 200 MiB, 250 MiB output, 250 MiB input embeddings
+MODEL = ModelInfo(
+    architecture="llama",
+    n_layer=32,
+    n_embd=4096,
+    n_head=32,
+    n_head_kv=8,
+    head_dim_k=128,
+    head_dim_v=128,
+    n_vocab=32000,
+    context_length=8192,
+    layer_bytes=(200 * MiB,) * 32,
+    output_bytes=250 * MiB,
+    input_bytes=250 * MiB,
+)
+EST = estimate(MODEL, EstimateOptions(num_ctx=4096))
+FULL_ON_ONE = sum(EST.layer_size(i) for i in range(33)) + EST.graph_full + MIN_GPU_BYTES
+
+
+def gpu(id, free, integrated=False):
+    return GpuSlot(
+        id=id, library="Vulkan" if integrated else "CUDA", free=free, integrated=integrated
+    )
+
+
+@pytest.mark.parametrize(
+    ("kv_type", "per_layer"),
+    [("f16", 4096 * 256 * 8 * 2), ("q8_0", 4096 * 256 * 8), ("q4_0", 4096 * 256 * 8 // 2)],
+)
+def test_kv_cache_per_layer(kv_type, per_layer):
+    est = estimate(MODEL, EstimateOptions(num_ctx=4096, kv_type=kv_type))
+    assert est.layer_kv == (per_layer,) * 32
+
+
+def test_kv_scales_with_parallel_and_ctx():
+    one = estimate(MODEL, EstimateOptions(num_ctx=2048)).kv_total
+    assert estimate(MODEL, EstimateOptions(num_ctx=2048, num_parallel=4)).kv_total == 4 * one
+    assert estimate(MODEL, EstimateOptions(num_ctx=4096)).kv_total == 2 * one
+
+
+def test_graph_grows_with_context():
+    small = estimate(MODEL, EstimateOptions(num_ctx=2048))
+    big = estimate(MODEL, EstimateOptions(num_ctx=8192))
+    assert big.graph_full > small.graph_full and big.graph_partial > small.graph_partial
+
+
+def test_unknown_kv_type():
+    with pytest.raises(ValueError):
+        estimate(MODEL, EstimateOptions(kv_type="q2"))
+
+
+def test_cpu_only_when_no_gpu():
+    p = plan_layout(EST, [], system_free=64 * GiB)
+    assert p.n_gpu_layers == 0 and p.gpus == []
+    assert p.allocations[-1].device == "cpu" and p.total == EST.cpu_only_total
+
+
+def test_full_fit_on_one_gpu():
+    p = plan_layout(EST, [gpu("a", FULL_ON_ONE + MiB)], system_free=64 * GiB)
+    assert p.n_gpu_layers == 33 and p.gpus == ["a"]
+    assert p.on("cpu") == EST.input_weights  # only the input embeddings stay on the CPU
+
+
+def test_discrete_used_before_integrated_with_more_free_memory():
+    # sorted order is the caller's (devices.sort_devices): dGPU first
+    p = plan_layout(
+        EST, [gpu("d", FULL_ON_ONE + MiB), gpu("i", 4 * FULL_ON_ONE, True)], system_free=64 * GiB
+    )
+    assert p.gpus == ["d"]
+
+
+def test_fewest_gpus_that_hold_everything():
+    gpus = [
+        gpu("a", FULL_ON_ONE // 2 + GiB),
+        gpu("b", FULL_ON_ONE // 2 + GiB),
+        gpu("c", FULL_ON_ONE // 2 + GiB),
+    ]
+    p = plan_layout(EST, gpus, system_free=64 * GiB)
+    assert p.n_gpu_layers == 33 and p.gpus == ["a", "b"]
+    assert p.tensor_split == [float(n) for _, n in p.gpu_layers]
+
+
+def test_partial_offload_when_alone():
+    p = plan_layout(EST, [gpu("a", FULL_ON_ONE // 2)], system_free=64 * GiB)
+    assert 0 < p.n_gpu_layers < 33
+    assert p.on("cpu") > EST.input_weights
+
+
+def test_require_full_refuses_partial():
+    with pytest.raises(DoesNotFit):
+        plan_layout(EST, [gpu("a", FULL_ON_ONE // 2)], system_free=64 * GiB, require_full=True)
+
+
+def test_gpu_too_small_for_two_layers_is_not_used():
+    p = plan_layout(
+        EST, [gpu("a", MIN_GPU_BYTES + EST.graph_partial + 300 * MiB)], system_free=64 * GiB
+    )
+    assert p.n_gpu_layers == 0
+
+
+@pytest.mark.parametrize("n", [1, 5, 33])
+def test_forced_num_gpu(n):
+    p = plan_layout(EST, [gpu("a", 2 * FULL_ON_ONE)], system_free=64 * GiB, num_gpu=n)
+    assert p.n_gpu_layers == n
+
+
+def test_forced_num_gpu_that_cannot_be_allocated():
+    with pytest.raises(CannotAllocateForced, match="num_gpu = 20"):
+        plan_layout(EST, [gpu("a", FULL_ON_ONE // 3)], system_free=64 * GiB, num_gpu=20)
+
+
+def test_num_gpu_zero_is_cpu_only():
+    p = plan_layout(EST, [gpu("a", 2 * FULL_ON_ONE)], system_free=64 * GiB, num_gpu=0)
+    assert p.n_gpu_layers == 0
+
+
+def test_cpu_part_larger_than_system_memory():
+    with pytest.raises(NeedsSystemMemory) as info:
+        plan_layout(EST, [], system_free=2 * GiB)
+    assert "model requires more system memory (" in str(info.value)
+    assert "than is available (2.0 GiB)" in str(info.value)
+
+
+def test_gpu_overhead_reduces_room():
+    free = FULL_ON_ONE + MiB
+    assert plan_layout(EST, [gpu("a", free)], 64 * GiB).n_gpu_layers == 33
+    assert plan_layout(EST, [gpu("a", free)], 64 * GiB, gpu_overhead=GiB).n_gpu_layers < 33
+
+
+def test_model_info_from_demo_gguf(demo_gguf):
+    info = read_model_info(demo_gguf)
+    assert (info.architecture, info.n_layer, info.n_embd, info.n_head, info.n_head_kv) == (
+        "llama",
+        2,
+        64,
+        4,
+        2,
+    )
+    assert info.head_dim_k == 16 and info.n_vocab == 262
+    assert info.output_bytes == 262 * 64 * 4 + 64 * 4
+    assert sum(info.layer_bytes) > 0 and info.input_bytes == 262 * 64 * 4
