@@ -18,6 +18,8 @@ from typing import Any
 
 import llama_cpp
 
+from jupyter_llm.runner.alloc_log import AllocationLog
+
 Emit = Callable[[str], None]
 Cancelled = Callable[[], bool]
 
@@ -70,6 +72,7 @@ class Completion:
 _backend_ready = False
 _LOG_DEBUG, _LOG_CONT = 1, 5  # enum ggml_log_level
 _log_state = {"keep": True}
+allocation_log = AllocationLog()  # what the current load allocated, per device
 
 
 @llama_cpp.llama_log_callback
@@ -79,7 +82,9 @@ def _log_to_stderr(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     keep = _log_state["keep"] if level == _LOG_CONT else level != _LOG_DEBUG
     _log_state["keep"] = keep
     if keep:
-        sys.stderr.write(text.decode(errors="replace"))
+        line = text.decode(errors="replace")
+        allocation_log.feed(line)
+        sys.stderr.write(line)
         sys.stderr.flush()
 
 

@@ -122,13 +122,15 @@ class RunnerService:
         return {"devices": list_ggml_devices(), "pid": os.getpid()}
 
     def op_load(self, message: dict[str, Any]) -> dict[str, Any]:
-        from jupyter_llm.runner.engine import Engine, LoadParams
+        from jupyter_llm.runner.engine import Engine, LoadParams, allocation_log
 
         if self.engine is not None:
             raise ValueError("a model is already loaded in this runner")
         fields = LoadParams.__dataclass_fields__
+        allocation_log.reset()
         self.engine = Engine(LoadParams(**{k: v for k, v in message.items() if k in fields}))
         return {
+            "allocations": allocation_log.devices,
             "n_ctx": self.engine.n_ctx,
             "n_ctx_train": self.engine.n_ctx_train,
             "n_batch": self.engine.n_batch,
