@@ -38,5 +38,11 @@ class ModelLoadFailed(RunnerFailed):
     pass
 
 
+class InsufficientMemory(LLMError):
+    """No layout fits the memory that is free, even with nothing else loaded."""
+
+    status = 500
+
+
 class ConfigError(LLMError):
     status = 500

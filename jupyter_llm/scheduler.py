@@ -1,11 +1,10 @@
-"""The model scheduler: which runners are loaded, who is using them, and when
-they go away. Runs on the server's asyncio loop; its collaborators (the runner
-factory and the device source) are injected so tests can drive every policy.
+"""The model scheduler: which runners are loaded where, who is using them, and
+when they go away (BEHAVIOUR.md, Scheduler and Memory).
 
-This is the vertical slice's scheduler: one load at a time, a bounded queue,
-refcounts, keep_alive timers, reuse when ``num_ctx`` fits, LRU eviction of idle
-runners at ``max_loaded_models``, and a fresh runner when one has died.
-Placement across GPUs builds on it.
+Runs on the server's asyncio loop. Its collaborators are injected: the runner
+factory, the device source, and the GGUF reader, so tests drive every policy
+with fake runners and simulated devices. The policy decisions themselves
+(layout, eviction victim, reload) are plain functions.
 """
 
 from __future__ import annotations
@@ -15,29 +14,91 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
 
 from jupyter_llm.config import Settings
-from jupyter_llm.devices import DeviceSource
-from jupyter_llm.errors import ServerBusy
+from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw
+from jupyter_llm.errors import InsufficientMemory, ModelLoadFailed, ServerBusy
+from jupyter_llm.memory import (
+    CPU,
+    Allocation,
+    EstimateOptions,
+    GpuSlot,
+    LayoutFailure,
+    ModelInfo,
+    Placement,
+    estimate,
+    plan_layout,
+)
+from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.models.store import ModelEntry
-from jupyter_llm.runner.model import LoadSpec, ModelRunner
+from jupyter_llm.runner.model import LoadSpec
 
 log = logging.getLogger(__name__)
 
-RunnerFactory = Callable[[LoadSpec], Awaitable[ModelRunner]]
+VRAM_RECOVERY_POLL = 0.25
+VRAM_RECOVERY_TIMEOUT = 5.0
+VRAM_RECOVERY_SHARE = 0.75
+MAX_BACKOFF_STEPS = 9  # new estimates: 10 %, 20 %, ... 90 % less free memory
+VISIBILITY_ENV = {
+    "CUDA": "CUDA_VISIBLE_DEVICES",
+    "ROCm": "HIP_VISIBLE_DEVICES",
+    "Vulkan": "GGML_VK_VISIBLE_DEVICES",
+}
+ALLOCATION_ERRORS = ("failed to allocate", "out of memory", "cudamalloc", "unable to allocate")
 
 
-@dataclass
+class Runner(Protocol):
+    """What the scheduler needs of a loaded runner (``runner.model.ModelRunner``)."""
+
+    spec: LoadSpec
+    load_duration_ns: int
+
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def measured(self) -> dict[str, dict[str, int]]: ...
+    def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]: ...
+    async def health(self, timeout: float = 5.0) -> bool: ...
+    async def device_info(self) -> list[dict[str, Any]]: ...
+    async def close(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+RunnerFactory = Callable[[LoadSpec], Awaitable[Runner]]
+
+
+@dataclass(frozen=True)
 class LoadOptions:
-    """Load-time options of one request (None: server default)."""
+    """Load-time options of one request (None: the server's default)."""
 
     num_ctx: int | None = None
     num_batch: int | None = None
     num_thread: int | None = None
     use_mmap: bool | None = None
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """Load options resolved against the settings and the model."""
+
+    num_ctx: int
+    num_batch: int
+    num_thread: int
+    use_mmap: bool
+    num_gpu: int
+    main_gpu: int
 
 
 @dataclass
@@ -45,14 +106,18 @@ class Loaded:
     """A loaded model and its bookkeeping."""
 
     entry: ModelEntry
-    runner: ModelRunner
+    runner: Runner
+    wanted: Wanted
+    placement: Placement
+    allocations: tuple[Allocation, ...]
+    measured: bool
     keep_alive: float
     slots: asyncio.Semaphore
     refcount: int = 0
+    waiting: int = 0
     last_used: float = field(default_factory=time.monotonic)
-    expires_at: float | None = None  # wall clock; None while in use or forever
+    expires_at: float | None = None  # wall clock, while idle
     timer: asyncio.TimerHandle | None = None
-    fresh_load_ns: int = 0  # load time to report to the request that caused it
 
     @property
     def key(self) -> str:
@@ -75,16 +140,103 @@ class Lease:
             self._scheduler._release(self.loaded)
 
 
+# -- pure policy -----------------------------------------------------------------------
+def choose_victim(loaded: list[Loaded]) -> Loaded | None:
+    """Idle runners first; then the shortest keep_alive, then least recently used.
+    With none idle, the best busy one (the caller waits for it to drain)."""
+    if not loaded:
+        return None
+    idle = [m for m in loaded if m.refcount == 0]
+    return min(idle or loaded, key=lambda m: (m.keep_alive, m.last_used))
+
+
+def needs_reload(loaded: Loaded, entry: ModelEntry, wanted: Wanted) -> bool:
+    """A different file, or a load-time option that differs. A smaller or equal
+    num_ctx reuses the runner; num_gpu -1 accepts any layout."""
+    have = loaded.wanted
+    return (
+        loaded.entry.digest != entry.digest
+        or wanted.num_ctx > have.num_ctx
+        or wanted.num_batch != have.num_batch
+        or wanted.num_thread != have.num_thread
+        or wanted.use_mmap != have.use_mmap
+        or wanted.main_gpu != have.main_gpu
+        or (wanted.num_gpu != -1 and wanted.num_gpu != have.num_gpu)
+    )
+
+
+def max_loaded(settings: Settings, gpu_count: int) -> int:
+    return settings.max_loaded_models or max(3, 3 * gpu_count)
+
+
+def visibility_env(
+    library: str, indices: list[int], parent: Mapping[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """Make only the chosen GPUs visible to the runner, respecting an existing
+    restriction (index i of the runner's devices is the i-th visible one)."""
+    var = VISIBILITY_ENV.get(library)
+    if var is None or not indices:
+        return ()
+    if visible := parent.get(var):
+        allowed = [v.strip() for v in visible.split(",")]
+        chosen = [allowed[i] for i in indices if i < len(allowed)]
+    else:
+        chosen = [str(i) for i in indices]
+    return ((var, ",".join(chosen)),)
+
+
+def measured_allocations(
+    placement: Placement, measured: dict[str, dict[str, int]], gpu_names: dict[str, str]
+) -> tuple[Allocation, ...] | None:
+    """The engine's own figures per device. When the runner computed elsewhere
+    than the layout says (simulated devices), the measured totals are spread over
+    the layout's devices in its proportions."""
+    if not measured:
+        return None
+    by_device = {gpu_names.get(name, name): sizes for name, sizes in measured.items()}
+    planned = {a.device for a in placement.allocations if a.total}
+    if set(by_device) <= planned | {CPU} and set(by_device) >= planned - {CPU}:
+        return tuple(
+            Allocation(a.device, *(by_device.get(a.device, {}).get(k, 0) for k in KINDS))
+            for a in placement.allocations
+        )
+    totals = {k: sum(s.get(k, 0) for s in measured.values()) for k in KINDS}
+    est = {k: sum(getattr(a, k) for a in placement.allocations) for k in KINDS}
+
+    def scaled(a: Allocation, kind: str) -> int:
+        return round(getattr(a, kind) * totals[kind] / est[kind]) if est[kind] else 0
+
+    return tuple(
+        Allocation(a.device, *(scaled(a, k) for k in KINDS)) for a in placement.allocations
+    )
+
+
+KINDS = ("weights", "kv_cache", "graph")
+
+
+# -- the scheduler ---------------------------------------------------------------------
 class Scheduler:
-    def __init__(self, settings: Settings, start_runner: RunnerFactory, devices: DeviceSource):
+    def __init__(
+        self,
+        settings: Settings,
+        start_runner: RunnerFactory,
+        devices: DeviceSource,
+        read_info: Callable[[Path], ModelInfo] = read_model_info,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        import os
+
         self.settings = settings
-        self._start_runner = start_runner
         self.devices = devices
+        self._start_runner = start_runner
+        self._read_info = lru_cache(maxsize=64)(read_info)
+        self._environ = os.environ if environ is None else environ
         self._loaded: dict[str, Loaded] = {}
         self._load_lock = asyncio.Lock()
         self._waiting = 0
         self._changed = asyncio.Condition()
         self._closing = False
+        self._background: set[asyncio.Future[None]] = set()
 
     # -- public --------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -100,13 +252,18 @@ class Scheduler:
     async def acquire(
         self, entry: ModelEntry, options: LoadOptions, keep_alive: float | None
     ) -> Lease:
-        """A runner for ``entry`` with a free slot, loading it if needed."""
+        """A runner for ``entry`` with a free slot, loading it if needed. Waiting
+        here (for a load or a slot) counts against ``max_queue``."""
         if self._waiting >= self.settings.max_queue:
             raise ServerBusy()
         self._waiting += 1
         try:
             loaded, fresh_ns = await self._get_loaded(entry, options, keep_alive)
-            await loaded.slots.acquire()
+            loaded.waiting += 1
+            try:
+                await loaded.slots.acquire()
+            finally:
+                loaded.waiting -= 1
         finally:
             self._waiting -= 1
         loaded.refcount += 1
@@ -119,10 +276,6 @@ class Scheduler:
     def loaded_models(self) -> list[Loaded]:
         return [m for m in self._loaded.values() if m.runner.alive]
 
-    def max_loaded(self, gpu_count: int) -> int:
-        configured = self.settings.max_loaded_models
-        return configured if configured > 0 else max(3, 3 * gpu_count)
-
     async def unload(self, name: str) -> bool:
         """Unload now if idle, or as soon as its requests end."""
         loaded = self._loaded.get(name)
@@ -130,7 +283,9 @@ class Scheduler:
             return False
         loaded.keep_alive = 0
         if loaded.refcount == 0:
-            await self._unload(loaded)
+            async with self._load_lock:
+                if self._loaded.get(name) is loaded and loaded.refcount == 0:
+                    await self._unload(loaded)
         return True
 
     async def shutdown(self) -> None:
@@ -148,72 +303,192 @@ class Scheduler:
         for loaded in self._loaded.values():
             loaded.runner.kill()
 
+    async def current_devices(self) -> list[DeviceInfo]:
+        """Devices with free memory as of now; a loaded runner is asked first."""
+        used: dict[str, int] = {}
+        for m in self.loaded_models():
+            for a in m.allocations:
+                used[a.device] = used.get(a.device, 0) + a.total
+        fresh = None
+        if runner := next((m.runner for m in self.loaded_models()), None):
+
+            async def fresh() -> list[DeviceInfo]:
+                return [device_from_raw(raw) for raw in await runner.device_info()]
+
+        return await self.devices.devices(used=used, fresh=fresh)
+
     # -- loading -------------------------------------------------------------------
+    def _wanted(self, options: LoadOptions, info: ModelInfo) -> Wanted:
+        num_ctx = options.num_ctx or self.settings.context_length
+        if info.context_length:
+            num_ctx = min(num_ctx, info.context_length)
+        return Wanted(
+            num_ctx=num_ctx,
+            num_batch=min(options.num_batch or 512, num_ctx),
+            num_thread=options.num_thread or self.settings.num_threads,
+            use_mmap=True if options.use_mmap is None else options.use_mmap,
+            num_gpu=-1 if options.num_gpu is None else options.num_gpu,
+            main_gpu=options.main_gpu or 0,
+        )
+
     async def _get_loaded(
         self, entry: ModelEntry, options: LoadOptions, keep_alive: float | None
     ) -> tuple[Loaded, int]:
-        spec = self._spec(entry, options)
+        loop = asyncio.get_running_loop()
+        info = await loop.run_in_executor(None, self._read_info, entry.model_path)
+        wanted = self._wanted(options, info)
         key = entry.name.display
         current = self._loaded.get(key)
-        if current and self._reusable(current, entry, spec):
+        if current and await self._reusable(current, entry, wanted):
             return current, 0
         async with self._load_lock:
             current = self._loaded.get(key)
-            if current and self._reusable(current, entry, spec):
+            if current and await self._reusable(current, entry, wanted):
                 return current, 0
             if current is not None:
                 await self._drain_and_unload(current)
-            await self._make_room()
-            log.info("loading %s (num_ctx %d)", key, spec.n_ctx)
-            runner = await self._start_runner(spec)
-            loaded = Loaded(
-                entry=entry,
-                runner=runner,
-                keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
-                slots=asyncio.Semaphore(self.settings.num_parallel),
-            )
+            loaded = await self._load(entry, info, wanted, keep_alive)
             self._loaded[key] = loaded
-            return loaded, runner.load_duration_ns
+            return loaded, loaded.runner.load_duration_ns
 
-    def _spec(self, entry: ModelEntry, options: LoadOptions) -> LoadSpec:
-        n_ctx = options.num_ctx or self.settings.context_length
-        n_batch = min(options.num_batch or 512, n_ctx)
-        return LoadSpec(
-            path=str(entry.model_path),
-            n_ctx=n_ctx * self.settings.num_parallel,
-            n_batch=n_batch,
-            n_threads=options.num_thread or self.settings.num_threads,
-            use_mmap=True if options.use_mmap is None else options.use_mmap,
-        )
+    async def _reusable(self, loaded: Loaded, entry: ModelEntry, wanted: Wanted) -> bool:
+        if not loaded.runner.alive or needs_reload(loaded, entry, wanted):
+            return False
+        if loaded.refcount == 0 and not await loaded.runner.health(timeout=5.0):
+            log.warning("%s did not answer its health check: reloading", loaded.key)
+            return False
+        return True
 
-    @staticmethod
-    def _reusable(loaded: Loaded, entry: ModelEntry, spec: LoadSpec) -> bool:
-        """Same model file, alive, and a context at least as large as asked for."""
-        have = loaded.runner.spec
-        return (
-            loaded.runner.alive
-            and loaded.entry.digest == entry.digest
-            and have.path == spec.path
-            and spec.n_ctx <= have.n_ctx
-            and spec.n_batch == have.n_batch
-            and spec.n_threads == have.n_threads
-            and spec.use_mmap == have.use_mmap
-        )
-
-    async def _make_room(self) -> None:
-        """Evict idle runners (LRU) until a new one may be loaded."""
-        gpus = [d for d in await self.devices.devices() if d.is_gpu]
-        limit = self.max_loaded(len(gpus))
-        while len(self.loaded_models()) >= limit:
-            idle = [m for m in self._loaded.values() if m.refcount == 0]
-            if idle:
-                victim = min(idle, key=lambda m: (m.keep_alive, m.last_used))
-                await self._unload(victim)
+    async def _load(
+        self, entry: ModelEntry, info: ModelInfo, wanted: Wanted, keep_alive: float | None
+    ) -> Loaded:
+        """The fit loop: place, evicting others while that is what it takes."""
+        parallel = 1 if info.embedding_only else self.settings.num_parallel
+        est = estimate(info, EstimateOptions(wanted.num_ctx, parallel, wanted.num_batch))
+        backoff = 0
+        while True:
+            if self._closing:
+                raise ModelLoadFailed("the server is shutting down")
+            await self._make_room_for_count()
+            devices = await self.current_devices()
+            gpus = self._gpu_slots(devices, backoff)
+            system_free = next(d.free_memory for d in devices if d.id == CPU)
+            others = self.loaded_models()
+            try:
+                placement = plan_layout(
+                    est,
+                    gpus,
+                    system_free,
+                    num_gpu=wanted.num_gpu,
+                    require_full=bool(others),
+                    gpu_overhead=self.settings.gpu_overhead,
+                )
+            except LayoutFailure as failure:
+                if others:
+                    await self._evict_one(others)
+                    continue
+                raise InsufficientMemory(str(failure)) from None
+            spec = self._spec(entry, wanted, parallel, placement, devices)
+            log.info(
+                "loading %s: %d/%d layers on %s, num_ctx %d",
+                entry.name.display, placement.n_gpu_layers, placement.n_layers,
+                ", ".join(placement.gpus) or "cpu", wanted.num_ctx,
+            )  # fmt: skip
+            try:
+                runner = await self._start_runner(spec)
+            except ModelLoadFailed as e:
+                if not is_allocation_failure(e) or not self.settings.new_estimates:
+                    raise
+                if placement.n_gpu_layers == 0 or backoff >= MAX_BACKOFF_STEPS:
+                    raise InsufficientMemory(f"memory layout cannot be allocated: {e}") from e
+                backoff += 1
+                log.info("allocation failed, retrying with %d %% less free memory", 10 * backoff)
                 continue
-            async with self._changed:
-                await self._changed.wait()
+            return self._loaded_record(
+                entry, runner, wanted, placement, keep_alive, parallel, devices
+            )
+
+    def _loaded_record(
+        self,
+        entry: ModelEntry,
+        runner: Runner,
+        wanted: Wanted,
+        placement: Placement,
+        keep_alive: float | None,
+        parallel: int,
+        devices: list[DeviceInfo],
+    ) -> Loaded:
+        allocations, measured = placement.allocations, False
+        if self.settings.new_estimates:
+            names = gpu_backend_names(devices, placement)
+            if real := measured_allocations(placement, runner.measured, names):
+                allocations, measured = real, True
+        return Loaded(
+            entry=entry,
+            runner=runner,
+            wanted=wanted,
+            placement=placement,
+            allocations=allocations,
+            measured=measured,
+            keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
+            slots=asyncio.Semaphore(parallel),
+        )
+
+    def _gpu_slots(self, devices: list[DeviceInfo], backoff: int) -> list[GpuSlot]:
+        """GPUs of one library (the best GPU's), free memory shrunk by the backoff."""
+        gpus = [d for d in devices if d.is_gpu]
+        if not gpus:
+            return []
+        library = gpus[0].library
+        keep = 1.0 - 0.1 * backoff
+        return [
+            GpuSlot(d.id, d.library, int(d.free_memory * keep), d.integrated)
+            for d in gpus
+            if d.library == library
+        ]
+
+    def _spec(
+        self,
+        entry: ModelEntry,
+        wanted: Wanted,
+        parallel: int,
+        placement: Placement,
+        devices: list[DeviceInfo],
+    ) -> LoadSpec:
+        base = LoadSpec(
+            path=str(entry.model_path),
+            n_ctx=wanted.num_ctx * parallel,
+            n_batch=wanted.num_batch,
+            n_threads=wanted.num_thread,
+            use_mmap=wanted.use_mmap,
+        )
+        if self.devices.simulated or not placement.gpus:
+            return base  # simulated GPUs: the runner computes on the CPU
+        gpus = [d for d in devices if d.is_gpu and d.library == devices[0].library]
+        index = {d.id: i for i, d in enumerate(gpus)}
+        used = [index[g] for g in placement.gpus]
+        return replace(
+            base,
+            n_gpu_layers=placement.n_gpu_layers,
+            tensor_split=tuple(placement.tensor_split) if len(used) > 1 else (),
+            main_gpu=0,
+            env=visibility_env(devices[0].library, used, self._environ),
+        )
+
+    # -- eviction --------------------------------------------------------------------
+    async def _make_room_for_count(self) -> None:
         for dead in [m for m in self._loaded.values() if not m.runner.alive]:
             await self._unload(dead)
+        gpus = [d for d in await self.current_devices() if d.is_gpu]
+        while len(self.loaded_models()) >= max_loaded(self.settings, len(gpus)):
+            await self._evict_one(self.loaded_models())
+
+    async def _evict_one(self, candidates: list[Loaded]) -> None:
+        victim = choose_victim(candidates)
+        if victim is None:
+            return
+        log.info("evicting %s to make room", victim.key)
+        await self._drain_and_unload(victim)
 
     async def _drain_and_unload(self, loaded: Loaded) -> None:
         while loaded.refcount > 0 and loaded.runner.alive:
@@ -223,11 +498,32 @@ class Scheduler:
 
     async def _unload(self, loaded: Loaded) -> None:
         self._stop_timer(loaded)
+        held = {a.device: a.total for a in loaded.allocations if a.device != CPU and a.total}
+        before = {d.id: d.free_memory for d in await self.current_devices()} if held else {}
         if self._loaded.get(loaded.key) is loaded:
             del self._loaded[loaded.key]
         log.info("unloading %s", loaded.key)
         await loaded.runner.close()
+        await self._wait_for_vram_recovery(before, held)
         await self._notify()
+
+    async def _wait_for_vram_recovery(self, before: dict[str, int], held: dict[str, int]) -> None:
+        """After a GPU unload, free VRAM lags; wait until 75 % of it is back
+        (polling 250 ms, at most 5 s) before the next placement. iGPU-only
+        runners (shared memory) do not wait."""
+        devices = {d.id: d for d in await self.current_devices()} if held else {}
+        held = {d: n for d, n in held.items() if d in devices and not devices[d].integrated}
+        deadline = time.monotonic() + VRAM_RECOVERY_TIMEOUT
+        while held:
+            now = {d.id: d.free_memory for d in await self.current_devices()}
+            if all(
+                now.get(d, 0) - before.get(d, 0) >= VRAM_RECOVERY_SHARE * n for d, n in held.items()
+            ):
+                return
+            if time.monotonic() >= deadline:
+                log.info("free VRAM did not recover within %.0fs", VRAM_RECOVERY_TIMEOUT)
+                return
+            await asyncio.sleep(VRAM_RECOVERY_POLL)
 
     # -- release and keep_alive ------------------------------------------------------
     def _release(self, loaded: Loaded) -> None:
@@ -239,10 +535,16 @@ class Scheduler:
         if not loaded.runner.alive:
             if self._loaded.get(loaded.key) is loaded:
                 del self._loaded[loaded.key]
-            asyncio.get_running_loop().create_task(loaded.runner.close())
+            self._spawn(loaded.runner.close())
         elif loaded.refcount == 0:
             self._start_timer(loaded)
-        asyncio.get_running_loop().create_task(self._notify())
+        self._spawn(self._notify())
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        """Background work that must not be garbage-collected mid-way."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _start_timer(self, loaded: Loaded) -> None:
         self._stop_timer(loaded)
@@ -250,9 +552,7 @@ class Scheduler:
             return
         loop = asyncio.get_running_loop()
         loaded.expires_at = time.time() + loaded.keep_alive
-        loaded.timer = loop.call_later(
-            loaded.keep_alive, lambda: loop.create_task(self._expire(loaded))
-        )
+        loaded.timer = loop.call_later(loaded.keep_alive, lambda: self._spawn(self._expire(loaded)))
 
     def _stop_timer(self, loaded: Loaded) -> None:
         if loaded.timer is not None:
@@ -261,35 +561,59 @@ class Scheduler:
         loaded.expires_at = None
 
     async def _expire(self, loaded: Loaded) -> None:
-        if loaded.refcount == 0 and self._loaded.get(loaded.key) is loaded:
-            async with self._load_lock:
-                if loaded.refcount == 0 and self._loaded.get(loaded.key) is loaded:
-                    await self._unload(loaded)
+        """The keep_alive timer fired; a request that arrived meanwhile wins."""
+        async with self._load_lock:
+            if (
+                loaded.refcount == 0
+                and loaded.waiting == 0
+                and self._loaded.get(loaded.key) is loaded
+            ):
+                await self._unload(loaded)
 
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
 
+    # -- reporting -------------------------------------------------------------------
     def describe(self, loaded: Loaded) -> dict[str, Any]:
         """The /api/ps view of one loaded model."""
         entry = loaded.entry
         expires = loaded.expires_at
         if expires is None and not math.isinf(loaded.keep_alive):
             expires = time.time() + loaded.keep_alive
+        total = sum(a.total for a in loaded.allocations)
+        vram = sum(a.total for a in loaded.allocations if a.device != CPU)
         return {
             "name": entry.name.display,
             "model": entry.name.display,
-            "size": entry.size,
-            "size_vram": 0,
+            "size": total,
+            "size_vram": vram,
             "digest": entry.digest,
             "details": entry.details,
             "expires_at": _iso(expires) if expires is not None else "2318-01-01T00:00:00Z",
-            "context_length": loaded.runner.n_ctx // max(1, self.settings.num_parallel),
+            "context_length": loaded.wanted.num_ctx,
+            "num_gpu_layers": loaded.placement.n_gpu_layers,
+            "num_layers": loaded.placement.n_layers,
             "pid": loaded.runner.pid,
-        }
+            "allocations": [
+                {"device": a.device, "weights": a.weights, "kv_cache": a.kv_cache,
+                 "graph": a.graph, "measured": loaded.measured}
+                for a in loaded.allocations
+            ],
+        }  # fmt: skip
+
+
+def gpu_backend_names(devices: list[DeviceInfo], placement: Placement) -> dict[str, str]:
+    """llama.cpp names the runner's GPU buffers CUDA0, CUDA1... in the order it
+    sees them (only the visible ones): map those names to our device ids."""
+    libraries = {d.id: d.library for d in devices}
+    return {f"{libraries.get(g, 'GPU')}{i}": g for i, g in enumerate(placement.gpus)}
+
+
+def is_allocation_failure(error: Exception) -> bool:
+    text = str(error).lower()
+    return any(marker in text for marker in ALLOCATION_ERRORS)
 
 
 def _iso(ts: float) -> str:
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")

@@ -140,6 +140,8 @@ class CompletionRequest:
             num_batch=o.get("num_batch"),
             num_thread=o.get("num_thread") or None,
             use_mmap=o.get("use_mmap"),
+            num_gpu=o.get("num_gpu"),
+            main_gpu=o.get("main_gpu"),
         )
 
     @property

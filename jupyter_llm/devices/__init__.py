@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
 from jupyter_llm.devices.nvml import nvml_memory, overlay_nvml
@@ -48,26 +48,51 @@ class DeviceSource:
     def simulated(self) -> bool:
         return self._simulated is not None
 
-    async def system(self) -> SystemInfo:
+    async def system(self, used: int = 0) -> SystemInfo:
+        """Host memory. ``used``: bytes our runners hold, subtracted only from a
+        simulated system (a real one already shows them)."""
         loop = asyncio.get_running_loop()
         real = await loop.run_in_executor(None, read_system_info)
         if self._simulated_system:
-            return parse_simulated_system(self._simulated_system, real.threads)
+            sim = parse_simulated_system(self._simulated_system, real.threads)
+            return replace(sim, free_memory=max(0, sim.free_memory - used))
         return real
 
-    async def devices(self) -> list[DeviceInfo]:
-        """Sorted: discrete GPUs, integrated GPUs, then the CPU."""
-        system = await self.system()
+    async def devices(
+        self,
+        used: Mapping[str, int] | None = None,
+        fresh: Discover | None = None,
+    ) -> list[DeviceInfo]:
+        """Sorted: discrete GPUs, integrated GPUs, then the CPU.
+
+        ``fresh`` asks a loaded runner for its backends' current free memory
+        (cheaper and more current than a discovery runner). ``used`` is what our
+        runners hold per device id ("cpu" for the host); simulated devices
+        subtract it, as real ones would show it.
+        """
+        used = used or {}
+        system = await self.system(used.get("cpu", 0))
         if self._simulated is not None:
-            gpus = [d for d in self._simulated if d.is_gpu]
+            gpus = [
+                replace(d, free_memory=max(0, d.free_memory - used.get(d.id, 0)))
+                for d in self._simulated
+                if d.is_gpu
+            ]
             cpu = next((d for d in self._simulated if not d.is_gpu), None)
         else:
-            raw = await self._raw_devices()
+            raw = None
+            if fresh is not None:
+                try:
+                    raw = await fresh()
+                except Exception:  # the runner went away: fall back to discovery
+                    raw = None
+            raw = raw if raw is not None else await self._raw_devices()
             nvml = await asyncio.get_running_loop().run_in_executor(None, nvml_memory)
             gpus = overlay_nvml([d for d in raw if d.is_gpu], nvml)
             cpu = next((d for d in raw if not d.is_gpu), None)
         cpu = replace(
             cpu or DeviceInfo(id="cpu", library="CPU", name="CPU"),
+            id="cpu",
             total_memory=system.total_memory,
             free_memory=system.free_memory,
         )

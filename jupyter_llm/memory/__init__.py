@@ -2,6 +2,7 @@
 
 from jupyter_llm.memory.estimate import Estimate, EstimateOptions, estimate
 from jupyter_llm.memory.layout import (
+    CPU,
     MIN_GPU_BYTES,
     Allocation,
     CannotAllocateForced,
@@ -15,6 +16,7 @@ from jupyter_llm.memory.layout import (
 from jupyter_llm.memory.model_info import ModelInfo
 
 __all__ = [
+    "CPU",
     "MIN_GPU_BYTES",
     "Allocation",
     "CannotAllocateForced",

@@ -1,8 +1,8 @@
 """What llama.cpp actually allocated, read from its buffer-size log lines.
 
-    load_tensors:   CPU_Mapped model buffer size =    12.34 MiB
-    llama_kv_cache:        CPU KV buffer size =    64.00 MiB
-    sched_reserve:       CUDA0 compute buffer size =   120.00 MiB
+load_tensors:   CPU_Mapped model buffer size =    12.34 MiB
+llama_kv_cache:        CPU KV buffer size =    64.00 MiB
+sched_reserve:       CUDA0 compute buffer size =   120.00 MiB
 """
 
 from __future__ import annotations
@@ -12,8 +12,21 @@ import re
 _LINE = re.compile(
     r"\b([A-Za-z][\w-]*?)\s+(model|KV|RS|compute|output)\s+buffer size\s*=\s*([\d.]+)\s*([KMG]i?B)"
 )
-_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
-_KINDS = {"model": "weights", "KV": "kv_cache", "RS": "kv_cache", "compute": "graph", "output": "graph"}
+_UNITS = {
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "KB": 1 << 10,
+    "MB": 1 << 20,
+    "GB": 1 << 30,
+}
+_KINDS = {
+    "model": "weights",
+    "KV": "kv_cache",
+    "RS": "kv_cache",
+    "compute": "graph",
+    "output": "graph",
+}
 
 
 def parse_buffer_line(line: str) -> tuple[str, str, int] | None:

@@ -97,9 +97,17 @@ def _init_backend() -> None:
 
 
 class Engine:
-    def __init__(self, params: LoadParams) -> None:
+    def __init__(self, params: LoadParams, progress: Callable[[float], None] | None = None) -> None:
         _init_backend()
         mp = llama_cpp.llama_model_default_params()
+        if progress is not None:
+
+            def on_progress(value: float, _: ctypes.c_void_p) -> bool:
+                progress(float(value))
+                return True
+
+            self._progress_cb = llama_cpp.llama_progress_callback(on_progress)
+            mp.progress_callback = self._progress_cb
         mp.n_gpu_layers = params.n_gpu_layers
         mp.main_gpu = params.main_gpu
         mp.use_mmap = params.use_mmap

@@ -33,6 +33,7 @@ class ModelRunner:
         self.process = process
         self.spec = spec
         self.info: dict[str, Any] = {}
+        self.progress = 0.0
         self.load_duration_ns = 0
 
     @property
@@ -47,17 +48,42 @@ class ModelRunner:
     def n_ctx(self) -> int:
         return int(self.info.get("n_ctx", self.spec.n_ctx))
 
-    async def load(self, timeout: float) -> None:
+    async def load(self, stall_timeout: float) -> None:
+        """Load the model; ``stall_timeout`` restarts whenever load progress moves."""
         started = time.perf_counter_ns()
         args = {k: v for k, v in asdict(self.spec).items() if k != "env"}
         args["tensor_split"] = list(self.spec.tensor_split)
+        replies = self.process.stream_batches("load", **args)
         try:
-            self.info = await asyncio.wait_for(self.process.call("load", **args), timeout)
+            while not self.info:
+                batch = await asyncio.wait_for(anext(replies), stall_timeout)
+                for message in batch:
+                    if message.get("type") == "progress":
+                        self.progress = float(message.get("progress", 0.0))
+                    else:
+                        self.info = message
         except TimeoutError:
-            raise ModelLoadFailed(f"timed out loading the model after {timeout:.0f}s") from None
+            raise ModelLoadFailed(
+                f"timed out loading the model: no progress for {stall_timeout:.0f}s"
+                f" (at {self.progress:.0%})"
+            ) from None
+        except StopAsyncIteration:
+            raise ModelLoadFailed("the runner ended the load without an answer") from None
         except RunnerFailed as e:
             raise ModelLoadFailed(f"failed to load model: {e}") from e
+        finally:
+            await replies.aclose()
         self.load_duration_ns = time.perf_counter_ns() - started
+
+    @property
+    def measured(self) -> dict[str, dict[str, int]]:
+        """Bytes llama.cpp allocated per backend buffer ("cpu", "CUDA0", ...)."""
+        return dict(self.info.get("allocations") or {})
+
+    async def device_info(self) -> list[dict[str, Any]]:
+        """The runner's view of its devices' free memory (answered mid-generation)."""
+        reply = await asyncio.wait_for(self.process.call("info"), 5.0)
+        return list(reply.get("devices", []))
 
     def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]:
         """Stream batches of ``token`` messages ending with ``done``."""

@@ -74,6 +74,8 @@ class RunnerService:
                 op = message.get("op")
                 if op == "cancel":
                     self.cancelled.add(int(message.get("target", -1)))
+                elif op == "info":  # free memory, answered even while generating
+                    self.send({"id": message.get("id"), "type": "result", **self.op_info(message)})
                 elif op == "health":
                     self.send(
                         {
@@ -128,7 +130,15 @@ class RunnerService:
             raise ValueError("a model is already loaded in this runner")
         fields = LoadParams.__dataclass_fields__
         allocation_log.reset()
-        self.engine = Engine(LoadParams(**{k: v for k, v in message.items() if k in fields}))
+        last = [-1.0]
+
+        def progress(value: float) -> None:  # feeds the server's load stall timer
+            if value - last[0] >= 0.01 or value >= 1.0:
+                last[0] = value
+                self.send({"id": message["id"], "type": "progress", "progress": value})
+
+        params = LoadParams(**{k: v for k, v in message.items() if k in fields})
+        self.engine = Engine(params, progress)
         return {
             "allocations": allocation_log.devices,
             "n_ctx": self.engine.n_ctx,
