@@ -1,0 +1,505 @@
+"""Scheduler policy, driven with fake runners and simulated devices (no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from jupyter_llm import scheduler as sched
+from jupyter_llm.config import Settings
+from jupyter_llm.devices import DeviceInfo, DeviceSource
+from jupyter_llm.errors import InsufficientMemory, ModelLoadFailed, ServerBusy
+from jupyter_llm.memory import ModelInfo
+from jupyter_llm.models.names import parse_model_name
+from jupyter_llm.models.store import ModelEntry
+from jupyter_llm.runner.model import LoadSpec
+from jupyter_llm.scheduler import LoadOptions, Scheduler, choose_victim, visibility_env
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def info(layer_mib: int = 200, n_layer: int = 32) -> ModelInfo:
+    return ModelInfo(
+        architecture="llama",
+        n_layer=n_layer,
+        n_embd=4096,
+        n_head=32,
+        n_head_kv=8,
+        head_dim_k=128,
+        head_dim_v=128,
+        n_vocab=32000,
+        context_length=32768,
+        layer_bytes=(layer_mib * MiB,) * n_layer,
+        output_bytes=250 * MiB,
+        input_bytes=250 * MiB,
+    )
+
+
+INFOS: dict[str, ModelInfo] = {}
+
+
+def entry(name: str, model: ModelInfo | None = None) -> ModelEntry:
+    path = Path(f"/models/{name}.gguf")
+    INFOS[str(path)] = model or info()
+    return ModelEntry(
+        name=parse_model_name(name),
+        digest=f"d-{name}",
+        size=1,
+        modified_at=datetime.now(UTC),
+        model_path=path,
+        template=None,
+        system=None,
+        config={},
+    )
+
+
+class FakeRunner:
+    pids = iter(range(1000, 100000))
+
+    def __init__(self, spec: LoadSpec, gpus: list[dict] | None = None, measured=None):
+        self.spec = spec
+        self.load_duration_ns = 5
+        self._alive = True
+        self.pid = next(self.pids)
+        self.gpus = gpus or []
+        self.measured = measured or {}
+        self.info_calls = 0
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    @property
+    def n_ctx(self) -> int:
+        return self.spec.n_ctx
+
+    async def complete(self, **request):
+        yield [{"type": "done", "eval_count": 1}]
+
+    async def health(self, timeout: float = 5.0) -> bool:
+        return self._alive
+
+    async def device_info(self) -> list[dict]:
+        self.info_calls += 1
+        return self.gpus
+
+    async def close(self) -> None:
+        self._alive = False
+
+    def kill(self) -> None:
+        self._alive = False
+
+
+class Factory:
+    def __init__(self, gpus: list[dict] | None = None, fail: int = 0, measured=None):
+        self.specs: list[LoadSpec] = []
+        self.runners: list[FakeRunner] = []
+        self.fail, self.gpus, self.measured = fail, gpus, measured
+
+    async def __call__(self, spec: LoadSpec) -> FakeRunner:
+        self.specs.append(spec)
+        await asyncio.sleep(0)
+        if self.fail:
+            self.fail -= 1
+            raise ModelLoadFailed("failed to load model: failed to allocate CUDA0 buffer")
+        runner = FakeRunner(spec, self.gpus, self.measured)
+        self.runners.append(runner)
+        return runner
+
+
+def simulated(gpus: list[tuple[str, int, bool]], system: int = 64 * GiB) -> dict[str, str]:
+    return {
+        "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps(
+            [
+                {
+                    "id": i,
+                    "library": "Vulkan" if integrated else "CUDA",
+                    "name": i,
+                    "total_memory": free,
+                    "free_memory": free,
+                    "integrated": integrated,
+                }
+                for i, free, integrated in gpus
+            ]
+        ),
+        "JUPYTER_LLM_SIMULATED_SYSTEM": json.dumps({"total_memory": system, "free_memory": system}),
+    }
+
+
+async def no_discovery():
+    raise AssertionError("simulated devices need no discovery")
+
+
+def make(env, factory=None, **settings) -> tuple[Scheduler, Factory]:
+    factory = factory or Factory()
+    s = Settings.from_env({}, **{"keep_alive": 300.0, **settings})
+    devices = DeviceSource(no_discovery, environ=env)
+    return Scheduler(s, factory, devices, read_info=lambda p: INFOS[str(p)], environ={}), factory
+
+
+async def use(scheduler, e, keep_alive=None, **options):
+    async with scheduler.use(e, LoadOptions(**options), keep_alive) as lease:
+        return lease.loaded
+
+
+ONE_GPU = simulated([("gpu0", 24 * GiB, False)])
+
+
+async def test_same_model_same_options_reuses():
+    s, f = make(ONE_GPU)
+    a = entry("a")
+    first = await use(s, a)
+    second = await use(s, a)
+    assert first is second and len(f.specs) == 1
+
+
+async def test_larger_num_ctx_reloads_smaller_reuses():
+    s, f = make(ONE_GPU)
+    a = entry("a")
+    await use(s, a, num_ctx=2048)
+    await use(s, a, num_ctx=1024)
+    assert len(f.specs) == 1
+    await use(s, a, num_ctx=8192)
+    assert len(f.specs) == 2 and not f.runners[0].alive
+    assert [m.wanted.num_ctx for m in s.loaded_models()] == [8192]
+
+
+async def test_load_time_option_change_reloads():
+    s, f = make(ONE_GPU)
+    a = entry("a")
+    await use(s, a)
+    await use(s, a, num_batch=256)
+    assert len(f.specs) == 2
+
+
+async def test_two_that_fit_coexist():
+    s, f = make(ONE_GPU)
+    await use(s, entry("a"))
+    await use(s, entry("b"))
+    assert sorted(m.key for m in s.loaded_models()) == ["a:latest", "b:latest"]
+    assert all(m.placement.gpus == ["gpu0"] for m in s.loaded_models())
+
+
+async def test_one_that_does_not_fit_evicts_the_idle_one():
+    s, f = make(simulated([("gpu0", 12 * GiB, False)]))
+    await use(s, entry("a"))
+    await use(s, entry("b"))
+    assert [m.key for m in s.loaded_models()] == ["b:latest"]
+    assert s.loaded_models()[0].placement.n_gpu_layers == 33  # full fit after eviction
+
+
+async def test_busy_victim_is_drained_before_eviction():
+    s, f = make(simulated([("gpu0", 12 * GiB, False)]))
+    a, b = entry("a"), entry("b")
+    lease = await s.acquire(a, LoadOptions(), None)
+    load_b = asyncio.ensure_future(use(s, b))
+    await asyncio.sleep(0.05)
+    assert not load_b.done() and f.runners[0].alive  # waits for a's request to end
+    lease.release()
+    await asyncio.wait_for(load_b, 5)
+    assert [m.key for m in s.loaded_models()] == ["b:latest"]
+
+
+async def test_queue_full_is_503():
+    s, _ = make(ONE_GPU, max_queue=1)
+    a = entry("a")
+    lease = await s.acquire(a, LoadOptions(), None)  # holds the only slot
+    waiting = asyncio.ensure_future(s.acquire(a, LoadOptions(), None))  # queued for the slot
+    await asyncio.sleep(0.01)
+    with pytest.raises(ServerBusy, match="maximum pending requests exceeded"):
+        await s.acquire(a, LoadOptions(), None)
+    lease.release()
+    (await waiting).release()
+
+
+async def test_num_parallel_slots_and_kv_size():
+    s, f = make(ONE_GPU, num_parallel=2)
+    a = entry("a")
+    l1 = await s.acquire(a, LoadOptions(num_ctx=1024), None)
+    l2 = await asyncio.wait_for(s.acquire(a, LoadOptions(num_ctx=1024), None), 1)
+    assert l1.runner is l2.runner and f.specs[0].n_ctx == 2048  # num_ctx x num_parallel
+    l1.release(), l2.release()
+
+
+async def test_expiry_unloads_after_keep_alive():
+    s, f = make(ONE_GPU)
+    await use(s, entry("a"), keep_alive=0.05)
+    assert s.loaded_models()
+    await asyncio.sleep(0.3)
+    assert s.loaded_models() == [] and not f.runners[0].alive
+
+
+async def test_keep_alive_zero_unloads_right_after_request():
+    s, f = make(ONE_GPU)
+    await use(s, entry("a"), keep_alive=0)
+    await asyncio.sleep(0.05)
+    assert s.loaded_models() == []
+
+
+async def test_premature_expiry_while_busy_waits():
+    s, f = make(ONE_GPU)
+    lease = await s.acquire(entry("a"), LoadOptions(), 0.05)
+    await asyncio.sleep(0.2)
+    assert s.loaded_models() and f.runners[0].alive  # busy: never expires under a request
+    lease.release()
+    await asyncio.sleep(0.2)
+    assert s.loaded_models() == []
+
+
+async def test_request_without_keep_alive_keeps_current_value():
+    s, _ = make(ONE_GPU)
+    a = entry("a")
+    await use(s, a, keep_alive=-1 * 1.0 and float("inf"))
+    loaded = await use(s, a)
+    assert loaded.keep_alive == float("inf") and loaded.expires_at is None
+
+
+async def test_unload_all_on_shutdown():
+    s, f = make(ONE_GPU)
+    await use(s, entry("a"))
+    await use(s, entry("b"))
+    await s.shutdown()
+    assert s.loaded_models() == [] and not any(r.alive for r in f.runners)
+
+
+async def test_max_loaded_models_evicts_least_recently_used():
+    s, f = make(simulated([("gpu0", 80 * GiB, False)]), max_loaded_models=2)
+    a, b, c = entry("a", info(50)), entry("b", info(50)), entry("c", info(50))
+    await use(s, a)
+    await use(s, b)
+    await use(s, a)  # b is now the least recently used
+    await use(s, c)
+    assert sorted(m.key for m in s.loaded_models()) == ["a:latest", "c:latest"]
+
+
+async def test_dead_runner_is_replaced():
+    s, f = make(ONE_GPU)
+    a = entry("a")
+    await use(s, a)
+    f.runners[0].kill()
+    await use(s, a)
+    assert len(f.specs) == 2 and s.loaded_models()[0].runner is f.runners[1]
+
+
+@pytest.mark.parametrize(
+    ("models", "expected"),
+    [
+        ([("a", 0, 300, 1), ("b", 0, 60, 2)], "b"),  # shortest keep_alive
+        ([("a", 0, 300, 1), ("b", 0, 300, 2)], "a"),  # then least recently used
+        ([("a", 1, 5, 1), ("b", 0, 300, 2)], "b"),  # idle before busy
+        ([("a", 1, 300, 1), ("b", 2, 60, 2)], "b"),  # none idle: best busy one
+        ([("a", 0, float("inf"), 1), ("b", 0, 300, 2)], "b"),  # forever goes last
+    ],
+)
+def test_choose_victim(models, expected):
+    loaded = [
+        sched.Loaded(
+            entry=entry(n),
+            runner=None,
+            wanted=None,
+            placement=None,
+            allocations=(),
+            measured=False,
+            keep_alive=k,
+            slots=None,
+            refcount=r,
+            last_used=used,
+        )
+        for n, r, k, used in models
+    ]
+    assert choose_victim(loaded).key == f"{expected}:latest"
+
+
+@pytest.mark.parametrize(
+    ("library", "indices", "parent", "expected"),
+    [
+        ("CUDA", [0, 2], {}, (("CUDA_VISIBLE_DEVICES", "0,2"),)),
+        (
+            "CUDA",
+            [1],
+            {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"},
+            (("CUDA_VISIBLE_DEVICES", "GPU-b"),),
+        ),
+        ("ROCm", [0], {}, (("HIP_VISIBLE_DEVICES", "0"),)),
+        ("Vulkan", [1], {}, (("GGML_VK_VISIBLE_DEVICES", "1"),)),
+        ("Metal", [0], {}, ()),
+    ],
+)
+def test_visibility_env(library, indices, parent, expected):
+    assert visibility_env(library, indices, parent) == expected
+
+
+# -- the seed behaviours at the policy level ------------------------------------------
+async def test_seed1_discrete_gpu_before_integrated_with_more_free_memory():
+    s, _ = make(simulated([("igpu", 64 * GiB, True), ("dgpu", 12 * GiB, False)]))
+    loaded = await use(s, entry("a"))
+    assert loaded.placement.gpus == ["dgpu"]
+
+
+async def test_seed2_cpu_oom_evicts_others_then_fails_clearly():
+    s, f = make(simulated([], system=10 * GiB))
+    await use(s, entry("a"))  # ~7 GiB on the CPU
+    await use(s, entry("b"))  # does not fit beside a: a is evicted
+    assert [m.key for m in s.loaded_models()] == ["b:latest"]
+    with pytest.raises(
+        InsufficientMemory, match=r"model requires more system memory \(.*\) than is available"
+    ):
+        await use(s, entry("big", info(400)))  # alone it still does not fit
+    # nothing was started for it, b had to go, and the scheduler keeps working
+    assert len(f.specs) == 2
+    assert (await use(s, entry("c"))).key == "c:latest"
+
+
+async def test_seed3_forced_num_gpu_evicts_others_then_loads_with_n_layers():
+    s, f = make(simulated([("gpu0", 12 * GiB, False)]))
+    await use(s, entry("a"))
+    loaded = await use(s, entry("b"), num_gpu=30)
+    assert [m.key for m in s.loaded_models()] == ["b:latest"]
+    assert loaded.placement.n_gpu_layers == 30
+    await s.shutdown()
+
+
+async def test_seed3_forced_num_gpu_that_cannot_be_allocated_alone():
+    s, f = make(simulated([("gpu0", 4 * GiB, False)]))
+    with pytest.raises(
+        InsufficientMemory, match="memory layout cannot be allocated with num_gpu = 30"
+    ):
+        await use(s, entry("a"), num_gpu=30)
+    assert f.specs == []
+
+
+CUDA_GPUS = [
+    {
+        "index": 0,
+        "name": "CUDA0",
+        "description": "RTX",
+        "type": "gpu",
+        "library": "CUDA",
+        "free_memory": 12 * GiB,
+        "total_memory": 12 * GiB,
+        "pci_id": "0000:01:00.0",
+    },
+    {
+        "index": 1,
+        "name": "CUDA1",
+        "description": "RTX",
+        "type": "gpu",
+        "library": "CUDA",
+        "free_memory": 4 * GiB,
+        "total_memory": 4 * GiB,
+        "pci_id": "0000:02:00.0",
+    },
+]
+
+
+def real(factory: Factory, **settings) -> tuple[Scheduler, list[int]]:
+    from jupyter_llm.devices import device_from_raw
+
+    calls = [0]
+
+    async def discover():
+        calls[0] += 1
+        return [device_from_raw(d) for d in CUDA_GPUS]
+
+    s = Settings.from_env({}, **settings)
+    devices = DeviceSource(discover, environ={})
+    return Scheduler(s, factory, devices, read_info=lambda p: INFOS[str(p)], environ={}), calls
+
+
+async def test_placement_becomes_load_parameters():
+    f = Factory(gpus=CUDA_GPUS)
+    s, _ = real(f)
+    await use(s, entry("big", info(400)))  # 13+ GiB: both GPUs
+    spec = f.specs[0]
+    assert spec.n_gpu_layers == 33
+    assert dict(spec.env) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert len(spec.tensor_split) == 2 and sum(spec.tensor_split) == 33
+
+
+async def test_seed4_new_estimates_backoff_then_measured_figures():
+    measured = {
+        "CUDA0": {"weights": 5 * GiB, "kv_cache": GiB, "graph": 100 * MiB},
+        "cpu": {"weights": 250 * MiB, "kv_cache": 0, "graph": 0},
+    }
+    f = Factory(gpus=CUDA_GPUS, fail=2, measured=measured)
+    s, _ = real(f, new_estimates=True)
+    loaded = await use(s, entry("a", info(200)))
+    layers = [spec.n_gpu_layers for spec in f.specs]
+    assert len(layers) == 3 and layers[0] >= layers[1] >= layers[2]
+    assert loaded.measured
+    gpu = next(a for a in loaded.allocations if a.device != "cpu")
+    assert (gpu.weights, gpu.kv_cache, gpu.graph) == (5 * GiB, GiB, 100 * MiB)
+    ps = s.describe(loaded)
+    assert ps["size_vram"] == 5 * GiB + GiB + 100 * MiB
+    assert all(a["measured"] for a in ps["allocations"])
+
+
+async def test_seed4_backoff_gives_up_with_clear_error():
+    f = Factory(gpus=CUDA_GPUS, fail=100)
+    s, _ = real(f, new_estimates=True)
+    with pytest.raises(InsufficientMemory, match="memory layout cannot be allocated"):
+        await use(s, entry("a"))
+    assert s.loaded_models() == []
+
+
+async def test_without_new_estimates_allocation_failure_is_reported_once():
+    f = Factory(gpus=CUDA_GPUS, fail=1)
+    s, _ = real(f)
+    with pytest.raises(ModelLoadFailed, match="failed to allocate"):
+        await use(s, entry("a"))
+    assert len(f.specs) == 1
+
+
+async def test_seed5_free_memory_refresh_asks_loaded_runner_first():
+    f = Factory(gpus=CUDA_GPUS)
+    s, discoveries = real(f, max_loaded_models=5)
+    await use(s, entry("a", info(20)))
+    assert discoveries[0] == 1
+    await use(s, entry("b", info(20)))
+    assert discoveries[0] == 1 and f.runners[0].info_calls > 0
+
+
+async def test_vram_recovery_wait_after_gpu_unload(monkeypatch):
+    monkeypatch.setattr(sched, "VRAM_RECOVERY_TIMEOUT", 0.3)
+    monkeypatch.setattr(sched, "VRAM_RECOVERY_POLL", 0.05)
+    f = Factory(gpus=CUDA_GPUS)  # free memory never recovers in this fake
+    s, _ = real(f)
+    await use(s, entry("a"))
+    started = time.monotonic()
+    assert await s.unload("a:latest")
+    assert time.monotonic() - started >= 0.3
+
+
+async def test_no_vram_wait_for_cpu_only_runner(monkeypatch):
+    monkeypatch.setattr(sched, "VRAM_RECOVERY_TIMEOUT", 5)
+    f = Factory(gpus=CUDA_GPUS)
+    s, _ = real(f)
+    await use(s, entry("a"), num_gpu=0)
+    started = time.monotonic()
+    await s.unload("a:latest")
+    assert time.monotonic() - started < 1
+
+
+async def test_ps_reports_allocations_per_device():
+    s, _ = make(simulated([("gpu0", 4 * GiB, False)]))
+    loaded = await use(s, entry("a"))  # partial offload: GPU and CPU
+    ps = s.describe(loaded)
+    devices = [a["device"] for a in ps["allocations"]]
+    assert devices == ["gpu0", "cpu"]
+    assert 0 < ps["size_vram"] < ps["size"]
+    assert not any(a["measured"] for a in ps["allocations"])
+    assert ps["context_length"] == 4096
+
+
+async def test_seed4_backoff_shrinks_the_layout():
+    f = Factory(gpus=CUDA_GPUS, fail=4)
+    s, _ = real(f, new_estimates=True)
+    await use(s, entry("a", info(380)))  # needs both GPUs at full free memory
+    layers = [spec.n_gpu_layers for spec in f.specs]
+    assert len(layers) == 5 and layers[-1] < layers[0]
+    assert all(b <= a for a, b in zip(layers, layers[1:], strict=False))
