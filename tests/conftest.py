@@ -32,25 +32,44 @@ def simulated_devices() -> list[dict] | None:
 
 
 @pytest.fixture
-def jp_server_config(models_dir: Path, simulated_devices, monkeypatch: pytest.MonkeyPatch):
+def simulated_system() -> dict | None:
+    """Override to give the server a simulated amount of system memory."""
+    return None
+
+
+@pytest.fixture
+def llm_config() -> dict:
+    """Override to set LLMExtension traits for a test module or class."""
+    return {}
+
+
+@pytest.fixture
+def jp_server_config(
+    models_dir: Path, simulated_devices, simulated_system, llm_config, monkeypatch
+):
     if simulated_devices is not None:
         monkeypatch.setenv("JUPYTER_LLM_SIMULATED_DEVICES", json.dumps(simulated_devices))
+    if simulated_system is not None:
+        monkeypatch.setenv("JUPYTER_LLM_SIMULATED_SYSTEM", json.dumps(simulated_system))
     return {
         "ServerApp": {
             "jpserver_extensions": {"jupyter_llm": True, "jupyter_server_terminals": False},
             "allow_unauthenticated_access": False,
         },
-        "LLMExtension": {"models_dir": str(models_dir), "num_threads": 2},
+        "LLMExtension": {"models_dir": str(models_dir), "num_threads": 2, **llm_config},
     }
 
 
 @pytest.fixture
 def installed_model(models_dir: Path, demo_gguf: Path) -> str:
-    """The demo model created in the server's store as ``tiny``."""
+    """The demo model created in the server's store as ``tiny`` (and ``tiny2``,
+    ``tiny3``: same file, other names, for tests that load several)."""
     from jupyter_llm.models.store import ModelStore
 
     store = ModelStore(models_dir)
-    store.create("tiny", {"tiny.gguf": store.add_blob_from_file(demo_gguf)})
+    digest = store.add_blob_from_file(demo_gguf)
+    for name in ("tiny", "tiny2", "tiny3"):
+        store.create(name, {"tiny.gguf": digest})
     return "tiny:latest"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from datetime import UTC, datetime
@@ -12,7 +13,7 @@ import pytest
 
 from jupyter_llm import scheduler as sched
 from jupyter_llm.config import Settings
-from jupyter_llm.devices import DeviceInfo, DeviceSource
+from jupyter_llm.devices import DeviceSource
 from jupyter_llm.errors import InsufficientMemory, ModelLoadFailed, ServerBusy
 from jupyter_llm.memory import ModelInfo
 from jupyter_llm.models.names import parse_model_name
@@ -178,7 +179,7 @@ async def test_load_time_option_change_reloads():
 
 
 async def test_two_that_fit_coexist():
-    s, f = make(ONE_GPU)
+    s, _f = make(ONE_GPU)
     await use(s, entry("a"))
     await use(s, entry("b"))
     assert sorted(m.key for m in s.loaded_models()) == ["a:latest", "b:latest"]
@@ -186,7 +187,7 @@ async def test_two_that_fit_coexist():
 
 
 async def test_one_that_does_not_fit_evicts_the_idle_one():
-    s, f = make(simulated([("gpu0", 12 * GiB, False)]))
+    s, _f = make(simulated([("gpu0", 12 * GiB, False)]))
     await use(s, entry("a"))
     await use(s, entry("b"))
     assert [m.key for m in s.loaded_models()] == ["b:latest"]
@@ -235,7 +236,7 @@ async def test_expiry_unloads_after_keep_alive():
 
 
 async def test_keep_alive_zero_unloads_right_after_request():
-    s, f = make(ONE_GPU)
+    s, _f = make(ONE_GPU)
     await use(s, entry("a"), keep_alive=0)
     await asyncio.sleep(0.05)
     assert s.loaded_models() == []
@@ -254,7 +255,7 @@ async def test_premature_expiry_while_busy_waits():
 async def test_request_without_keep_alive_keeps_current_value():
     s, _ = make(ONE_GPU)
     a = entry("a")
-    await use(s, a, keep_alive=-1 * 1.0 and float("inf"))
+    await use(s, a, keep_alive=float("inf"))
     loaded = await use(s, a)
     assert loaded.keep_alive == float("inf") and loaded.expires_at is None
 
@@ -268,7 +269,7 @@ async def test_unload_all_on_shutdown():
 
 
 async def test_max_loaded_models_evicts_least_recently_used():
-    s, f = make(simulated([("gpu0", 80 * GiB, False)]), max_loaded_models=2)
+    s, _f = make(simulated([("gpu0", 80 * GiB, False)]), max_loaded_models=2)
     a, b, c = entry("a", info(50)), entry("b", info(50)), entry("c", info(50))
     await use(s, a)
     await use(s, b)
@@ -356,7 +357,7 @@ async def test_seed2_cpu_oom_evicts_others_then_fails_clearly():
 
 
 async def test_seed3_forced_num_gpu_evicts_others_then_loads_with_n_layers():
-    s, f = make(simulated([("gpu0", 12 * GiB, False)]))
+    s, _f = make(simulated([("gpu0", 12 * GiB, False)]))
     await use(s, entry("a"))
     loaded = await use(s, entry("b"), num_gpu=30)
     assert [m.key for m in s.loaded_models()] == ["b:latest"]
@@ -502,4 +503,4 @@ async def test_seed4_backoff_shrinks_the_layout():
     await use(s, entry("a", info(380)))  # needs both GPUs at full free memory
     layers = [spec.n_gpu_layers for spec in f.specs]
     assert len(layers) == 5 and layers[-1] < layers[0]
-    assert all(b <= a for a, b in zip(layers, layers[1:], strict=False))
+    assert all(b <= a for a, b in itertools.pairwise(layers))

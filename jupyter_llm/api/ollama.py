@@ -30,7 +30,7 @@ class VersionHandler(LLMHandler):
 class DevicesHandler(LLMHandler):
     @web.authenticated
     async def get(self) -> None:
-        devices = await self.llm.devices.devices()
+        devices = await self.llm.scheduler.current_devices()
         system = await self.llm.devices.system()
         self.write_json(
             {

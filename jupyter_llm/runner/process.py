@@ -50,6 +50,7 @@ class RunnerProcess:
         self._tasks: list[asyncio.Task[None]] = []
         self._dead: RunnerFailed | None = None
         self._exited = asyncio.Event()
+        self._closing = False
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -92,6 +93,7 @@ class RunnerProcess:
         """Ask the runner to exit; kill it if it does not within ``timeout``."""
         if self._proc is None:
             return
+        self._closing = True
         if self.alive:
             with contextlib.suppress(Exception):
                 self._send({"id": 0, "op": "close"})
@@ -191,7 +193,8 @@ class RunnerProcess:
                 if queue is not None:
                     queue.put_nowait(message)
         except (ConnectionError, ValueError, asyncio.LimitOverrunError) as e:
-            log.warning("%s channel failed: %s", self.label, e)
+            level = logging.DEBUG if self._closing else logging.WARNING
+            log.log(level, "%s channel failed: %s", self.label, e)
         finally:
             await self._on_exit()
 
