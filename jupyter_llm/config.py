@@ -39,19 +39,22 @@ class Settings:
             raw = env.get(f"JUPYTER_LLM_{ENV_NAMES.get(f.name, f.name.upper())}")
             if raw is not None and raw != "":
                 values[f.name] = _parse(f.name, raw)
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        for name, value in overrides.items():
+            if value is not None:
+                values[name] = parse_keep_alive(value, name) if name in DURATIONS else value
         settings = replace(cls(), **values)
         return replace(settings, models_dir=Path(settings.models_dir).expanduser())
 
 
 ENV_NAMES = {"models_dir": "MODELS"}
+DURATIONS = ("keep_alive", "load_timeout")  # seconds or "5m"; negative: forever
 
 
 def _parse(name: str, raw: str) -> Any:
     kind = {f.name: f.type for f in fields(Settings)}[name]
     env_name = f"JUPYTER_LLM_{ENV_NAMES.get(name, name.upper())}"
     try:
-        if name in ("keep_alive", "load_timeout"):
+        if name in DURATIONS:
             return parse_keep_alive(raw if not _is_number(raw) else float(raw))
         if kind == "bool":
             if raw.lower() in ("1", "true", "yes", "on"):

@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -229,7 +228,8 @@ class Scheduler:
         self.settings = settings
         self.devices = devices
         self._start_runner = start_runner
-        self._read_info = lru_cache(maxsize=64)(read_info)
+        self._read_info = read_info
+        self._infos: dict[Path, ModelInfo] = {}
         self._environ = os.environ if environ is None else environ
         self._loaded: dict[str, Loaded] = {}
         self._load_lock = asyncio.Lock()
@@ -334,8 +334,7 @@ class Scheduler:
     async def _get_loaded(
         self, entry: ModelEntry, options: LoadOptions, keep_alive: float | None
     ) -> tuple[Loaded, int]:
-        loop = asyncio.get_running_loop()
-        info = await loop.run_in_executor(None, self._read_info, entry.model_path)
+        info = await self._model_info(entry.model_path)
         wanted = self._wanted(options, info)
         key = entry.name.display
         current = self._loaded.get(key)
@@ -350,6 +349,16 @@ class Scheduler:
             loaded = await self._load(entry, info, wanted, keep_alive)
             self._loaded[key] = loaded
             return loaded, loaded.runner.load_duration_ns
+
+    async def _model_info(self, path: Path) -> ModelInfo:
+        """GGUF facts, parsed once per file (blobs are content-addressed)."""
+        if (info := self._infos.get(path)) is None:
+            loop = asyncio.get_running_loop()
+            info = await loop.run_in_executor(None, self._read_info, path)
+            if len(self._infos) >= 256:
+                self._infos.clear()
+            self._infos[path] = info
+        return info
 
     async def _reusable(self, loaded: Loaded, entry: ModelEntry, wanted: Wanted) -> bool:
         if not loaded.runner.alive or needs_reload(loaded, entry, wanted):
@@ -369,8 +378,9 @@ class Scheduler:
         while True:
             if self._closing:
                 raise ModelLoadFailed("the server is shutting down")
-            await self._make_room_for_count()
             devices = await self.current_devices()
+            if await self._make_room_for_count(devices):
+                continue  # something was unloaded: look at the devices again
             gpus = self._gpu_slots(devices, backoff)
             system_free = next(d.free_memory for d in devices if d.id == CPU)
             others = self.loaded_models()
@@ -476,12 +486,17 @@ class Scheduler:
         )
 
     # -- eviction --------------------------------------------------------------------
-    async def _make_room_for_count(self) -> None:
+    async def _make_room_for_count(self, devices: list[DeviceInfo]) -> bool:
+        """Drop dead runners and keep below max_loaded_models; True if it unloaded."""
+        changed = False
         for dead in [m for m in self._loaded.values() if not m.runner.alive]:
             await self._unload(dead)
-        gpus = [d for d in await self.current_devices() if d.is_gpu]
-        while len(self.loaded_models()) >= max_loaded(self.settings, len(gpus)):
+            changed = True
+        gpus = sum(1 for d in devices if d.is_gpu)
+        while len(self.loaded_models()) >= max_loaded(self.settings, gpus):
             await self._evict_one(self.loaded_models())
+            changed = True
+        return changed
 
     async def _evict_one(self, candidates: list[Loaded]) -> None:
         victim = choose_victim(candidates)

@@ -46,3 +46,8 @@ def test_models_dir_expands_user():
 def test_bad_env_names_the_variable(env):
     with pytest.raises(ConfigError, match=next(iter(env))):
         Settings.from_env(env)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(-1, math.inf), ("10m", 600.0), (30, 30.0)])
+def test_keep_alive_override_is_parsed_like_the_env(value, expected):
+    assert Settings.from_env({}, keep_alive=value).keep_alive == expected

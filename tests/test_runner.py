@@ -131,3 +131,20 @@ def test_split_at_stop(pending, stops, expected):
 )
 def test_describe_exit(code, text):
     assert text in describe_exit(code)
+
+
+async def test_load_stall_timer_gives_up_and_leaves_no_runner(tmp_path, demo_gguf):
+    # an "interpreter" that starts and then never answers: a hung load
+    hung = tmp_path / "hung-python"
+    hung.write_text("#!/bin/sh\nexec sleep 60\n")
+    hung.chmod(0o755)
+    spec = LoadSpec(path=str(demo_gguf), n_ctx=256)
+    with pytest.raises(ModelLoadFailed, match="no progress for"):
+        await start_model_runner(spec, python=str(hung), load_timeout=0.5)
+    me = psutil.Process()
+    assert not [c for c in me.children(recursive=True) if "sleep" in " ".join(c.cmdline())]
+
+
+async def test_load_reports_progress(runner):
+    assert runner.progress == 1.0
+    assert runner.measured["cpu"]["weights"] > 0

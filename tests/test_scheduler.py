@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,8 +17,8 @@ from jupyter_llm.errors import InsufficientMemory, ModelLoadFailed, ServerBusy
 from jupyter_llm.memory import ModelInfo
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
-from jupyter_llm.runner.model import LoadSpec
 from jupyter_llm.scheduler import LoadOptions, Scheduler, choose_victim, visibility_env
+from jupyter_llm.testing import FakeRunnerFactory, simulated_environ
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -59,77 +58,11 @@ def entry(name: str, model: ModelInfo | None = None) -> ModelEntry:
     )
 
 
-class FakeRunner:
-    pids = iter(range(1000, 100000))
-
-    def __init__(self, spec: LoadSpec, gpus: list[dict] | None = None, measured=None):
-        self.spec = spec
-        self.load_duration_ns = 5
-        self._alive = True
-        self.pid = next(self.pids)
-        self.gpus = gpus or []
-        self.measured = measured or {}
-        self.info_calls = 0
-
-    @property
-    def alive(self) -> bool:
-        return self._alive
-
-    @property
-    def n_ctx(self) -> int:
-        return self.spec.n_ctx
-
-    async def complete(self, **request):
-        yield [{"type": "done", "eval_count": 1}]
-
-    async def health(self, timeout: float = 5.0) -> bool:
-        return self._alive
-
-    async def device_info(self) -> list[dict]:
-        self.info_calls += 1
-        return self.gpus
-
-    async def close(self) -> None:
-        self._alive = False
-
-    def kill(self) -> None:
-        self._alive = False
-
-
-class Factory:
-    def __init__(self, gpus: list[dict] | None = None, fail: int = 0, measured=None):
-        self.specs: list[LoadSpec] = []
-        self.runners: list[FakeRunner] = []
-        self.fail, self.gpus, self.measured = fail, gpus, measured
-
-    async def __call__(self, spec: LoadSpec) -> FakeRunner:
-        self.specs.append(spec)
-        await asyncio.sleep(0)
-        if self.fail:
-            self.fail -= 1
-            raise ModelLoadFailed("failed to load model: failed to allocate CUDA0 buffer")
-        runner = FakeRunner(spec, self.gpus, self.measured)
-        self.runners.append(runner)
-        return runner
+Factory = FakeRunnerFactory
 
 
 def simulated(gpus: list[tuple[str, int, bool]], system: int = 64 * GiB) -> dict[str, str]:
-    return {
-        "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps(
-            [
-                {
-                    "id": i,
-                    "library": "Vulkan" if integrated else "CUDA",
-                    "name": i,
-                    "total_memory": free,
-                    "free_memory": free,
-                    "integrated": integrated,
-                }
-                for i, free, integrated in gpus
-            ]
-        ),
-        "JUPYTER_LLM_SIMULATED_SYSTEM": json.dumps({"total_memory": system, "free_memory": system}),
-    }
+    return simulated_environ(gpus, system)
 
 
 async def no_discovery():

@@ -51,12 +51,10 @@ class DeviceSource:
     async def system(self, used: int = 0) -> SystemInfo:
         """Host memory. ``used``: bytes our runners hold, subtracted only from a
         simulated system (a real one already shows them)."""
-        loop = asyncio.get_running_loop()
-        real = await loop.run_in_executor(None, read_system_info)
         if self._simulated_system:
-            sim = parse_simulated_system(self._simulated_system, real.threads)
+            sim = parse_simulated_system(self._simulated_system, os.cpu_count() or 1)
             return replace(sim, free_memory=max(0, sim.free_memory - used))
-        return real
+        return await asyncio.get_running_loop().run_in_executor(None, read_system_info)
 
     async def devices(
         self,

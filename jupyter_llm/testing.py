@@ -1,0 +1,107 @@
+"""Fakes at the process boundary, for tests and benchmarks of the scheduler:
+a runner that answers at once, and a factory that records what it was asked
+to load (and can fail like an out-of-memory GPU would)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from jupyter_llm.errors import ModelLoadFailed
+from jupyter_llm.runner.model import LoadSpec
+
+_pids = itertools.count(100_000)
+
+
+class FakeRunner:
+    """Implements the scheduler's ``Runner`` protocol without a process."""
+
+    def __init__(
+        self,
+        spec: LoadSpec,
+        gpus: list[dict[str, Any]] | None = None,
+        measured: dict[str, dict[str, int]] | None = None,
+        latency: float = 0.0,
+    ) -> None:
+        self.spec = spec
+        self.load_duration_ns = 5
+        self.pid = next(_pids)
+        self.gpus = gpus or []
+        self.measured = measured or {}
+        self.latency = latency
+        self.info_calls = 0
+        self._alive = True
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    @property
+    def n_ctx(self) -> int:
+        return self.spec.n_ctx
+
+    async def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]:
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        yield [{"type": "done", "eval_count": 1}]
+
+    async def health(self, timeout: float = 5.0) -> bool:
+        return self._alive
+
+    async def device_info(self) -> list[dict[str, Any]]:
+        self.info_calls += 1
+        return self.gpus
+
+    async def close(self) -> None:
+        self._alive = False
+
+    def kill(self) -> None:
+        self._alive = False
+
+
+class FakeRunnerFactory:
+    """The scheduler's runner factory; fails the first ``fail`` loads with an
+    allocation error."""
+
+    def __init__(
+        self,
+        gpus: list[dict[str, Any]] | None = None,
+        fail: int = 0,
+        measured: dict[str, dict[str, int]] | None = None,
+        latency: float = 0.0,
+    ) -> None:
+        self.specs: list[LoadSpec] = []
+        self.runners: list[FakeRunner] = []
+        self.fail, self.gpus, self.measured, self.latency = fail, gpus, measured, latency
+
+    async def __call__(self, spec: LoadSpec) -> FakeRunner:
+        self.specs.append(spec)
+        await asyncio.sleep(0)
+        if self.fail:
+            self.fail -= 1
+            raise ModelLoadFailed("failed to load model: failed to allocate CUDA0 buffer")
+        runner = FakeRunner(spec, self.gpus, self.measured, self.latency)
+        self.runners.append(runner)
+        return runner
+
+
+def simulated_environ(gpus: list[tuple[str, int, bool]], system: int) -> dict[str, str]:
+    """JUPYTER_LLM_SIMULATED_* values for (id, free bytes, integrated) GPUs."""
+    devices = [
+        {
+            "id": id,
+            "library": "Vulkan" if integrated else "CUDA",
+            "name": id,
+            "total_memory": free,
+            "free_memory": free,
+            "integrated": integrated,
+        }
+        for id, free, integrated in gpus
+    ]
+    return {
+        "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps(devices),
+        "JUPYTER_LLM_SIMULATED_SYSTEM": json.dumps({"total_memory": system, "free_memory": system}),
+    }
