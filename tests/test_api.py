@@ -312,3 +312,38 @@ async def test_bearer_token_accepted(jp_serverapp, jp_base_url, http_server, htt
     url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/version"
     r = await client.fetch(url, headers={"Authorization": f"Bearer {token}"}, request_timeout=10)
     assert r.code == 200
+
+
+async def test_client_disconnect_cancels_generation(
+    jp_fetch, jp_serverapp, jp_base_url, http_server_port, installed_model
+):
+    import asyncio
+
+    await post(jp_fetch, "api/generate", {"model": "tiny"})  # load
+    scheduler = jp_serverapp.web_app.settings["jupyter_llm"].scheduler
+    loaded = scheduler.loaded_models()[0]
+    token = jp_serverapp.identity_provider.token
+    body = json.dumps(
+        {"model": "tiny", "prompt": "go", "options": {"num_predict": 1_000_000, "temperature": 0}}
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", http_server_port[1])
+    writer.write(
+        f"POST {jp_base_url}llm/api/generate HTTP/1.1\r\nHost: 127.0.0.1:{http_server_port[1]}\r\n"
+        f"Authorization: token {token}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    await asyncio.wait_for(reader.readuntil(b'"done": false'), 30)  # streaming has started
+    assert loaded.refcount == 1
+    writer.close()
+
+    for _ in range(100):  # released within a few tokens
+        if loaded.refcount == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert loaded.refcount == 0 and loaded.expires_at is not None
+    for _ in range(50):  # the runner stops within a token or so
+        if (await loaded.runner.process.call("health"))["busy"] is None:
+            break
+        await asyncio.sleep(0.01)
+    assert (await loaded.runner.process.call("health"))["busy"] is None
