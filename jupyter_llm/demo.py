@@ -26,6 +26,8 @@ CHAT_TEMPLATE = (
 )
 
 BOS, EOS, IM_START, IM_END = "<s>", "</s>", "<|im_start|>", "<|im_end|>"
+FIM_PRE, FIM_SUF, FIM_MID = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
+SPECIALS = (BOS, EOS, IM_START, IM_END, FIM_PRE, FIM_SUF, FIM_MID)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
     merges = [f"{b2u[ord('h')]} {b2u[ord('e')]}", f"{b2u[ord(' ')]} {b2u[ord('t')]}"]
     tokens += ["he", b2u[ord(" ")] + "t"]
     types += [gguf.TokenType.NORMAL] * 2
-    for special in (BOS, EOS, IM_START, IM_END):
+    for special in SPECIALS:
         tokens.append(special)
         types.append(gguf.TokenType.CONTROL)
     return tokens, [int(t) for t in types], merges
@@ -114,6 +116,8 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
     writer.add_eos_token_id(tokens.index(IM_END))
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
+    for key, special in (("pre", FIM_PRE), ("suf", FIM_SUF), ("mid", FIM_MID)):
+        writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(special))
 
     writer.add_tensor("token_embd.weight", weights(n_vocab, spec.n_embd, scale=1.0))
     for i in range(spec.n_layer):
@@ -135,7 +139,7 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
     for b in range(256):
         if not (32 <= b < 127 or b == 10):
             output[tokens.index(b2u[b])] = 0.0
-    for special in (BOS, EOS, IM_START, IM_END):
+    for special in SPECIALS:
         output[tokens.index(special)] = 0.0
     writer.add_tensor("output.weight", output)
 

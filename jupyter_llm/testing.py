@@ -48,6 +48,9 @@ class FakeRunner:
             await asyncio.sleep(self.latency)
         yield [{"type": "done", "eval_count": 1}]
 
+    async def embed(self, inputs: list[str], **options: Any) -> dict[str, Any]:
+        return {"embeddings": [[1.0, 0.0] for _ in inputs], "prompt_eval_count": len(inputs)}
+
     async def health(self, timeout: float = 5.0) -> bool:
         return self._alive
 

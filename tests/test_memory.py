@@ -155,6 +155,6 @@ def test_model_info_from_demo_gguf(demo_gguf):
         4,
         2,
     )
-    assert info.head_dim_k == 16 and info.n_vocab == 262
-    assert info.output_bytes == 262 * 64 * 4 + 64 * 4
-    assert sum(info.layer_bytes) > 0 and info.input_bytes == 262 * 64 * 4
+    assert info.head_dim_k == 16 and info.n_vocab == 265  # 256 bytes, 2 merges, 7 specials
+    assert info.output_bytes == 265 * 64 * 4 + 64 * 4
+    assert sum(info.layer_bytes) > 0 and info.input_bytes == 265 * 64 * 4

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -12,12 +12,21 @@ from tornado.iostream import StreamClosedError
 
 from jupyter_llm import __version__
 from jupyter_llm.api.base import LLMHandler, now_iso
-from jupyter_llm.api.requests import ChatRequest, CompletionRequest, GenerateRequest
+from jupyter_llm.api.generation import Finished, Job, complete, embed, load_only, unload
+from jupyter_llm.api.requests import (
+    ChatRequest,
+    CompletionRequest,
+    EmbedRequest,
+    GenerateRequest,
+)
+from jupyter_llm.api.structured import check_output
+from jupyter_llm.api.templates import render_go_template
 from jupyter_llm.errors import InvalidRequest, LLMError
+from jupyter_llm.models.gguf_info import read_metadata
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry, parse_digest
-from jupyter_llm.scheduler import Lease
 
+log = logging.getLogger(__name__)
 MAX_BLOB_SIZE = 1 << 40  # 1 TiB: blobs stream to disk, so only the disk bounds them
 
 
@@ -137,7 +146,7 @@ class CreateHandler(LLMHandler):
 
 
 class CompletionHandler(LLMHandler):
-    """Shared streaming machinery of generate and chat."""
+    """Streams NDJSON chunks (or one object with ``stream: false``)."""
 
     _client_gone = False
 
@@ -145,86 +154,81 @@ class CompletionHandler(LLMHandler):
         self._client_gone = True
         super().on_connection_close()
 
-    async def _run(
+    async def _respond(
         self,
         req: CompletionRequest,
-        runner_request: dict[str, Any],
+        job: Job,
         empty: bool,
         chunk: Callable[[str], dict[str, Any]],
+        final_extra: Callable[[Finished], dict[str, Any]] = lambda f: {},
     ) -> None:
-        started = time.perf_counter_ns()
-        entry = await self.blocking(self.llm.store.get, req.model)
-        scheduler = self.llm.scheduler
-        if empty and req.keep_alive == 0:
-            await scheduler.unload(entry.name.display)
-            self.write_json({**chunk(""), "done": True, "done_reason": "unload"})
+        services = self.llm
+        if empty:  # load or unload only
+            if req.keep_alive == 0:
+                await unload(services, req.model)
+                self.write_json({**chunk(""), "done": True, "done_reason": "unload"})
+            else:
+                await load_only(services, req.model, req.load_options, req.keep_alive)
+                self.write_json({**chunk(""), "done": True, "done_reason": "load"})
             return
-        async with scheduler.use(entry, req.load_options, req.keep_alive) as lease:
-            if empty:
-                final = {**chunk(""), "done": True, "done_reason": "load"}
-                self.write_json(final)
-                return
-            await self._complete(req, lease, runner_request, chunk, started)
-
-    async def _complete(
-        self,
-        req: CompletionRequest,
-        lease: Lease,
-        runner_request: dict[str, Any],
-        chunk: Callable[[str], dict[str, Any]],
-        started: int,
-    ) -> None:
-        stream = lease.runner.complete(**runner_request, options=req.sampling)
         parts: list[str] = []
         begun = False
+        events = complete(services, job)
         try:
-            async for batch in stream:
+            async for batch in events:
                 lines = []
-                for message in batch:
-                    if message["type"] == "token":
+                for event in batch:
+                    if isinstance(event, str):
                         if req.stream:
-                            lines.append(json.dumps({**chunk(message["text"]), "done": False}))
+                            lines.append(json.dumps({**chunk(event), "done": False}))
                         else:
-                            parts.append(message["text"])
-                    elif message["type"] == "done":
-                        final = {
-                            **chunk("" if req.stream else "".join(parts)),
-                            **done_fields(message, lease.load_duration_ns, started),
-                        }
-                        lines.append(json.dumps(final))
-                if not req.stream:
+                            parts.append(event)
+                        continue
+                    final = {
+                        **chunk("" if req.stream else "".join(parts)),
+                        **done_fields(event),
+                        **final_extra(event),
+                    }
+                    if not req.stream:
+                        self._check_format(req, "".join(parts), event)
+                        self.write_json(final)
+                        return
+                    lines.append(json.dumps(final))
+                if not req.stream or self._client_gone:
                     continue
-                if self._client_gone:
-                    return
                 if not begun:
                     self.set_header("Content-Type", "application/x-ndjson")
                     begun = True
                 self.write("\n".join(lines) + "\n")
                 await self.flush()
         except StreamClosedError:
-            return  # the client left: closing the stream cancels the generation
+            return  # the client left: closing the events cancels the generation
         except LLMError as e:
             if not begun:
                 raise
             self.write(json.dumps({"error": str(e)}) + "\n")
         finally:
-            await stream.aclose()
-        if req.stream:
+            await events.aclose()
+        if not self._client_gone:
             self.finish()
-        else:
-            self.write_json(json.loads(lines[-1]))
+
+    @staticmethod
+    def _check_format(req: CompletionRequest, text: str, finished: Finished) -> None:
+        if req.format is not None and finished.done_reason == "stop":
+            if problem := check_output(req.format, text):
+                log.warning("structured output check failed: %s", problem)
 
 
-def done_fields(message: dict[str, Any], load_ns: int, started: int) -> dict[str, Any]:
+def done_fields(f: Finished) -> dict[str, Any]:
     return {
         "done": True,
-        "done_reason": message.get("done_reason", "stop"),
-        "total_duration": time.perf_counter_ns() - started,
-        "load_duration": load_ns,
-        "prompt_eval_count": message.get("prompt_eval_count", 0),
-        "prompt_eval_duration": message.get("prompt_eval_duration", 0),
-        "eval_count": message.get("eval_count", 0),
-        "eval_duration": message.get("eval_duration", 0),
+        "done_reason": f.done_reason,
+        "total_duration": f.total_duration,
+        "load_duration": f.load_duration,
+        "prompt_eval_count": f.prompt_eval_count,
+        "prompt_eval_duration": f.prompt_eval_duration,
+        "eval_count": f.eval_count,
+        "eval_duration": f.eval_duration,
     }
 
 
@@ -233,19 +237,31 @@ class GenerateHandler(CompletionHandler):
     async def post(self) -> None:
         req = GenerateRequest.parse(self.body_json())
         name = req.model.display
-        if req.raw:
-            runner_request: dict[str, Any] = {"prompt": req.prompt}
+        job = Job(
+            model=req.model,
+            load=req.load_options,
+            keep_alive=req.keep_alive,
+            sampling=req.sampling,
+            context=req.context,
+            suffix=req.suffix,
+            format=req.format,
+        )
+        if req.raw or req.suffix is not None:
+            job.prompt = req.prompt
+        elif req.template is not None:
+            values = {"System": req.system or "", "Prompt": req.prompt}
+            job.prompt = render_go_template(req.template, values)
         else:
-            messages = []
+            job.messages = []
             if req.system:
-                messages.append({"role": "system", "content": req.system})
-            messages.append({"role": "user", "content": req.prompt})
-            runner_request = {"messages": messages}
+                job.messages.append({"role": "system", "content": req.system})
+            job.messages.append({"role": "user", "content": req.prompt})
 
         def chunk(text: str) -> dict[str, Any]:
             return {"model": name, "created_at": now_iso(), "response": text}
 
-        await self._run(req, runner_request, not req.prompt, chunk)
+        empty = not req.prompt and req.suffix is None
+        await self._respond(req, job, empty, chunk, lambda f: {"context": f.context})
 
 
 class ChatHandler(CompletionHandler):
@@ -253,6 +269,15 @@ class ChatHandler(CompletionHandler):
     async def post(self) -> None:
         req = ChatRequest.parse(self.body_json())
         name = req.model.display
+        job = Job(
+            model=req.model,
+            load=req.load_options,
+            keep_alive=req.keep_alive,
+            sampling=req.sampling,
+            messages=req.messages,
+            tools=req.tools,
+            format=req.format,
+        )
 
         def chunk(text: str) -> dict[str, Any]:
             return {
@@ -261,8 +286,111 @@ class ChatHandler(CompletionHandler):
                 "message": {"role": "assistant", "content": text},
             }
 
-        request = {"messages": req.messages, "tools": req.tools}
-        await self._run(req, request, not req.messages, chunk)
+        await self._respond(req, job, not req.messages, chunk)
+
+
+class EmbedHandler(LLMHandler):
+    @web.authenticated
+    async def post(self) -> None:
+        req = EmbedRequest.parse(self.body_json())
+        if not req.inputs:
+            await load_only(self.llm, req.model, req.load_options, req.keep_alive)
+            self.write_json({"model": req.model.display, "embeddings": []})
+            return
+        result = await embed(
+            self.llm,
+            req.model,
+            req.inputs,
+            truncate=req.truncate,
+            dimensions=req.dimensions,
+            load=req.load_options,
+            keep_alive=req.keep_alive,
+        )
+        self.write_json(
+            {
+                "model": req.model.display,
+                "embeddings": result.embeddings,
+                "total_duration": result.total_duration,
+                "load_duration": result.load_duration,
+                "prompt_eval_count": result.prompt_eval_count,
+            }
+        )
+
+
+class EmbeddingsHandler(LLMHandler):
+    """The legacy single-prompt endpoint (vectors are not normalised)."""
+
+    @web.authenticated
+    async def post(self) -> None:
+        req = EmbedRequest.parse(self.body_json(), input_field="prompt")
+        if not req.inputs or not req.inputs[0]:
+            self.write_json({"embedding": []})
+            return
+        result = await embed(
+            self.llm,
+            req.model,
+            req.inputs[:1],
+            normalize=False,
+            load=req.load_options,
+            keep_alive=req.keep_alive,
+        )
+        self.write_json({"embedding": result.embeddings[0]})
+
+
+class ShowHandler(LLMHandler):
+    @web.authenticated
+    async def post(self) -> None:
+        body = self.body_json()
+        name = parse_model_name(body.get("model", body.get("name")))
+        verbose = body.get("verbose", False)
+        if not isinstance(verbose, bool):
+            raise InvalidRequest("verbose must be a boolean")
+        entry = await self.blocking(self.llm.store.get, name)
+        info = await self.blocking(read_metadata, entry.model_path, verbose)
+        template = entry.template or str(info.get("tokenizer.chat_template") or "")
+        capabilities = ["completion"]
+        if "tokenizer.ggml.fim_pre_token_id" in info:
+            capabilities.append("insert")
+        if "tools" in template:
+            capabilities.append("tools")
+        if any(key.endswith(".pooling_type") for key in info):
+            capabilities.append("embedding")
+        self.write_json(
+            {
+                "license": "",
+                "modelfile": f"FROM {entry.model_path}\n",
+                "parameters": "",
+                "template": template,
+                "system": entry.system or "",
+                "details": entry.details,
+                "model_info": info,
+                "capabilities": capabilities,
+                "modified_at": entry.modified_at.isoformat().replace("+00:00", "Z"),
+            }
+        )
+
+
+class CopyHandler(LLMHandler):
+    @web.authenticated
+    async def post(self) -> None:
+        body = self.body_json()
+        source = parse_model_name(body.get("source"), "source")
+        destination = parse_model_name(body.get("destination"), "destination")
+        await self.blocking(self.llm.store.copy, source, destination)
+        self.set_status(200)
+        self.finish()
+
+
+class DeleteHandler(LLMHandler):
+    @web.authenticated
+    async def delete(self) -> None:
+        body = self.body_json()
+        name = parse_model_name(body.get("model", body.get("name")))
+        entry = await self.blocking(self.llm.store.get, name)
+        await self.llm.scheduler.unload(entry.name.display)
+        await self.blocking(self.llm.store.delete, name)
+        self.set_status(200)
+        self.finish()
 
 
 def handlers() -> list[tuple[str, type[LLMHandler]]]:
@@ -276,4 +404,9 @@ def handlers() -> list[tuple[str, type[LLMHandler]]]:
         (r"api/create", CreateHandler),
         (r"api/generate", GenerateHandler),
         (r"api/chat", ChatHandler),
+        (r"api/embed", EmbedHandler),
+        (r"api/embeddings", EmbeddingsHandler),
+        (r"api/show", ShowHandler),
+        (r"api/copy", CopyHandler),
+        (r"api/delete", DeleteHandler),
     ]

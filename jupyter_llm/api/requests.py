@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_llm.api.structured import OutputFormat, parse_format
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.keep_alive import parse_keep_alive
 from jupyter_llm.models.names import ModelName, parse_model_name
@@ -131,6 +132,7 @@ class CompletionRequest:
     stream: bool = True
     options: dict[str, Any] = field(default_factory=dict)
     keep_alive: float | None = None
+    format: OutputFormat | None = None
 
     @property
     def load_options(self) -> LoadOptions:
@@ -149,18 +151,20 @@ class CompletionRequest:
         return {k: self.options[k] for k in SAMPLING_OPTIONS if k in self.options}
 
 
+def parse_keep_alive_field(body: dict[str, Any]) -> float | None:
+    value = body.get("keep_alive")
+    return None if value is None else parse_keep_alive(value)
+
+
 def _common(body: dict[str, Any]) -> dict[str, Any]:
-    keep_alive = body.get("keep_alive")
-    fmt = body.get("format")
-    if fmt not in (None, ""):
-        raise InvalidRequest(
-            f"invalid format: {json.dumps(fmt)}; structured outputs are not supported yet"
-        )
+    if body.get("images"):
+        raise InvalidRequest("images are not supported: this server has no vision models yet")
     return {
         "model": parse_model_name(body.get("model")),
         "stream": _typed(body, "stream", bool, "a boolean", True),
         "options": parse_options(body.get("options")),
-        "keep_alive": None if keep_alive is None else parse_keep_alive(keep_alive),
+        "keep_alive": parse_keep_alive_field(body),
+        "format": parse_format(body.get("format")),
     }
 
 
@@ -169,14 +173,25 @@ class GenerateRequest(CompletionRequest):
     prompt: str = ""
     system: str | None = None
     raw: bool = False
+    template: str | None = None
+    suffix: str | None = None
+    context: list[int] | None = None
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> GenerateRequest:
+        context = _typed(body, "context", list, "a list of token ids")
+        if context is not None and not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in context
+        ):
+            raise InvalidRequest("context must be a list of token ids (non-negative integers)")
         return cls(
             **_common(body),
             prompt=_typed(body, "prompt", str, "a string", ""),
             system=_typed(body, "system", str, "a string"),
             raw=_typed(body, "raw", bool, "a boolean", False),
+            template=_typed(body, "template", str, "a string"),
+            suffix=_typed(body, "suffix", str, "a string"),
+            context=context,
         )
 
 
@@ -212,3 +227,41 @@ class ChatRequest(CompletionRequest):
             messages=messages,
             tools=_typed(body, "tools", list, "a list"),
         )
+
+
+def parse_embed_input(value: Any, field: str = "input") -> list[str]:
+    """A string or a list of strings (an empty list is allowed: it only loads)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise InvalidRequest(f"{field} must be a string or a list of strings")
+
+
+@dataclass
+class EmbedRequest:
+    model: ModelName
+    inputs: list[str]
+    truncate: bool = True
+    dimensions: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    keep_alive: float | None = None
+
+    @classmethod
+    def parse(cls, body: dict[str, Any], input_field: str = "input") -> EmbedRequest:
+        dimensions = _typed(body, "dimensions", int, "a positive integer")
+        if dimensions is not None and dimensions < 1:
+            raise InvalidRequest("dimensions must be a positive integer")
+        raw_input = body.get(input_field)
+        return cls(
+            model=parse_model_name(body.get("model")),
+            inputs=[] if raw_input is None else parse_embed_input(raw_input, input_field),
+            truncate=_typed(body, "truncate", bool, "a boolean", True),
+            dimensions=dimensions,
+            options=parse_options(body.get("options")),
+            keep_alive=parse_keep_alive_field(body),
+        )
+
+    @property
+    def load_options(self) -> LoadOptions:
+        return CompletionRequest(model=self.model, options=self.options).load_options

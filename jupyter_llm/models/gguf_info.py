@@ -101,3 +101,24 @@ def read_gguf_info(path: Path) -> GGUFInfo:
         block_count=int(value(f"{arch}.block_count", 0)),
         chat_template=str(value("tokenizer.chat_template", "")),
     )
+
+
+def read_metadata(path: Path, verbose: bool = False) -> dict[str, object]:
+    """All GGUF key/values, as Ollama's ``model_info``: long arrays (the
+    tokenizer's) are None unless ``verbose``. Blocking."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    info: dict[str, object] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            value = field.contents()
+        except Exception:
+            continue
+        if isinstance(value, list) and len(value) > 32 and not verbose:
+            value = None
+        info[key] = value
+    info["general.parameter_count"] = sum(int(t.n_elements) for t in reader.tensors)
+    return info

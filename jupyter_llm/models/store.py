@@ -205,6 +205,58 @@ class ModelStore:
                 continue  # a foreign or broken manifest is skipped, not fatal
         return sorted(entries, key=lambda e: e.modified_at, reverse=True)
 
+    def copy(self, source: str | ModelName, destination: str | ModelName) -> ModelEntry:
+        """A second name for the same blobs (only the manifest is written)."""
+        src = source if isinstance(source, ModelName) else parse_model_name(source, "source")
+        dst = (
+            destination
+            if isinstance(destination, ModelName)
+            else parse_model_name(destination, "destination")
+        )
+        path = self.manifest_path(src)
+        try:
+            raw = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ModelNotFound(src.display) from None
+        self._write_atomic(self.manifest_path(dst), raw)
+        return self.get(dst)
+
+    def delete(self, model: str | ModelName) -> list[str]:
+        """Remove the manifest, then the blobs no other manifest references.
+        Returns the digests of the blobs removed."""
+        name = model if isinstance(model, ModelName) else parse_model_name(model)
+        path = self.manifest_path(name)
+        try:
+            own = self._digests(json.loads(path.read_bytes()))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ModelNotFound(name.display) from None
+        except ValueError:
+            own = set()
+        path.unlink()
+        for parent in path.parents:  # tidy empty name/namespace/host folders
+            if parent == self.manifests_dir or any(parent.iterdir()):
+                break
+            parent.rmdir()
+        still_used: set[str] = set()
+        for other in self.manifests_dir.glob("*/*/*/*"):
+            try:
+                still_used |= self._digests(json.loads(other.read_bytes()))
+            except (OSError, ValueError):
+                continue
+        removed = []
+        for digest in sorted(own - still_used):
+            try:
+                self.blob_path(digest).unlink()
+                removed.append(digest)
+            except (FileNotFoundError, InvalidRequest):
+                pass
+        return removed
+
+    @staticmethod
+    def _digests(manifest: dict[str, Any]) -> set[str]:
+        layers = [*manifest.get("layers", []), manifest.get("config") or {}]
+        return {la["digest"] for la in layers if isinstance(la.get("digest"), str)}
+
     # -- helpers -------------------------------------------------------------------
     def _entry(self, name: ModelName, path: Path, raw: bytes) -> ModelEntry:
         manifest = json.loads(raw)

@@ -19,6 +19,7 @@ from typing import Any
 import llama_cpp
 
 from jupyter_llm.runner.alloc_log import AllocationLog
+from jupyter_llm.runner.protocol import EngineError, InputError
 
 Emit = Callable[[str], None]
 Cancelled = Callable[[], bool]
@@ -38,10 +39,6 @@ DEFAULT_SAMPLING: dict[str, Any] = {
     "stop": [],
 }
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
-
-
-class EngineError(Exception):
-    """A failure the runner reports to the server as an ``error`` reply."""
 
 
 @dataclass
@@ -147,8 +144,15 @@ class Engine:
         self._piece = ctypes.create_string_buffer(256)
         self.chat_template = self.metadata("tokenizer.chat_template")
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self._n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
+        self._embed_ctx: Any = None
+        self._embed_batch: Any = None
 
     def close(self) -> None:
+        if self._embed_ctx:
+            llama_cpp.llama_batch_free(self._embed_batch)
+            llama_cpp.llama_free(self._embed_ctx)
+            self._embed_ctx = None
         if self.ctx:
             llama_cpp.llama_batch_free(self.batch)
             llama_cpp.llama_free(self.ctx)
@@ -208,7 +212,80 @@ class Engine:
         try:
             return formatter(messages=messages, tools=tools).prompt
         except Exception as e:  # template errors are the user's input problem
-            raise EngineError(f"chat template failed: {e}") from e
+            raise InputError(f"chat template failed: {e}") from e
+
+    def fill_in_the_middle(self, prefix: str, suffix: str) -> list[int]:
+        ids = (
+            llama_cpp.llama_vocab_fim_pre(self.vocab),
+            llama_cpp.llama_vocab_fim_suf(self.vocab),
+            llama_cpp.llama_vocab_fim_mid(self.vocab),
+        )
+        if min(ids) < 0:
+            raise InputError("this model does not support insert (no fill-in-the-middle tokens)")
+        pre, suf, mid = ids
+        return [
+            pre,
+            *self.tokenize(prefix, add_special=False),
+            suf,
+            *self.tokenize(suffix, add_special=False),
+            mid,
+        ]
+
+    @property
+    def supports_insert(self) -> bool:
+        return llama_cpp.llama_vocab_fim_pre(self.vocab) >= 0
+
+    # -- embeddings ------------------------------------------------------------------
+    def embed(
+        self, texts: list[str], truncate: bool, dimensions: int | None, normalize: bool
+    ) -> tuple[list[list[float]], int]:
+        """Mean-pooled embeddings, through a second context (created on first use)
+        that shares the model's weights."""
+        if self._embed_ctx is None:
+            cp = llama_cpp.llama_context_default_params()
+            cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
+            cp.embeddings = True
+            cp.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+            cp.n_threads, cp.n_threads_batch = self._n_threads, self._n_threads
+            cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            self._embed_ctx = llama_cpp.llama_init_from_model(self.model, cp)
+            if not self._embed_ctx:
+                raise EngineError("failed to create the embedding context (out of memory?)")
+            self._embed_batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
+        n_embd = llama_cpp.llama_model_n_embd(self.model)
+        memory = llama_cpp.llama_get_memory(self._embed_ctx)
+        out, counted = [], 0
+        for text in texts:
+            tokens = self.tokenize(text, add_special=True, parse_special=False) or [
+                llama_cpp.llama_vocab_bos(self.vocab)
+            ]
+            if len(tokens) > self.n_ctx:
+                if not truncate:
+                    raise InputError(
+                        f"input length ({len(tokens)} tokens) exceeds the context length "
+                        f"({self.n_ctx})"
+                    )
+                tokens = tokens[: self.n_ctx]
+            counted += len(tokens)
+            llama_cpp.llama_memory_clear(memory, True)
+            b = self._embed_batch
+            for i, token in enumerate(tokens):
+                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, i, 1, 1
+                b.seq_id[i][0] = 0
+            b.n_tokens = len(tokens)
+            if llama_cpp.llama_decode(self._embed_ctx, b) != 0:
+                raise EngineError("llama_decode failed while embedding")
+            pointer = llama_cpp.llama_get_embeddings_seq(self._embed_ctx, 0)
+            if not pointer:
+                raise EngineError("the model produced no embedding")
+            vector = list(pointer[:n_embd])
+            if dimensions:
+                vector = vector[:dimensions]
+            if normalize:
+                norm = sum(v * v for v in vector) ** 0.5 or 1.0
+                vector = [v / norm for v in vector]
+            out.append(vector)
+        return out, counted
 
     # -- decoding --------------------------------------------------------------------
     def _evaluate(self, tokens: list[int]) -> None:
@@ -296,10 +373,19 @@ class Engine:
         emit: Emit,
         cancelled: Cancelled,
         grammar: str | None = None,
+        context: list[int] | None = None,
+        suffix: str | None = None,
     ) -> Completion:
         opts = {**DEFAULT_SAMPLING, **{k: v for k, v in options.items() if v is not None}}
         stops = [opts["stop"]] if isinstance(opts["stop"], str) else list(opts["stop"] or [])
-        tokens = self.tokenize(prompt, add_special=self.add_bos, parse_special=True)
+        if suffix is not None:
+            tokens = self.fill_in_the_middle(prompt, suffix)
+        else:
+            tokens = self.tokenize(prompt, add_special=self.add_bos and not context)
+        if context:
+            if any(not 0 <= t < self.n_vocab for t in context):
+                raise InputError("context contains a token id that is not in the vocabulary")
+            tokens = list(context) + tokens
         if not tokens:
             tokens = [llama_cpp.llama_vocab_bos(self.vocab)]
         limit = int(opts["num_predict"])

@@ -89,6 +89,9 @@ class ModelRunner:
         """Stream batches of ``token`` messages ending with ``done``."""
         return self.process.stream_batches("complete", **request)
 
+    async def embed(self, **request: Any) -> dict[str, Any]:
+        return await self.process.call("embed", **request)
+
     async def health(self, timeout: float = 5.0) -> bool:
         try:
             reply = await asyncio.wait_for(self.process.call("health"), timeout)

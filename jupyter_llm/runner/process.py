@@ -19,8 +19,8 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jupyter_llm.errors import RunnerFailed
-from jupyter_llm.runner.protocol import decode, encode, is_error_line
+from jupyter_llm.errors import InvalidRequest, RunnerFailed
+from jupyter_llm.runner.protocol import INVALID, decode, encode, is_error_line
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,8 @@ class RunnerProcess:
                         raise RunnerFailed(f"{self.label} stopped answering")
                     if message.get("type") == "error":
                         finished = True
+                        if message.get("kind") == INVALID:
+                            raise InvalidRequest(message.get("error", "invalid request"))
                         raise RunnerFailed(self._explain(message.get("error", "unknown error")))
                     out.append(message)
                     if message.get("type") in ("done", "result"):

@@ -12,6 +12,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+INVALID = "invalid"  # the "kind" of an error reply caused by the request itself
+
+
+class EngineError(Exception):
+    """A failure the runner reports to the server as an ``error`` reply."""
+
+
+class InputError(EngineError):
+    """The request cannot be served as asked: the server answers 400."""
+
+
 ERROR_MARKERS = ("error", "failed to allocate", "out of memory", "ggml_assert", "exception")
 
 

@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from jupyter_llm.runner.protocol import decode, encode
+from jupyter_llm.runner.protocol import INVALID, InputError, decode, encode
 
 
 class TokenStream:
@@ -109,6 +109,8 @@ class RunnerService:
                 reply = handler(message)
                 if reply is not None:
                     self.send({"id": rid, "type": "result", **reply})
+            except InputError as e:
+                self.send({"id": rid, "type": "error", "kind": INVALID, "error": str(e)})
             except Exception as e:
                 print(f"runner error in {op}: {traceback.format_exc()}", file=sys.stderr)
                 self.send({"id": rid, "type": "error", "error": str(e) or type(e).__name__})
@@ -145,6 +147,7 @@ class RunnerService:
             "n_ctx_train": self.engine.n_ctx_train,
             "n_batch": self.engine.n_batch,
             "chat_template": self.engine.chat_template,
+            "supports_insert": self.engine.supports_insert,
         }
 
     def op_complete(self, message: dict[str, Any]) -> None:
@@ -161,9 +164,20 @@ class RunnerService:
             emit=out.add,
             cancelled=lambda: rid in self.cancelled,
             grammar=message.get("grammar"),
+            context=message.get("context"),
+            suffix=message.get("suffix"),
         )
         out.flush()
         self.send({"id": rid, "type": "done", **result.__dict__})
+
+    def op_embed(self, message: dict[str, Any]) -> dict[str, Any]:
+        embeddings, count = self._engine().embed(
+            [str(t) for t in message.get("inputs", [])],
+            truncate=bool(message.get("truncate", True)),
+            dimensions=message.get("dimensions"),
+            normalize=bool(message.get("normalize", True)),
+        )
+        return {"embeddings": embeddings, "prompt_eval_count": count}
 
     def op_tokenize(self, message: dict[str, Any]) -> dict[str, Any]:
         return {"tokens": self._engine().tokenize(str(message.get("text", "")))}

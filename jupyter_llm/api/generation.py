@@ -1,0 +1,149 @@
+"""One way to run a completion or an embedding for any API flavour: find the
+model, hold a runner through the scheduler, stream what the runner says.
+
+The Ollama and OpenAI handlers only translate requests into a ``Job`` and the
+events back into their wire formats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_llm.api.structured import OutputFormat
+from jupyter_llm.models.names import ModelName
+from jupyter_llm.models.store import ModelEntry
+from jupyter_llm.scheduler import LoadOptions
+
+
+@dataclass
+class Job:
+    model: ModelName
+    load: LoadOptions = field(default_factory=LoadOptions)
+    keep_alive: float | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    prompt: str | None = None  # raw text, or...
+    messages: list[dict[str, Any]] | None = None  # ...chat messages for the template
+    tools: list[Any] | None = None
+    context: list[int] | None = None  # tokens of an earlier exchange, before the prompt
+    suffix: str | None = None  # fill-in-the-middle
+    format: OutputFormat | None = None
+
+
+@dataclass
+class Finished:
+    """The last event of a completion (durations in nanoseconds)."""
+
+    done_reason: str
+    prompt_eval_count: int
+    prompt_eval_duration: int
+    eval_count: int
+    eval_duration: int
+    load_duration: int
+    total_duration: int
+    context: list[int]
+
+
+Event = str | Finished
+
+
+async def find_model(services: Any, name: ModelName) -> ModelEntry:
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, services.store.get, name)
+
+
+async def complete(services: Any, job: Job) -> AsyncIterator[list[Event]]:
+    """Batches of text pieces, the last batch ending with ``Finished``.
+
+    Errors before the first batch (unknown model, bad input, server busy, no
+    memory) raise as they are; closing the iterator cancels the generation and
+    releases the runner.
+    """
+    started = time.perf_counter_ns()
+    entry = await find_model(services, job.model)
+    async with services.scheduler.use(entry, job.load, job.keep_alive) as lease:
+        request: dict[str, Any] = {"options": job.sampling}
+        if job.messages is not None:
+            request["messages"] = job.messages
+            request["tools"] = job.tools
+        else:
+            request["prompt"] = job.prompt or ""
+        if job.context:
+            request["context"] = job.context
+        if job.suffix:
+            request["suffix"] = job.suffix
+        if job.format is not None:
+            request["grammar"] = job.format.grammar
+        stream = lease.runner.complete(**request)
+        try:
+            async for batch in stream:
+                events: list[Event] = []
+                for message in batch:
+                    if message["type"] == "token":
+                        events.append(message["text"])
+                    elif message["type"] == "done":
+                        events.append(
+                            Finished(
+                                done_reason=message.get("done_reason", "stop"),
+                                prompt_eval_count=message.get("prompt_eval_count", 0),
+                                prompt_eval_duration=message.get("prompt_eval_duration", 0),
+                                eval_count=message.get("eval_count", 0),
+                                eval_duration=message.get("eval_duration", 0),
+                                load_duration=lease.load_duration_ns,
+                                total_duration=time.perf_counter_ns() - started,
+                                context=message.get("context", []),
+                            )
+                        )
+                yield events
+        finally:
+            await stream.aclose()
+
+
+@dataclass
+class Embedded:
+    embeddings: list[list[float]]
+    prompt_eval_count: int
+    load_duration: int
+    total_duration: int
+
+
+async def embed(
+    services: Any,
+    model: ModelName,
+    inputs: list[str],
+    *,
+    truncate: bool = True,
+    dimensions: int | None = None,
+    normalize: bool = True,
+    load: LoadOptions | None = None,
+    keep_alive: float | None = None,
+) -> Embedded:
+    started = time.perf_counter_ns()
+    entry = await find_model(services, model)
+    async with services.scheduler.use(entry, load or LoadOptions(), keep_alive) as lease:
+        reply = await lease.runner.embed(
+            inputs=inputs, truncate=truncate, dimensions=dimensions, normalize=normalize
+        )
+        return Embedded(
+            embeddings=reply["embeddings"],
+            prompt_eval_count=reply.get("prompt_eval_count", 0),
+            load_duration=lease.load_duration_ns,
+            total_duration=time.perf_counter_ns() - started,
+        )
+
+
+async def load_only(
+    services: Any, model: ModelName, load: LoadOptions, keep_alive: float | None
+) -> int:
+    """Load (or keep) a model without generating; returns the load time."""
+    entry = await find_model(services, model)
+    async with services.scheduler.use(entry, load, keep_alive) as lease:
+        return lease.load_duration_ns
+
+
+async def unload(services: Any, model: ModelName) -> None:
+    entry = await find_model(services, model)
+    await services.scheduler.unload(entry.name.display)
