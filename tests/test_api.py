@@ -347,3 +347,122 @@ async def test_client_disconnect_cancels_generation(
             break
         await asyncio.sleep(0.01)
     assert (await loaded.runner.process.call("health"))["busy"] is None
+
+
+async def test_generate_context_continues_a_conversation(jp_fetch, installed_model):
+    opts = {**GREEDY, "num_predict": 4}
+    first = json.loads(
+        (
+            await post(
+                jp_fetch,
+                "api/generate",
+                {"model": "tiny", "prompt": "hi", "stream": False, "options": opts},
+            )
+        ).body
+    )
+    assert first["context"] and all(isinstance(t, int) for t in first["context"])
+    follow = json.loads(
+        (
+            await post(
+                jp_fetch,
+                "api/generate",
+                {
+                    "model": "tiny",
+                    "prompt": "more",
+                    "stream": False,
+                    "context": first["context"],
+                    "options": opts,
+                },
+            )
+        ).body
+    )
+    assert follow["prompt_eval_count"] > len(first["context"])
+    assert follow["context"][: len(first["context"])] == first["context"]
+    await expect_error(
+        jp_fetch,
+        "api/generate",
+        {"model": "tiny", "prompt": "x", "context": [10**9]},
+        400,
+        "context",
+    )
+
+
+async def test_generate_template_and_raw(jp_fetch, installed_model):
+    opts = {**GREEDY, "num_predict": 2}
+    templated = json.loads(
+        (
+            await post(
+                jp_fetch,
+                "api/generate",
+                {
+                    "model": "tiny",
+                    "prompt": "hi",
+                    "system": "S",
+                    "stream": False,
+                    "options": opts,
+                    "template": "{{ if .System }}[{{ .System }}]{{ end }}Q: {{ .Prompt }} A:",
+                },
+            )
+        ).body
+    )
+    raw = json.loads(
+        (
+            await post(
+                jp_fetch,
+                "api/generate",
+                {
+                    "model": "tiny",
+                    "prompt": "[S]Q: hi A:",
+                    "raw": True,
+                    "stream": False,
+                    "options": opts,
+                },
+            )
+        ).body
+    )
+    assert templated["response"] == raw["response"]
+    assert templated["prompt_eval_count"] == raw["prompt_eval_count"]
+    await expect_error(
+        jp_fetch,
+        "api/generate",
+        {"model": "tiny", "prompt": "x", "template": "{{ range .Messages }}{{ end }}"},
+        400,
+        "range .Messages",
+    )
+
+
+async def test_generate_suffix_fill_in_the_middle(jp_fetch, installed_model):
+    r = json.loads(
+        (
+            await post(
+                jp_fetch,
+                "api/generate",
+                {
+                    "model": "tiny",
+                    "prompt": "def f(",
+                    "suffix": "    return x",
+                    "stream": False,
+                    "options": {**GREEDY, "num_predict": 3},
+                },
+            )
+        ).body
+    )
+    assert r["eval_count"] == 3
+    assert r["prompt_eval_count"] == 3 + len("def f(") + len("    return x")  # byte tokens
+
+
+async def test_images_refused(jp_fetch, installed_model):
+    await expect_error(
+        jp_fetch,
+        "api/generate",
+        {"model": "tiny", "prompt": "x", "images": ["aGk="]},
+        400,
+        "images",
+    )
+
+
+async def test_json_body_size_is_bounded(jp_fetch, installed_model):
+    big = json.dumps({"model": "tiny", "prompt": "x" * (33 << 20)})
+    with pytest.raises(HTTPClientError) as info:
+        await post(jp_fetch, "api/generate", None, raw=big)
+    assert info.value.code == 413

@@ -23,8 +23,33 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
+MAX_JSON_BODY = 32 << 20  # 32 MiB: far above any real prompt, far below memory trouble
+
+
+@web.stream_request_body
 class LLMHandler(APIHandler):
-    """Base for every jupyter-llm handler (all of them ``@web.authenticated``)."""
+    """Base for every jupyter-llm handler (all of them ``@web.authenticated``).
+
+    Bodies are received in chunks and bounded (413 beyond ``max_body``), so a
+    huge request is refused without being held in memory.
+    """
+
+    max_body = MAX_JSON_BODY
+    _chunks: list[bytes]
+    _received = 0
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        await super().prepare()
+        self._chunks = []
+        length = self.request.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > self.max_body:
+            raise web.HTTPError(413, f"request body is larger than {self.max_body} bytes")
+        self.request.connection.set_max_body_size(self.max_body + 1)  # type: ignore[attr-defined]
+
+    def data_received(self, chunk: bytes) -> None:
+        self._received += len(chunk)
+        if self._received <= self.max_body:
+            self._chunks.append(chunk)
 
     @property
     def llm(self) -> Any:
@@ -32,7 +57,9 @@ class LLMHandler(APIHandler):
         return self.settings["jupyter_llm"]
 
     def body_json(self) -> dict[str, Any]:
-        return parse_json_object(self.request.body)
+        if self._received > self.max_body:
+            raise web.HTTPError(413, f"request body is larger than {self.max_body} bytes")
+        return parse_json_object(b"".join(self._chunks))
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run file-system work off the event loop."""

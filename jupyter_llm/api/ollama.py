@@ -75,11 +75,11 @@ def model_summary(entry: ModelEntry) -> dict[str, Any]:
     }
 
 
-@web.stream_request_body
 class BlobHandler(LLMHandler):
     """``HEAD/POST /api/blobs/sha256:<hex>``: the body streams to a temporary file
     while it is hashed; it is kept only if the digest matches."""
 
+    max_body = MAX_BLOB_SIZE
     _writer: Any = None
 
     async def prepare(self) -> None:
@@ -89,7 +89,6 @@ class BlobHandler(LLMHandler):
         if self.current_user is None:
             raise web.HTTPError(403)  # never write an unauthenticated body to disk
         parse_digest(self.path_kwargs["digest"])
-        self.request.connection.set_max_body_size(MAX_BLOB_SIZE)  # type: ignore[attr-defined]
         self._writer = self.llm.store.blob_writer()
 
     def data_received(self, chunk: bytes) -> None:
