@@ -1,0 +1,219 @@
+"""Fuzz the JSON handlers of a live server with hypothesis: 2,000+ generated
+bodies, no 5xx, no hang, no runner left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jupyter_llm.api.requests import OPTION_TYPES
+from jupyter_llm.models.store import ModelStore
+
+ROUTES = [
+    "api/generate",
+    "api/chat",
+    "api/embed",
+    "api/embeddings",
+    "api/show",
+    "api/copy",
+    "api/create",
+    "api/blobs/sha256:" + "0" * 64,
+    "v1/chat/completions",
+    "v1/completions",
+    "v1/embeddings",
+]
+FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "stream",
+    "options",
+    "keep_alive",
+    "format",
+    "system",
+    "raw",
+    "template",
+    "suffix",
+    "context",
+    "input",
+    "truncate",
+    "dimensions",
+    "source",
+    "destination",
+    "files",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "response_format",
+    "encoding_format",
+    "n",
+    "images",
+    "tools",
+    "verbose",
+    "name",
+]
+MAX_LOADED = 2
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 20),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
+    st.sampled_from(
+        ["tiny", "tiny:latest", "json", "", "5m", "-1", "0", "../x", "a/b/c/d", "hf.co/u/r:Q4"]
+    ),
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+options = st.dictionaries(st.sampled_from(sorted(OPTION_TYPES)), scalars, max_size=4) | json_values
+messages = (
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "role": st.sampled_from(["user", "system", "assistant", "bot", 3]),
+                "content": st.text(max_size=10) | json_values,
+            }
+        ),
+        max_size=3,
+    )
+    | json_values
+)
+schemas = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["object", "string", "integer", "nonsense"]),
+        "properties": st.dictionaries(
+            st.text(min_size=1, max_size=5),
+            st.fixed_dictionaries({"type": st.sampled_from(["string", "integer", "boolean"])}),
+            max_size=2,
+        ),
+    }
+)
+special = {
+    "model": st.sampled_from(["tiny", "tiny:latest", "nope"]) | json_values,
+    "options": options,
+    "messages": messages,
+    "format": schemas | json_values,
+    "response_format": st.fixed_dictionaries(
+        {"type": st.sampled_from(["json_object", "json_schema", "text", "xml"])}
+    )
+    | json_values,
+    "max_tokens": st.integers(-2, 8) | json_values,
+    "stream": st.booleans() | json_values,
+    "keep_alive": st.sampled_from([-1, 0, 30, "1m", "2s", "x"]) | json_values,
+}
+bodies = (
+    st.fixed_dictionaries({}, optional={field: special.get(field, json_values) for field in FIELDS})
+    | json_values
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, demo_gguf):
+    """A real Jupyter server in its own process, with the demo model installed."""
+    models = tmp_path_factory.mktemp("fuzz-models")
+    store = ModelStore(models)
+    store.create("tiny", {"t.gguf": store.add_blob_from_file(demo_gguf)})
+    port, token = free_port(), secrets.token_hex(8)
+    env = {
+        **os.environ,
+        "JUPYTER_LLM_MODELS": str(models),
+        "JUPYTER_LLM_NUM_THREADS": "1",
+        "JUPYTER_LLM_MAX_LOADED_MODELS": str(MAX_LOADED),
+        "JUPYTER_LLM_KEEP_ALIVE": "30s",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--allow-root",
+            f"--port={port}",
+            "--ip=127.0.0.1",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={models}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}/llm/",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+    for _ in range(300):
+        try:
+            if client.get("api/version").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError("the Jupyter server did not start")
+    yield client, proc
+    client.close()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def runners(proc: subprocess.Popen) -> list[psutil.Process]:
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [c for c in children if "jupyter_llm.runner" in " ".join(c.cmdline())]
+
+
+@settings(
+    max_examples=2200,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(route=st.sampled_from(ROUTES), body=bodies)
+def test_fuzz_json_handlers(server, route, body):
+    client, proc = server
+    r = client.post(route, content=json.dumps(body))
+    assert r.status_code < 500, (route, body, r.text)
+    if r.status_code >= 400:
+        error = r.json()["error"]
+        assert isinstance(error, str | dict) and error
+    assert len(runners(proc)) <= MAX_LOADED + 1  # loaded models (+ one discovery runner)
+
+
+def test_no_runner_left_behind_after_fuzzing(server):
+    _client, proc = server
+    spawned = runners(proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+    psutil.wait_procs(spawned, timeout=10)
+    assert not [p for p in spawned if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
