@@ -138,17 +138,24 @@ class OverHTTP:
             "model": "bench",
             "messages": [{"role": "user", "content": PROMPT}],
             "stream": True,
+            "stream_options": {"include_usage": True},
             "max_tokens": n,
             "temperature": 0,
         }
-        times = []
+        times, count = [], 0
         with self.client.stream("POST", f"{self.base}/v1/chat/completions", json=body) as r:
             if r.status_code == 404:
                 return None
             for line in r.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    count = chunk["usage"]["completion_tokens"]
+                elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
                     times.append(time.perf_counter())
-        return (len(times) - 2) / (times[-2] - times[0]) if len(times) > 2 else 0.0
+        # an SSE event can carry several tokens when the client lags: count tokens
+        return (count - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
     def one_token_latency(self) -> float:
         body = {

@@ -1,0 +1,72 @@
+"""Cost of structured outputs: decode throughput with a JSON-Schema grammar vs
+without, on the same generated model (n_embd 512, 8 layers, f32, 2 threads).
+
+Runs in a real runner; rounds alternate between the two. Target: the
+constrained rate is at least 0.85x the unconstrained one.
+
+    .venv/bin/python benchmarks/grammar.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from jupyter_llm.api.structured import parse_format
+from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.runner.model import LoadSpec, start_model_runner
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "minLength": 20, "maxLength": 40},
+        "body": {"type": "string", "minLength": 180, "maxLength": 220},
+        "score": {"type": "integer"},
+    },
+    "required": ["title", "body", "score"],
+}
+
+
+async def rate(runner, grammar: str | None, n: int) -> float:
+    options = {"num_predict": n, "temperature": 0.8, "seed": 1, "repeat_penalty": 1.0}
+    done = {}
+    request = {"prompt": "write:", "options": options}
+    if grammar:
+        request["grammar"] = grammar
+    async for batch in runner.complete(**request):
+        for message in batch:
+            if message["type"] == "done":
+                done = message
+    return done["eval_count"] / done["eval_duration"] * 1e9
+
+
+async def main(rounds: int = 7, n: int = 256) -> int:
+    grammar = parse_format(SCHEMA).grammar
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = DemoModelSpec(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=8)
+        path = write_demo_model(Path(tmp) / "bench.gguf", spec)
+        runner = await start_model_runner(
+            LoadSpec(path=str(path), n_ctx=1024, n_threads=2), load_timeout=120
+        )
+        try:
+            await rate(runner, None, 16)
+            free, constrained = [], []
+            for _ in range(rounds):
+                free.append(await rate(runner, None, n))
+                constrained.append(await rate(runner, grammar, n))
+        finally:
+            await runner.close()
+    ratio = statistics.median(c / f for c, f in zip(constrained, free, strict=True))
+    print("model: n_embd 512, 8 layers, f32, 2 threads, up to 256 tokens, JSON Schema grammar")
+    print(f"unconstrained : {statistics.median(free):7.1f} tokens/s")
+    print(f"with grammar  : {statistics.median(constrained):7.1f} tokens/s   ratio {ratio:.3f}x")
+    met = ratio >= 0.85
+    print("target (>= 0.85x):", "met" if met else "MISSED")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
