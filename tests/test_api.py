@@ -342,6 +342,11 @@ async def test_client_disconnect_cancels_generation(
             break
         await asyncio.sleep(0.02)
     assert loaded.refcount == 0 and loaded.expires_at is not None
+    # seen through /api/ps: the keep_alive timer runs (expires_at no longer moves)
+    first = json.loads((await jp_fetch("llm", "api", "ps")).body)["models"][0]["expires_at"]
+    await asyncio.sleep(0.05)
+    again = json.loads((await jp_fetch("llm", "api", "ps")).body)["models"][0]["expires_at"]
+    assert first == again
     for _ in range(50):  # the runner stops within a token or so
         if (await loaded.runner.process.call("health"))["busy"] is None:
             break
@@ -466,3 +471,26 @@ async def test_json_body_size_is_bounded(jp_fetch, installed_model):
     with pytest.raises(HTTPClientError) as info:
         await post(jp_fetch, "api/generate", None, raw=big)
     assert info.value.code == 413
+
+
+async def test_embed_truncate(jp_fetch, installed_model):
+    long_text = "ab " * 1500  # more tokens than the demo model's 2048 context
+    r = await post(jp_fetch, "api/embed", {"model": "tiny", "input": long_text})
+    assert len(json.loads(r.body)["embeddings"][0]) == 64
+    await expect_error(
+        jp_fetch,
+        "api/embed",
+        {"model": "tiny", "input": long_text, "truncate": False},
+        400,
+        "exceeds the context length",
+    )
+    await expect_error(
+        jp_fetch,
+        "api/embed",
+        {"model": "tiny", "input": [1]},
+        400,
+        "input must be a string or a list of strings",
+    )
+    await expect_error(
+        jp_fetch, "api/embed", {"model": "tiny", "input": "x", "dimensions": 0}, 400, "dimensions"
+    )
