@@ -14,6 +14,7 @@ from traitlets import Bool, Float, Int, Unicode
 from jupyter_llm.api import handlers
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceSource, device_from_raw
+from jupyter_llm.models.pull import Puller
 from jupyter_llm.models.store import ModelStore
 from jupyter_llm.runner.discovery import discover_raw_devices
 from jupyter_llm.runner.model import start_model_runner
@@ -28,6 +29,7 @@ class LLMServices:
     store: ModelStore
     devices: DeviceSource
     scheduler: Scheduler
+    puller: Puller
 
 
 def build_services(settings: Settings) -> LLMServices:
@@ -36,11 +38,13 @@ def build_services(settings: Settings) -> LLMServices:
 
     devices = DeviceSource(discover)
     start = partial(start_model_runner, python=settings.python, load_timeout=settings.load_timeout)
+    store = ModelStore(settings.models_dir)
     return LLMServices(
         settings=settings,
-        store=ModelStore(settings.models_dir),
+        store=store,
         devices=devices,
         scheduler=Scheduler(settings, start, devices),
+        puller=Puller(store),
     )
 
 

@@ -44,5 +44,19 @@ class InsufficientMemory(LLMError):
     status = 500
 
 
+class InsufficientStorage(LLMError):
+    """Not enough disk space for a pull."""
+
+    status = 507
+
+
+class PullFailed(LLMError):
+    """The remote side of a pull failed (missing, wrong digest, dropped)."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class ConfigError(LLMError):
     status = 500

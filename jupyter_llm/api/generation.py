@@ -13,18 +13,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_llm.api.requests import load_options, sampling_options
 from jupyter_llm.api.structured import OutputFormat
 from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
-from jupyter_llm.scheduler import LoadOptions
 
 
 @dataclass
 class Job:
     model: ModelName
-    load: LoadOptions = field(default_factory=LoadOptions)
+    options: dict[str, Any] = field(default_factory=dict)  # Ollama options
     keep_alive: float | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
     prompt: str | None = None  # raw text, or...
     messages: list[dict[str, Any]] | None = None  # ...chat messages for the template
     tools: list[Any] | None = None
@@ -64,10 +63,11 @@ async def complete(services: Any, job: Job) -> AsyncIterator[list[Event]]:
     """
     started = time.perf_counter_ns()
     entry = await find_model(services, job.model)
-    async with services.scheduler.use(entry, job.load, job.keep_alive) as lease:
-        request: dict[str, Any] = {"options": job.sampling}
+    options = {**entry.params, **job.options}  # the model's parameters sit beneath
+    async with services.scheduler.use(entry, load_options(options), job.keep_alive) as lease:
+        request: dict[str, Any] = {"options": sampling_options(options)}
         if job.messages is not None:
-            request["messages"] = job.messages
+            request["messages"] = with_model_messages(entry, job.messages)
             request["tools"] = job.tools
         else:
             request["prompt"] = job.prompt or ""
@@ -102,6 +102,15 @@ async def complete(services: Any, job: Job) -> AsyncIterator[list[Event]]:
             await stream.aclose()
 
 
+def with_model_messages(entry: ModelEntry, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model's own MESSAGE history and SYSTEM prompt go first, unless the
+    request brings its own system message."""
+    head = list(entry.messages)
+    if entry.system and not any(m.get("role") == "system" for m in messages):
+        head.insert(0, {"role": "system", "content": entry.system})
+    return [*head, *messages]
+
+
 @dataclass
 class Embedded:
     embeddings: list[list[float]]
@@ -118,12 +127,13 @@ async def embed(
     truncate: bool = True,
     dimensions: int | None = None,
     normalize: bool = True,
-    load: LoadOptions | None = None,
+    options: dict[str, Any] | None = None,
     keep_alive: float | None = None,
 ) -> Embedded:
     started = time.perf_counter_ns()
     entry = await find_model(services, model)
-    async with services.scheduler.use(entry, load or LoadOptions(), keep_alive) as lease:
+    load = load_options({**entry.params, **(options or {})})
+    async with services.scheduler.use(entry, load, keep_alive) as lease:
         reply = await lease.runner.embed(
             inputs=inputs, truncate=truncate, dimensions=dimensions, normalize=normalize
         )
@@ -136,10 +146,11 @@ async def embed(
 
 
 async def load_only(
-    services: Any, model: ModelName, load: LoadOptions, keep_alive: float | None
+    services: Any, model: ModelName, options: dict[str, Any], keep_alive: float | None
 ) -> int:
     """Load (or keep) a model without generating; returns the load time."""
     entry = await find_model(services, model)
+    load = load_options({**entry.params, **options})
     async with services.scheduler.use(entry, load, keep_alive) as lease:
         return lease.load_duration_ns
 

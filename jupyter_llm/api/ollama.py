@@ -18,6 +18,7 @@ from jupyter_llm.api.requests import (
     CompletionRequest,
     EmbedRequest,
     GenerateRequest,
+    parse_options,
 )
 from jupyter_llm.api.structured import check_output
 from jupyter_llm.api.templates import render_go_template
@@ -119,6 +120,9 @@ class BlobHandler(LLMHandler):
 
 
 class CreateHandler(LLMHandler):
+    """``/api/create`` from uploaded ``files`` or an existing model (``from``),
+    with template, system, parameters, messages and license."""
+
     @web.authenticated
     async def post(self) -> None:
         body = self.body_json()
@@ -126,14 +130,36 @@ class CreateHandler(LLMHandler):
         for key in ("template", "system"):
             if body.get(key) is not None and not isinstance(body[key], str):
                 raise InvalidRequest(f"{key} must be a string")
-        if body.get("files") is None:
-            raise InvalidRequest("files is required: upload a GGUF with /api/blobs first")
+        source = body.get("from")
+        if source is not None:
+            source = parse_model_name(source, "from")
+        if body.get("files") is None and source is None:
+            raise InvalidRequest("files is required (upload a GGUF with /api/blobs first), or from")
+        parameters = parse_options(body.get("parameters"))
+        messages = None
+        if body.get("messages") is not None:
+            messages = ChatRequest.parse({"model": "x", "messages": body["messages"]}).messages
+        license_ = body.get("license")
+        if license_ is not None and not (
+            isinstance(license_, str)
+            or (isinstance(license_, list) and all(isinstance(x, str) for x in license_))
+        ):
+            raise InvalidRequest("license must be a string or a list of strings")
         stream = body.get("stream", True)
         if not isinstance(stream, bool):
             raise InvalidRequest("stream must be a boolean")
         store = self.llm.store
         await self.blocking(
-            lambda: store.create(name, body["files"], body.get("template"), body.get("system"))
+            lambda: store.create(
+                name,
+                body.get("files"),
+                body.get("template"),
+                body.get("system"),
+                from_model=source,
+                parameters=parameters,
+                messages=messages,
+                license=license_,
+            )
         )
         if stream:
             self.set_header("Content-Type", "application/x-ndjson")
@@ -142,6 +168,54 @@ class CreateHandler(LLMHandler):
             self.finish()
         else:
             self.write_json({"status": "success"})
+
+
+class PullHandler(LLMHandler):
+    """``/api/pull``: progress as NDJSON ``{status, digest, total, completed}``."""
+
+    _client_gone = False
+
+    def on_connection_close(self) -> None:
+        self._client_gone = True
+        super().on_connection_close()
+
+    @web.authenticated
+    async def post(self) -> None:
+        body = self.body_json()
+        source = body.get("model", body.get("name"))
+        insecure = body.get("insecure", False)
+        stream = body.get("stream", True)
+        for key, value in (("insecure", insecure), ("stream", stream)):
+            if not isinstance(value, bool):
+                raise InvalidRequest(f"{key} must be a boolean")
+        name = body.get("name") if body.get("model") else None
+        if name is not None and not isinstance(name, str):
+            raise InvalidRequest("name must be a string")
+        events = self.llm.puller.pull(source, insecure=insecure, name=name)
+        begun = False
+        try:
+            async for event in events:
+                if not stream:
+                    continue
+                if self._client_gone:
+                    return  # the download goes on for anyone else waiting on it
+                if not begun:
+                    self.set_header("Content-Type", "application/x-ndjson")
+                    begun = True
+                self.write(json.dumps(event) + "\n")
+                await self.flush()
+        except StreamClosedError:
+            return
+        except LLMError as e:
+            if not begun:
+                raise
+            self.write(json.dumps({"error": str(e)}) + "\n")
+        finally:
+            await events.aclose()
+        if not stream:
+            self.write_json({"status": "success"})
+        elif not self._client_gone:
+            self.finish()
 
 
 class CompletionHandler(LLMHandler):
@@ -167,7 +241,7 @@ class CompletionHandler(LLMHandler):
                 await unload(services, req.model)
                 self.write_json({**chunk(""), "done": True, "done_reason": "unload"})
             else:
-                await load_only(services, req.model, req.load_options, req.keep_alive)
+                await load_only(services, req.model, req.options, req.keep_alive)
                 self.write_json({**chunk(""), "done": True, "done_reason": "load"})
             return
         parts: list[str] = []
@@ -238,9 +312,8 @@ class GenerateHandler(CompletionHandler):
         name = req.model.display
         job = Job(
             model=req.model,
-            load=req.load_options,
+            options=req.options,
             keep_alive=req.keep_alive,
-            sampling=req.sampling,
             context=req.context,
             suffix=req.suffix,
             format=req.format,
@@ -270,9 +343,8 @@ class ChatHandler(CompletionHandler):
         name = req.model.display
         job = Job(
             model=req.model,
-            load=req.load_options,
+            options=req.options,
             keep_alive=req.keep_alive,
-            sampling=req.sampling,
             messages=req.messages,
             tools=req.tools,
             format=req.format,
@@ -293,7 +365,7 @@ class EmbedHandler(LLMHandler):
     async def post(self) -> None:
         req = EmbedRequest.parse(self.body_json())
         if not req.inputs:
-            await load_only(self.llm, req.model, req.load_options, req.keep_alive)
+            await load_only(self.llm, req.model, req.options, req.keep_alive)
             self.write_json({"model": req.model.display, "embeddings": []})
             return
         result = await embed(
@@ -302,7 +374,7 @@ class EmbedHandler(LLMHandler):
             req.inputs,
             truncate=req.truncate,
             dimensions=req.dimensions,
-            load=req.load_options,
+            options=req.options,
             keep_alive=req.keep_alive,
         )
         self.write_json(
@@ -330,7 +402,7 @@ class EmbeddingsHandler(LLMHandler):
             req.model,
             req.inputs[:1],
             normalize=False,
-            load=req.load_options,
+            options=req.options,
             keep_alive=req.keep_alive,
         )
         self.write_json({"embedding": result.embeddings[0]})
@@ -356,9 +428,10 @@ class ShowHandler(LLMHandler):
             capabilities.append("embedding")
         self.write_json(
             {
-                "license": "",
+                "license": entry.license or "",
                 "modelfile": f"FROM {entry.model_path}\n",
-                "parameters": "",
+                "parameters": format_parameters(entry.params),
+                "messages": entry.messages,
                 "template": template,
                 "system": entry.system or "",
                 "details": entry.details,
@@ -367,6 +440,15 @@ class ShowHandler(LLMHandler):
                 "modified_at": entry.modified_at.isoformat().replace("+00:00", "Z"),
             }
         )
+
+
+def format_parameters(params: dict[str, Any]) -> str:
+    """Ollama's ``parameters`` text: one ``name value`` line each, lists repeated."""
+    lines = []
+    for key, value in params.items():
+        for item in value if isinstance(value, list) else [value]:
+            lines.append(f"{key:<24}{json.dumps(item) if isinstance(item, str) else item}")
+    return "\n".join(lines)
 
 
 class CopyHandler(LLMHandler):
@@ -401,6 +483,7 @@ def handlers() -> list[tuple[str, type[LLMHandler]]]:
         (r"api/ps", PsHandler),
         (r"api/blobs/(?P<digest>[^/]+)", BlobHandler),
         (r"api/create", CreateHandler),
+        (r"api/pull", PullHandler),
         (r"api/generate", GenerateHandler),
         (r"api/chat", ChatHandler),
         (r"api/embed", EmbedHandler),

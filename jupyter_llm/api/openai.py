@@ -24,7 +24,6 @@ from jupyter_llm.api.requests import ROLES, parse_embed_input
 from jupyter_llm.api.structured import invalid_format, parse_format
 from jupyter_llm.errors import InvalidRequest, LLMError
 from jupyter_llm.models.names import parse_model_name
-from jupyter_llm.scheduler import LoadOptions
 
 FINISH = {"stop": "stop", "length": "length", "cancel": "stop"}
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "server_busy"}
@@ -233,7 +232,7 @@ class ChatCompletionsHandler(OpenAIHandler):
         model = parse_model_name(body.get("model"))
         job = Job(
             model=model,
-            sampling=sampling_from(body),
+            options=sampling_from(body),
             messages=chat_messages(body.get("messages")),
             tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
             format=response_format(body),
@@ -295,7 +294,7 @@ class CompletionsHandler(OpenAIHandler):
         suffix = body.get("suffix")
         if suffix is not None and not isinstance(suffix, str):
             raise InvalidRequest("suffix must be a string")
-        job = Job(model=model, sampling=sampling_from(body), prompt=prompt, suffix=suffix)
+        job = Job(model=model, options=sampling_from(body), prompt=prompt, suffix=suffix)
         stream, with_usage = stream_flag(body), include_usage(body)
         ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         base = {
@@ -353,7 +352,7 @@ class EmbeddingsHandler(OpenAIHandler):
             isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
         ):
             raise InvalidRequest("dimensions must be a positive integer")
-        result = await embed(self.llm, model, inputs, dimensions=dimensions, load=LoadOptions())
+        result = await embed(self.llm, model, inputs, dimensions=dimensions)
 
         def encode(vector: list[float]) -> Any:
             if encoding == "float":

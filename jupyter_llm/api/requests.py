@@ -124,6 +124,23 @@ def parse_options(raw: Any) -> dict[str, Any]:
     return options
 
 
+def load_options(options: dict[str, Any]) -> LoadOptions:
+    """The load-time part of Ollama options."""
+    return LoadOptions(
+        num_ctx=options.get("num_ctx"),
+        num_batch=options.get("num_batch"),
+        num_thread=options.get("num_thread") or None,
+        use_mmap=options.get("use_mmap"),
+        num_gpu=options.get("num_gpu"),
+        main_gpu=options.get("main_gpu"),
+    )
+
+
+def sampling_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The per-request part of Ollama options, as the runner takes them."""
+    return {k: options[k] for k in SAMPLING_OPTIONS if k in options}
+
+
 @dataclass
 class CompletionRequest:
     """What /api/generate and /api/chat share."""
@@ -133,22 +150,6 @@ class CompletionRequest:
     options: dict[str, Any] = field(default_factory=dict)
     keep_alive: float | None = None
     format: OutputFormat | None = None
-
-    @property
-    def load_options(self) -> LoadOptions:
-        o = self.options
-        return LoadOptions(
-            num_ctx=o.get("num_ctx"),
-            num_batch=o.get("num_batch"),
-            num_thread=o.get("num_thread") or None,
-            use_mmap=o.get("use_mmap"),
-            num_gpu=o.get("num_gpu"),
-            main_gpu=o.get("main_gpu"),
-        )
-
-    @property
-    def sampling(self) -> dict[str, Any]:
-        return {k: self.options[k] for k in SAMPLING_OPTIONS if k in self.options}
 
 
 def parse_keep_alive_field(body: dict[str, Any]) -> float | None:
@@ -261,7 +262,3 @@ class EmbedRequest:
             options=parse_options(body.get("options")),
             keep_alive=parse_keep_alive_field(body),
         )
-
-    @property
-    def load_options(self) -> LoadOptions:
-        return CompletionRequest(model=self.model, options=self.options).load_options

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,6 +29,8 @@ MEDIA_TEMPLATE = "application/vnd.ollama.image.template"
 MEDIA_SYSTEM = "application/vnd.ollama.image.system"
 MEDIA_PARAMS = "application/vnd.ollama.image.params"
 MEDIA_LICENSE = "application/vnd.ollama.image.license"
+MEDIA_MESSAGES = "application/vnd.ollama.image.messages"
+REPLACEABLE = (MEDIA_TEMPLATE, MEDIA_SYSTEM, MEDIA_PARAMS, MEDIA_MESSAGES, MEDIA_LICENSE)
 
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
 CHUNK = 1 << 20
@@ -53,6 +55,9 @@ class ModelEntry:
     template: str | None
     system: str | None
     config: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)  # Ollama options
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    license: str | None = None
 
     @property
     def details(self) -> dict[str, Any]:
@@ -146,26 +151,62 @@ class ModelStore:
     def create(
         self,
         model: str | ModelName,
-        files: dict[str, str],
+        files: dict[str, str] | None = None,
         template: str | None = None,
         system: str | None = None,
+        *,
+        from_model: str | ModelName | None = None,
+        parameters: dict[str, Any] | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        license: str | list[str] | None = None,
     ) -> ModelEntry:
-        """Make a model from uploaded GGUF blobs: writes config blob and manifest."""
+        """Make a model from an uploaded GGUF blob (``files``) or an existing model
+        (``from_model``), with optional template, system prompt, parameters,
+        messages and license layers replacing the base's."""
         name = model if isinstance(model, ModelName) else parse_model_name(model)
-        if not isinstance(files, dict) or not files:
-            raise InvalidRequest("files must be an object mapping file names to sha256 digests")
-        ggufs = [(fname, parse_digest(d, f"files[{fname!r}]")) for fname, d in files.items()]
-        if len(ggufs) != 1:
-            raise InvalidRequest("files must name exactly one GGUF model file")
-        fname, digest = ggufs[0]
-        if not self.has_blob(digest):
-            raise InvalidRequest(f"blob {digest} for {fname!r} has not been uploaded")
-        info = read_gguf_info(self.blob_path(digest))
-        layers = [self._layer(MEDIA_MODEL, digest)]
-        for media, text in ((MEDIA_TEMPLATE, template), (MEDIA_SYSTEM, system)):
-            if text:
-                layers.append(self._layer(media, self.add_blob_bytes(text.encode())))
-        config = self._config_for(info)
+        if files and from_model:
+            raise InvalidRequest("give either files or from, not both")
+        if from_model:
+            base = self.get(from_model)
+            base_manifest = json.loads(self.manifest_path(base.name).read_bytes())
+            layers = [la for la in base_manifest["layers"] if la["mediaType"] not in REPLACEABLE]
+            kept = {
+                la["mediaType"]: la
+                for la in base_manifest["layers"]
+                if la["mediaType"] in REPLACEABLE
+            }
+            config = base.config
+        elif files:
+            if not isinstance(files, dict):
+                raise InvalidRequest("files must be an object mapping file names to digests")
+            ggufs = [(f, parse_digest(d, f"files[{f!r}]")) for f, d in files.items()]
+            if len(ggufs) != 1:
+                raise InvalidRequest("files must name exactly one GGUF model file")
+            fname, digest = ggufs[0]
+            if not self.has_blob(digest):
+                raise InvalidRequest(f"blob {digest} for {fname!r} has not been uploaded")
+            info = read_gguf_info(self.blob_path(digest))
+            layers, kept, config = [self._layer(MEDIA_MODEL, digest)], {}, self._config_for(info)
+        else:
+            raise InvalidRequest("files or from is required: upload a GGUF with /api/blobs first")
+        texts = {
+            MEDIA_TEMPLATE: template,
+            MEDIA_SYSTEM: system,
+            MEDIA_PARAMS: json.dumps(parameters) if parameters else None,
+            MEDIA_MESSAGES: json.dumps(messages) if messages else None,
+        }
+        for media in REPLACEABLE:
+            if media == MEDIA_LICENSE:
+                continue
+            if texts.get(media):
+                layers.append(self._layer(media, self.add_blob_bytes(texts[media].encode())))
+            elif media in kept:
+                layers.append(kept[media])
+        licenses = [license] if isinstance(license, str) else list(license or [])
+        for text in licenses:
+            layers.append(self._layer(MEDIA_LICENSE, self.add_blob_bytes(str(text).encode())))
+        if not licenses and MEDIA_LICENSE in kept:
+            layers.append(kept[MEDIA_LICENSE])
         config_bytes = json.dumps(config).encode()
         config_digest = self.add_blob_bytes(config_bytes)
         manifest = {
@@ -204,6 +245,14 @@ class ModelStore:
             except (ValueError, KeyError, OSError, InvalidRequest):
                 continue  # a foreign or broken manifest is skipped, not fatal
         return sorted(entries, key=lambda e: e.modified_at, reverse=True)
+
+    def write_manifest(self, model: ModelName, raw: bytes) -> ModelEntry:
+        """Record a pulled manifest, once all its blobs are in place."""
+        for digest in self._digests(json.loads(raw)):
+            if not self.has_blob(digest):
+                raise InvalidRequest(f"blob {digest} is missing: the pull is incomplete")
+        self._write_atomic(self.manifest_path(model), raw)
+        return self.get(model)
 
     def copy(self, source: str | ModelName, destination: str | ModelName) -> ModelEntry:
         """A second name for the same blobs (only the manifest is written)."""
@@ -269,6 +318,14 @@ class ModelStore:
             layer = next((la for la in layers if la.get("mediaType") == media), None)
             return self.blob_path(layer["digest"]).read_text() if layer else None
 
+        def parsed(media: str, default: Any) -> Any:
+            try:
+                raw_text = text(media)
+                value = json.loads(raw_text) if raw_text else default
+            except (OSError, ValueError):
+                return default
+            return value if isinstance(value, type(default)) else default
+
         config: dict[str, Any] = {}
         if cfg := manifest.get("config"):
             try:
@@ -284,6 +341,9 @@ class ModelStore:
             template=text(MEDIA_TEMPLATE),
             system=text(MEDIA_SYSTEM),
             config=config,
+            params=parsed(MEDIA_PARAMS, {}),
+            messages=parsed(MEDIA_MESSAGES, []),
+            license=text(MEDIA_LICENSE),
         )
 
     def _layer(self, media: str, digest: str) -> dict[str, Any]:

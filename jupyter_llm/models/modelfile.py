@@ -1,0 +1,144 @@
+"""Ollama's Modelfile: ``FROM``, ``PARAMETER``, ``TEMPLATE``, ``SYSTEM``,
+``MESSAGE``, ``LICENSE``, parsed into the fields of an ``/api/create`` request."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_llm.errors import InvalidRequest
+
+COMMANDS = ("from", "parameter", "template", "system", "message", "license", "adapter")
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class Modelfile:
+    source: str  # FROM: a model name or a path to a .gguf file
+    parameters: dict[str, Any] = field(default_factory=dict)
+    template: str | None = None
+    system: str | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+    license: list[str] = field(default_factory=list)
+
+    @property
+    def from_file(self) -> bool:
+        return (
+            self.source.lower().endswith(".gguf")
+            or ("/" in self.source
+            and (self.source.startswith((".", "/", "~"))))
+        )
+
+    def create_request(self, model: str) -> dict[str, Any]:
+        """The /api/create body (``from`` for a model; files are the caller's job)."""
+        body: dict[str, Any] = {"model": model}
+        if not self.from_file:
+            body["from"] = self.source
+        for key in ("template", "system"):
+            if getattr(self, key) is not None:
+                body[key] = getattr(self, key)
+        if self.parameters:
+            body["parameters"] = self.parameters
+        if self.messages:
+            body["messages"] = self.messages
+        if self.license:
+            body["license"] = self.license
+        return body
+
+
+def parse_modelfile(text: str) -> Modelfile:
+    from jupyter_llm.api.requests import OPTION_TYPES
+
+    source = None
+    out = Modelfile(source="")
+    for lineno, command, args in _commands(text):
+        if command == "from":
+            source = args
+        elif command == "parameter":
+            name, _, value = args.partition(" ")
+            name, value = name.lower(), value.strip()
+            if name not in OPTION_TYPES:
+                raise InvalidRequest(f"Modelfile line {lineno}: unknown parameter {name!r}")
+            typed = _typed_value(name, value, OPTION_TYPES[name][0], lineno)
+            if name == "stop":
+                out.parameters.setdefault("stop", []).append(typed)
+            else:
+                out.parameters[name] = typed
+        elif command in ("template", "system"):
+            setattr(out, command, args)
+        elif command == "message":
+            role, _, content = args.partition(" ")
+            if role.lower() not in ROLES:
+                raise InvalidRequest(
+                    f"Modelfile line {lineno}: MESSAGE role must be one of {', '.join(ROLES)}"
+                )
+            out.messages.append({"role": role.lower(), "content": content.strip()})
+        elif command == "license":
+            out.license.append(args)
+        elif command == "adapter":
+            raise InvalidRequest(f"Modelfile line {lineno}: ADAPTER is not supported")
+    if not source:
+        raise InvalidRequest("Modelfile has no FROM line")
+    out.source = source
+    return out
+
+
+def _commands(text: str) -> list[tuple[int, str, str]]:
+    """(line number, command, argument) with triple-quoted arguments joined."""
+    out = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        lineno = i + 1
+        i += 1
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^(\w+)\s*(.*)$", line)
+        if not m or m.group(1).lower() not in COMMANDS:
+            raise InvalidRequest(f"Modelfile line {lineno}: unknown command {line.split()[0]!r}")
+        command, args = m.group(1).lower(), m.group(2)
+        if '"""' in args:
+            head, _, rest = args.partition('"""')
+            if '"""' in rest:
+                body = rest.partition('"""')[0]
+            else:
+                parts = [rest]
+                while i < len(lines) and '"""' not in lines[i]:
+                    parts.append(lines[i])
+                    i += 1
+                if i >= len(lines):
+                    raise InvalidRequest(f'Modelfile line {lineno}: unterminated """')
+                parts.append(lines[i].partition('"""')[0])
+                i += 1
+                body = "\n".join(parts)
+            args = (head + body) if command in ("parameter", "message") else body
+        elif len(args) >= 2 and args[0] == args[-1] == '"':
+            args = args[1:-1]
+        out.append((lineno, command, args))
+    return out
+
+
+def _typed_value(name: str, value: str, kind: Any, lineno: int) -> Any:
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    try:
+        if kind is bool:
+            if value.lower() not in ("true", "false"):
+                raise ValueError(value)
+            return value.lower() == "true"
+        if kind is int:
+            return int(value)
+        if kind is not str and kind != (str, list) and str not in _as_tuple(kind):
+            number = float(value)
+            return int(number) if number.is_integer() and kind is int else number
+        return value
+    except ValueError:
+        raise InvalidRequest(
+            f"Modelfile line {lineno}: PARAMETER {name} {value!r} is not a valid value"
+        ) from None
+
+
+def _as_tuple(kind: Any) -> tuple[Any, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
