@@ -243,9 +243,21 @@ class Puller:
                     d.total = max(d.total, have + length)
                     d.completed = have
                     with open(partial, "ab") as out:
-                        async for chunk in response.aiter_bytes(CHUNK):
-                            await loop.run_in_executor(None, _write_and_hash, out, hasher, chunk)
-                            d.completed += len(chunk)
+                        pending: list[bytes] = []  # written in ~1 MiB steps, off the loop
+                        try:
+                            async for chunk in response.aiter_bytes():
+                                pending.append(chunk)
+                                d.completed += len(chunk)
+                                if sum(map(len, pending)) >= CHUNK:
+                                    data, pending = b"".join(pending), []
+                                    await loop.run_in_executor(
+                                        None, _write_and_hash, out, hasher, data
+                                    )
+                        finally:  # keep what arrived, so that a retry resumes after it
+                            if pending:
+                                await loop.run_in_executor(
+                                    None, _write_and_hash, out, hasher, b"".join(pending)
+                                )
         except httpx.HTTPError as e:
             raise PullFailed(
                 f"download interrupted ({type(e).__name__}): pull again to resume where it stopped"

@@ -1,0 +1,166 @@
+"""A loopback HTTP server speaking the protocols ``pull`` uses: an Ollama/Docker
+registry (with token auth and CDN redirects), Hugging Face's model API and
+file downloads, and plain file URLs, all with Range support and switches to
+misbehave (drop the connection mid-blob, serve the wrong bytes)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class Remote:
+    blobs: dict[str, bytes] = field(default_factory=dict)  # digest -> content
+    manifests: dict[str, bytes] = field(default_factory=dict)  # "ns/name/tag" -> JSON
+    hf_repos: dict[str, dict[str, bytes]] = field(default_factory=dict)  # "u/r" -> files
+    files: dict[str, bytes] = field(default_factory=dict)  # "/files/x.gguf" -> content
+    token: str | None = None  # require Bearer auth on the registry
+    drop_after: int | None = None  # send this many bytes of the next blob, then close
+    corrupt: set[str] = field(default_factory=set)  # digests served with wrong bytes
+    ranges: list[str] = field(default_factory=list)  # Range headers seen
+    requests: list[str] = field(default_factory=list)
+
+    def add_model(self, ns: str, name: str, tag: str, gguf: bytes, extra=()) -> dict:
+        config = json.dumps({"model_format": "gguf", "model_family": "llama"}).encode()
+        layers = [("application/vnd.ollama.image.model", gguf), *extra]
+        for _, data in [*layers, ("config", config)]:
+            self.blobs[sha(data)] = data
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {
+                "mediaType": "application/vnd.docker.container.image.v1+json",
+                "digest": sha(config),
+                "size": len(config),
+            },
+            "layers": [{"mediaType": m, "digest": sha(d), "size": len(d)} for m, d in layers],
+        }
+        self.manifests[f"{ns}/{name}/{tag}"] = json.dumps(manifest).encode()
+        return manifest
+
+
+class LoopbackServer:
+    def __init__(self, remote: Remote) -> None:
+        self.remote = remote
+        handler = type("Handler", (_Handler,), {"remote": remote, "server_ref": self})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.port = self.httpd.server_address[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.host = f"127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    remote: Remote
+    server_ref: LoopbackServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.do_GET(head=True)
+
+    def do_GET(self, head: bool = False) -> None:
+        r = self.remote
+        path = self.path.split("?")[0]
+        r.requests.append(f"{self.command} {self.path}")
+        if path == "/token":
+            return self._json({"token": r.token})
+        if m := re.match(r"^/v2/([^/]+)/([^/]+)/manifests/([^/]+)$", path):
+            if r.token and self.headers.get("Authorization") != f"Bearer {r.token}":
+                realm = f"{self.server_ref.base}/token"
+                return self._send(
+                    401,
+                    b"{}",
+                    {"WWW-Authenticate": f'Bearer realm="{realm}",service="test",scope="pull"'},
+                )
+            manifest = r.manifests.get("/".join(m.groups()))
+            return self._send(200, manifest) if manifest else self._send(404, b"{}")
+        if m := re.match(r"^/v2/[^/]+/[^/]+/blobs/(sha256:[0-9a-f]{64})$", path):
+            # registries redirect blob downloads to a CDN
+            return self._send(307, b"", {"Location": f"{self.server_ref.base}/cdn/{m.group(1)}"})
+        if m := re.match(r"^/cdn/(sha256:[0-9a-f]{64})$", path):
+            data = r.blobs.get(m.group(1))
+            if data is not None and m.group(1) in r.corrupt:
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            return self._content(data, head)
+        if m := re.match(r"^/api/models/([^/]+/[^/]+)$", path):
+            files = r.hf_repos.get(m.group(1))
+            if files is None:
+                return self._send(404, b"{}")
+            return self._json(
+                {
+                    "siblings": [
+                        {"rfilename": f, "lfs": {"sha256": sha(d)[7:], "size": len(d)}}
+                        for f, d in files.items()
+                    ]
+                    + [{"rfilename": "README.md"}]
+                }
+            )
+        if m := re.match(r"^/([^/]+/[^/]+)/resolve/main/(.+)$", path):
+            return self._send(
+                302, b"", {"Location": f"{self.server_ref.base}/hfcdn/{m.group(1)}/{m.group(2)}"}
+            )
+        if m := re.match(r"^/hfcdn/([^/]+/[^/]+)/(.+)$", path):
+            return self._content(r.hf_repos.get(m.group(1), {}).get(m.group(2)), head)
+        if path in r.files:
+            return self._content(r.files[path], head)
+        self._send(404, b"{}")
+
+    def _content(self, data: bytes | None, head: bool = False) -> None:
+        r = self.remote
+        if data is None:
+            return self._send(404, b"{}")
+        start = 0
+        status = 200
+        if rng := self.headers.get("Range"):
+            r.ranges.append(rng)
+            start = int(re.match(r"bytes=(\d+)-", rng).group(1))
+            if start >= len(data):
+                return self._send(416, b"")
+            status = 206
+        body = data[start:]
+        headers = {"Content-Length": str(len(body)), "Accept-Ranges": "bytes"}
+        if status == 206:
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if head:
+            return
+        if r.drop_after is not None:
+            cut, r.drop_after = r.drop_after, None
+            self.wfile.write(body[:cut])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        self.wfile.write(body)
+
+    def _json(self, value: object) -> None:
+        self._send(200, json.dumps(value).encode(), {"Content-Type": "application/json"})
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
