@@ -135,7 +135,7 @@ class CreateHandler(LLMHandler):
             source = parse_model_name(source, "from")
         if body.get("files") is None and source is None:
             raise InvalidRequest("files is required (upload a GGUF with /api/blobs first), or from")
-        parameters = parse_options(body.get("parameters"))
+        parameters = parse_options(body.get("parameters"), "parameters")
         messages = None
         if body.get("messages") is not None:
             messages = ChatRequest.parse({"model": "x", "messages": body["messages"]}).messages

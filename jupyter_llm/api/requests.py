@@ -92,34 +92,34 @@ def _as_tuple(kind: Any) -> tuple[Any, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
-def parse_options(raw: Any) -> dict[str, Any]:
+def parse_options(raw: Any, field: str = "options") -> dict[str, Any]:
     """Ollama ``options``: known names type- and range-checked, unknown names refused."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise InvalidRequest("options must be an object")
+        raise InvalidRequest(f"{field} must be an object")
     options: dict[str, Any] = {}
     for name, value in raw.items():
         if name not in OPTION_TYPES:
-            raise InvalidRequest(f"options.{name} is not a known option")
+            raise InvalidRequest(f"{field}.{name} is not a known option")
         if value is None:
             continue
         kind, low, high = OPTION_TYPES[name]
         if isinstance(value, bool) and kind is not bool:
-            raise InvalidRequest(f"options.{name} must be a number")
+            raise InvalidRequest(f"{field}.{name} must be a number")
         if not isinstance(value, kind):
             want = {bool: "a boolean", int: "an integer"}.get(kind, "a number")
             if name == "stop":
                 want = "a string or a list of strings"
-            raise InvalidRequest(f"options.{name} must be {want}")
+            raise InvalidRequest(f"{field}.{name} must be {want}")
         if name == "stop":
             if isinstance(value, list) and not all(isinstance(s, str) for s in value):
-                raise InvalidRequest("options.stop must be a string or a list of strings")
+                raise InvalidRequest(f"{field}.stop must be a string or a list of strings")
         elif kind is not bool and (
             (low is not None and value < low) or (high is not None and value > high)
         ):
             bounds = f"at least {low:g}" if high is None else f"between {low:g} and {high:g}"
-            raise InvalidRequest(f"options.{name} must be {bounds}, got {value!r}")
+            raise InvalidRequest(f"{field}.{name} must be {bounds}, got {value!r}")
         options[name] = value
     return options
 

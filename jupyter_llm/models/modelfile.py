@@ -24,10 +24,8 @@ class Modelfile:
 
     @property
     def from_file(self) -> bool:
-        return (
-            self.source.lower().endswith(".gguf")
-            or ("/" in self.source
-            and (self.source.startswith((".", "/", "~"))))
+        return self.source.lower().endswith(".gguf") or (
+            "/" in self.source and (self.source.startswith((".", "/", "~")))
         )
 
     def create_request(self, model: str) -> dict[str, Any]:
