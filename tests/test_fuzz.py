@@ -4,19 +4,14 @@ bodies, no 5xx, no hang, no runner left behind."""
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import signal
-import socket
 import subprocess
-import sys
-import time
 
-import httpx
 import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from live_server import LiveServer
 
 from jupyter_llm.api.requests import OPTION_TYPES
 from jupyter_llm.models.store import ModelStore
@@ -128,61 +123,19 @@ bodies = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, demo_gguf):
     """A real Jupyter server in its own process, with the demo model installed."""
     models = tmp_path_factory.mktemp("fuzz-models")
     store = ModelStore(models)
     store.create("tiny", {"t.gguf": store.add_blob_from_file(demo_gguf)})
-    port, token = free_port(), secrets.token_hex(8)
-    env = {
-        **os.environ,
-        "JUPYTER_LLM_MODELS": str(models),
-        "JUPYTER_LLM_NUM_THREADS": "1",
-        "JUPYTER_LLM_MAX_LOADED_MODELS": str(MAX_LOADED),
-        "JUPYTER_LLM_KEEP_ALIVE": "30s",
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_server",
-            "--no-browser",
-            "--allow-root",
-            f"--port={port}",
-            "--ip=127.0.0.1",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={models}",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    live = LiveServer(
+        models,
+        models,
+        {"JUPYTER_LLM_MAX_LOADED_MODELS": str(MAX_LOADED), "JUPYTER_LLM_KEEP_ALIVE": "30s"},
     )
-    client = httpx.Client(
-        base_url=f"http://127.0.0.1:{port}/llm/",
-        headers={"Authorization": f"token {token}"},
-        timeout=30,
-    )
-    for _ in range(300):
-        try:
-            if client.get("api/version").status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        raise RuntimeError("the Jupyter server did not start")
-    yield client, proc
-    client.close()
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+    yield live.client, live.proc
+    live.stop()
 
 
 def runners(proc: subprocess.Popen) -> list[psutil.Process]:

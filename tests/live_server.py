@@ -1,0 +1,79 @@
+"""A real Jupyter server with jupyter-llm in its own process, for tests that
+need one outside the test's event loop (CLI, fuzzing, notebooks)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+
+class LiveServer:
+    def __init__(self, models: Path, root: Path, env: dict[str, str] | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.token = secrets.token_hex(8)
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.env = {
+            **os.environ,
+            "JUPYTER_LLM_MODELS": str(models),
+            "JUPYTER_LLM_NUM_THREADS": "1",
+            **(env or {}),
+        }
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyter_server",
+                "--no-browser",
+                "--allow-root",
+                f"--port={self.port}",
+                "--ip=127.0.0.1",
+                f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.root_dir={root}",
+            ],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.client = httpx.Client(
+            base_url=f"{self.url}llm/", timeout=60, headers={"Authorization": f"token {self.token}"}
+        )
+        for _ in range(300):
+            try:
+                if self.client.get("api/version").status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("the Jupyter server did not start")
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """Environment for a client process that should use this server."""
+        return {**os.environ, "JUPYTER_LLM_URL": self.url, "JUPYTER_LLM_TOKEN": self.token}
+
+    def runners(self) -> list[psutil.Process]:
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        return [c for c in children if "jupyter_llm.runner" in " ".join(c.cmdline())]
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
