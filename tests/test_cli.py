@@ -95,7 +95,19 @@ def test_embedded_when_no_server_runs(tmp_path, demo_gguf):
     env.update(
         JUPYTER_LLM_MODELS=str(tmp_path / "models"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime")
     )  # no running servers here
+    before = runner_processes()
     out = cli("run", "tiny", "hello", "-n", "4", env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
     assert "tiny:latest" in cli("list", env=env).stdout
+    assert runner_processes() <= before  # the embedded engine stopped its runner
+
+
+def runner_processes() -> set[int]:
+    import psutil
+
+    found = set()
+    for p in psutil.process_iter(["cmdline"]):
+        if "jupyter_llm.runner" in " ".join(p.info["cmdline"] or []):
+            found.add(p.pid)
+    return found

@@ -179,15 +179,12 @@ def stop_embedded() -> None:
     if app is None or loop is None or loop.is_closed():
         return
 
-    async def shutdown() -> None:
-        await app._cleanup()
-        loop.stop()
-
-    done = asyncio.run_coroutine_threadsafe(shutdown(), loop)
+    done = asyncio.run_coroutine_threadsafe(app._cleanup(), loop)  # stops every runner
     try:
         done.result(timeout=30)
     except Exception:
         pass
+    loop.call_soon_threadsafe(loop.stop)
 
 
 def _serve(port: int, token: str, ready: threading.Event, failure: list[str]) -> None:
