@@ -7,3 +7,26 @@ def _jupyter_server_extension_points() -> list[dict[str, object]]:
     from jupyter_llm.app import LLMExtension
 
     return [{"module": "jupyter_llm.app", "app": LLMExtension}]
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext jupyter_llm``: the ``%%llm`` and ``%llm`` magics."""
+    from jupyter_llm.kernel.magics import LLMMagics
+
+    magics = LLMMagics(shell=ipython)
+    ipython.register_magics(magics)  # type: ignore[attr-defined]
+    ipython.configurables.append(magics)  # type: ignore[attr-defined]  # for %config
+
+
+def client() -> object:
+    """The official ``ollama.Client``, pointed at this notebook's engine."""
+    from jupyter_llm.kernel.connection import find_engine
+
+    return find_engine().ollama_client()
+
+
+def openai_client() -> object:
+    """The official ``openai.OpenAI`` client, pointed at this notebook's engine."""
+    from jupyter_llm.kernel.connection import find_engine
+
+    return find_engine().openai_client()

@@ -1,0 +1,331 @@
+"""``%%llm`` and ``%llm``: parse into a typed value, then execute.
+
+%load_ext jupyter_llm
+%%llm demo -t 0.2
+Explain {this} in one line.     <- braces are literal unless -i is given
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import string
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.display import HTML, Markdown, display
+from traitlets import Float, Unicode
+
+from jupyter_llm.kernel.connection import Engine, LLMClientError, find_engine
+from jupyter_llm.kernel.results import Chat, Generation, Metrics
+
+HELP = """%%llm MODEL [options]   (the prompt is the cell body)
+  -s/--system TEXT   -f/--format json|VAR   -o/--out VAR   --options JSON
+  -t/--temperature T   --seed N   -n/--num-predict N   --num-ctx N   --keep-alive D
+  --chat NAME (multi-turn)   --no-stream   -i/--interpolate ({var} from the namespace)
+%llm models | ps | pull NAME | create NAME FILE_OR_MODELFILE | rm NAME
+%llm show NAME | unload NAME|--all | devices | help"""
+
+
+class MagicUsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise MagicUsageError(message)
+
+
+@dataclass
+class CellArgs:
+    model: str | None
+    system: str | None = None
+    format: str | None = None
+    out: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    keep_alive: str | None = None
+    chat: str | None = None
+    stream: bool = True
+    interpolate: bool = False
+
+
+def parse_cell_args(line: str) -> CellArgs:
+    p = _Parser(prog="%%llm", add_help=False)
+    p.add_argument("model", nargs="?")
+    p.add_argument("-s", "--system")
+    p.add_argument("-f", "--format")
+    p.add_argument("-o", "--out")
+    p.add_argument("--options")
+    p.add_argument("-t", "--temperature", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("-n", "--num-predict", type=int)
+    p.add_argument("--num-ctx", type=int)
+    p.add_argument("--keep-alive")
+    p.add_argument("--chat")
+    p.add_argument("--no-stream", action="store_true")
+    p.add_argument("-i", "--interpolate", action="store_true")
+    try:
+        a = p.parse_args(shlex.split(line))
+    except ValueError as e:
+        raise MagicUsageError(str(e)) from None
+    options: dict[str, Any] = {}
+    if a.options:
+        try:
+            options = json.loads(a.options)
+        except ValueError as e:
+            raise MagicUsageError(f"--options is not JSON: {e}") from None
+        if not isinstance(options, dict):
+            raise MagicUsageError("--options must be a JSON object")
+    for key, value in (
+        ("temperature", a.temperature),
+        ("seed", a.seed),
+        ("num_predict", a.num_predict),
+        ("num_ctx", a.num_ctx),
+    ):
+        if value is not None:
+            options[key] = value
+    return CellArgs(
+        model=a.model,
+        system=a.system,
+        format=a.format,
+        out=a.out,
+        options=options,
+        keep_alive=a.keep_alive,
+        chat=a.chat,
+        stream=not a.no_stream,
+        interpolate=a.interpolate,
+    )
+
+
+def interpolate(text: str, namespace: dict[str, Any]) -> str:
+    """``{name}`` from the namespace; ``{{`` stays a literal brace."""
+    try:
+        return string.Formatter().vformat(text, (), namespace)
+    except KeyError as e:
+        raise MagicUsageError(f"-i: {e.args[0]!r} is not defined") from None
+    except (ValueError, IndexError, AttributeError) as e:
+        raise MagicUsageError(f"-i: cannot interpolate the prompt: {e}") from None
+
+
+def resolve_format(value: str | None, namespace: dict[str, Any]) -> tuple[Any, Callable | None]:
+    """The ``format`` to send, and a function turning the text into ``.data``."""
+    if value is None:
+        return None, None
+    if value == "json":
+        return "json", json.loads
+    if value not in namespace:
+        raise MagicUsageError(f"-f: {value!r} is neither 'json' nor a variable")
+    target = namespace[value]
+    if isinstance(target, dict):
+        import jsonschema
+
+        def parse(text: str) -> Any:
+            data = json.loads(text)
+            jsonschema.validate(data, target)
+            return data
+
+        return target, parse
+    if isinstance(target, type) and hasattr(target, "model_json_schema"):
+        return target.model_json_schema(), target.model_validate_json
+    raise MagicUsageError(f"-f: {value!r} must be a dict (JSON Schema) or a pydantic model class")
+
+
+@magics_class
+class LLMMagics(Magics):
+    """``%config LLMMagics.default_model = "demo"`` sets the model for bare ``%%llm``."""
+
+    default_model = Unicode("", help="Model for %%llm without MODEL.").tag(config=True)
+    refresh_interval = Float(0.1, help="Seconds between live display updates.").tag(config=True)
+
+    def __init__(self, shell: Any = None, engine: Engine | None = None, **kwargs: Any) -> None:
+        super().__init__(shell=shell, **kwargs)
+        self._engine = engine
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = find_engine()
+        return self._engine
+
+    # -- %%llm ---------------------------------------------------------------------
+    @cell_magic
+    def llm(self, line: str, cell: str) -> Generation | None:
+        try:
+            return self._run_cell(parse_cell_args(line), cell)
+        except (MagicUsageError, LLMClientError) as e:
+            show_error(str(e))
+            return None
+
+    def _run_cell(self, args: CellArgs, cell: str) -> Generation:
+        ns = self.shell.user_ns if self.shell is not None else {}
+        chat = None
+        if args.chat:
+            chat = ns.get(args.chat)
+            if not isinstance(chat, Chat):
+                chat = ns[args.chat] = Chat()
+        model = args.model or (chat.model if chat else None) or self.default_model
+        if not model:
+            raise MagicUsageError("no model: %%llm MODEL, or %config LLMMagics.default_model")
+        prompt = interpolate(cell, ns) if args.interpolate else cell
+        fmt, parse = resolve_format(args.format, ns)
+        messages = list(chat.messages) if chat else []
+        if args.system and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": args.system})
+        messages.append({"role": "user", "content": prompt.strip()})
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "options": args.options,
+            "stream": True,
+        }
+        if fmt is not None:
+            body["format"] = fmt
+        if args.keep_alive is not None:
+            body["keep_alive"] = args.keep_alive
+        text, final = self._stream(body, live=args.stream)
+        metrics = Metrics.from_final(model, final)
+        data = None
+        if parse is not None and metrics.done_reason == "stop":
+            try:
+                data = parse(text)
+            except Exception as e:
+                raise MagicUsageError(f"the output does not match the format: {e}") from None
+        result = Generation(text=text, metrics=metrics, data=data)
+        if chat is not None:
+            chat.model = model
+            chat.messages = [*messages, {"role": "assistant", "content": text}]
+        if args.out:
+            ns[args.out] = data if data is not None else text
+        return result
+
+    def _stream(self, body: dict[str, Any], live: bool) -> tuple[str, dict[str, Any]]:
+        """Text and the final chunk; shown live in one display, throttled."""
+        handle = display(Markdown("…"), display_id=True) if live else None
+        parts: list[str] = []
+        final: dict[str, Any] = {"done_reason": "cancel"}
+        shown = 0.0
+        try:
+            for chunk in self.engine.stream("api/chat", body):
+                if chunk.get("done"):
+                    final = chunk
+                    break
+                parts.append(chunk.get("message", {}).get("content", ""))
+                now = time.monotonic()
+                if handle is not None and now - shown >= self.refresh_interval:
+                    handle.update(Markdown("".join(parts)))
+                    shown = now
+        except KeyboardInterrupt:
+            pass  # leaving the stream closes the connection: the server cancels
+        finally:
+            if handle is not None:
+                handle.update(HTML(""))  # the returned Generation shows the result
+        return "".join(parts), final
+
+    # -- %llm ----------------------------------------------------------------------
+    @line_magic("llm")
+    def llm_line(self, line: str) -> Any:
+        words = shlex.split(line)
+        command, rest = (words[0], words[1:]) if words else ("help", [])
+        handler = getattr(self, f"_cmd_{command.replace('-', '_')}", None)
+        if handler is None:
+            show_error(f"unknown command {command!r}; %llm help lists them")
+            return None
+        try:
+            return handler(rest)
+        except (MagicUsageError, LLMClientError) as e:
+            show_error(str(e))
+            return None
+
+    def _cmd_help(self, rest: list[str]) -> None:
+        print(HELP)
+
+    def _cmd_models(self, rest: list[str]) -> None:
+        from jupyter_llm.cli import cmd_list
+
+        cmd_list(self.engine, argparse.Namespace())
+
+    def _cmd_ps(self, rest: list[str]) -> None:
+        from jupyter_llm.cli import cmd_ps
+
+        cmd_ps(self.engine, argparse.Namespace())
+
+    def _cmd_show(self, rest: list[str]) -> None:
+        from jupyter_llm.cli import cmd_show
+
+        name = _one(rest, "show NAME")
+        cmd_show(self.engine, argparse.Namespace(name=name, json=False))
+
+    def _cmd_rm(self, rest: list[str]) -> None:
+        for name in rest or [_one(rest, "rm NAME")]:
+            self.engine.request("DELETE", "api/delete", {"model": name})
+            print(f"deleted '{name}'")
+
+    def _cmd_create(self, rest: list[str]) -> None:
+        from jupyter_llm.cli import create_from_modelfile
+
+        if len(rest) != 2:
+            raise MagicUsageError("usage: %llm create NAME FILE_OR_MODELFILE")
+        name, source = rest
+        path = Path(source).expanduser()
+        if path.suffix.lower() == ".gguf":
+            text, base = f"FROM {path.resolve()}", Path.cwd()
+        else:
+            try:
+                text, base = path.read_text(), path.resolve().parent
+            except OSError as e:
+                raise MagicUsageError(f"cannot read {source}: {e.strerror}") from None
+        create_from_modelfile(self.engine, name, text, base)
+        print(f"created '{name}'")
+
+    def _cmd_pull(self, rest: list[str]) -> None:
+        import ipywidgets as w
+
+        name = _one(rest, "pull NAME")
+        bar = w.FloatProgress(
+            value=0, min=0, max=1, description="pulling", layout=w.Layout(width="60%")
+        )
+        label = w.Label("")
+        display(w.HBox([bar, label]))
+        for event in self.engine.stream("api/pull", {"model": name}):
+            label.value = event.get("status", "")
+            if event.get("total"):
+                bar.value = event.get("completed", 0) / event["total"]
+        bar.value, bar.bar_style = 1, "success"
+
+    def _cmd_unload(self, rest: list[str]) -> None:
+        if rest == ["--all"]:
+            names = [m["name"] for m in self.engine.request("GET", "api/ps")["models"]]
+        else:
+            names = [_one(rest, "unload NAME|--all")]
+        for name in names:
+            self.engine.request("POST", "api/generate", {"model": name, "keep_alive": 0})
+            print(f"unloaded '{name}'")
+
+    def _cmd_devices(self, rest: list[str]) -> Any:
+        from jupyter_llm.kernel.widgets import DeviceDashboard
+
+        return DeviceDashboard(self.engine)
+
+
+def _one(rest: list[str], usage: str) -> str:
+    if len(rest) != 1:
+        raise MagicUsageError(f"usage: %llm {usage}")
+    return rest[0]
+
+
+def show_error(message: str) -> None:
+    """One red line, no traceback."""
+    import html
+
+    display(
+        {
+            "text/plain": f"Error: {message}",
+            "text/html": f'<span style="color:#c62828">Error: {html.escape(message)}</span>',
+        },
+        raw=True,
+    )
