@@ -309,3 +309,32 @@ def test_embedded_mode(tmp_path, demo_gguf, monkeypatch):
         assert "tiny:latest" in [m.model for m in magics.engine.ollama_client().list().models]
     finally:
         connection.stop_embedded()
+
+
+def test_quickstart_notebook_runs_end_to_end(live, demo_gguf, monkeypatch):
+    import ast
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    store = ModelStore(live.env["JUPYTER_LLM_MODELS"])
+    store.copy("tiny", "demo")
+    monkeypatch.setenv("JUPYTER_LLM_URL", live.url)
+    monkeypatch.setenv("JUPYTER_LLM_TOKEN", live.token)
+    nb = nbformat.read("examples/quickstart.ipynb", as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3").execute()  # raises on any error
+    outputs = {i: c.get("outputs", []) for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    texts = json.dumps(outputs)
+    assert "Error:" not in texts
+    haiku = next(
+        o
+        for c in nb.cells
+        if "haiku" in c.source
+        for o in c.outputs
+        if o.get("output_type") == "execute_result"
+    )
+    assert "demo · 40 tokens" in haiku["data"]["text/markdown"]
+    someone = next(c for c in nb.cells if c.source == "someone").outputs[0]
+    assert {"name", "age"} <= set(ast.literal_eval(someone["data"]["text/plain"]))
+    talk = next(c for c in nb.cells if c.source == "len(talk.messages)").outputs[0]
+    assert talk["data"]["text/plain"] == "4"
