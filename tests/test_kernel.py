@@ -338,3 +338,39 @@ def test_quickstart_notebook_runs_end_to_end(live, demo_gguf, monkeypatch):
     assert {"name", "age"} <= set(ast.literal_eval(someone["data"]["text/plain"]))
     talk = next(c for c in nb.cells if c.source == "len(talk.messages)").outputs[0]
     assert talk["data"]["text/plain"] == "4"
+
+
+def test_interrupt_cancels_generation_on_the_server(shell, live):
+    import os
+    import signal
+    import threading
+    import time
+
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    g = run(shell, "tiny -n 1000000 -t 0", "go on forever")
+    assert time.monotonic() - started < 30
+    assert g.metrics.done_reason == "cancel" and "interrupted" in g.metrics.footer()
+    for _ in range(50):  # the server notices the closed stream within a token or so
+        first = live.client.get("api/ps").json()["models"][0]["expires_at"]
+        time.sleep(0.1)
+        if live.client.get("api/ps").json()["models"][0]["expires_at"] == first:
+            break  # the keep_alive timer runs: the request was released
+    else:
+        pytest.fail("the runner was not released after the interrupt")
+
+
+def test_pull_line_command_with_progress_bar(shell, capsys, demo_gguf):
+    from loopback import LoopbackServer, Remote
+
+    remote = Remote()
+    remote.add_model("library", "pulled", "latest", demo_gguf.read_bytes())
+    server = LoopbackServer(remote)
+    try:
+        shell.run_line_magic("llm", f"pull {server.host}/library/pulled --insecure")
+    finally:
+        server.close()
+    out = capsys.readouterr().out
+    assert "HBox" in out and "Error" not in out  # the progress widget was displayed
+    shell.run_line_magic("llm", "models")
+    assert f"{server.host}/library/pulled:latest" in capsys.readouterr().out

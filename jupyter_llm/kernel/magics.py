@@ -28,7 +28,7 @@ HELP = """%%llm MODEL [options]   (the prompt is the cell body)
   -s/--system TEXT   -f/--format json|VAR   -o/--out VAR   --options JSON
   -t/--temperature T   --seed N   -n/--num-predict N   --num-ctx N   --keep-alive D
   --chat NAME (multi-turn)   --no-stream   -i/--interpolate ({var} from the namespace)
-%llm models | ps | pull NAME | create NAME FILE_OR_MODELFILE | rm NAME
+%llm models | ps | pull NAME [--insecure] | create NAME FILE_OR_MODELFILE | rm NAME
 %llm show NAME | unload NAME|--all | devices | help"""
 
 
@@ -285,13 +285,14 @@ class LLMMagics(Magics):
     def _cmd_pull(self, rest: list[str]) -> None:
         import ipywidgets as w
 
-        name = _one(rest, "pull NAME")
+        insecure = "--insecure" in rest
+        name = _one([r for r in rest if r != "--insecure"], "pull NAME [--insecure]")
         bar = w.FloatProgress(
             value=0, min=0, max=1, description="pulling", layout=w.Layout(width="60%")
         )
         label = w.Label("")
         display(w.HBox([bar, label]))
-        for event in self.engine.stream("api/pull", {"model": name}):
+        for event in self.engine.stream("api/pull", {"model": name, "insecure": insecure}):
             label.value = event.get("status", "")
             if event.get("total"):
                 bar.value = event.get("completed", 0) / event["total"]
