@@ -267,7 +267,9 @@ class CompletionHandler(LLMHandler):
                         self.write_json(final)
                         return
                     lines.append(json.dumps(final))
-                if not req.stream or self._client_gone:
+                if self._client_gone:
+                    return  # leaving closes the events: the generation is cancelled
+                if not req.stream:
                     continue
                 if not begun:
                     self.set_header("Content-Type", "application/x-ndjson")
