@@ -374,3 +374,49 @@ def test_pull_line_command_with_progress_bar(shell, capsys, demo_gguf):
     assert "HBox" in out and "Error" not in out  # the progress widget was displayed
     shell.run_line_magic("llm", "models")
     assert f"{server.host}/library/pulled:latest" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("env", "servers", "expected"),
+    [
+        (
+            {"JUPYTER_LLM_URL": "http://h:1/base", "JUPYTER_LLM_TOKEN": "t"},
+            [],
+            ("http://h:1/base/", "t", "env"),
+        ),
+        (
+            {"JPY_PARENT_PID": "22"},
+            [
+                {"pid": 11, "url": "http://a/", "token": "x"},
+                {"pid": 22, "url": "http://b/", "token": "y"},
+            ],
+            ("http://b/", "y", "server"),
+        ),
+        ({}, [{"pid": 11, "url": "http://a/", "token": "x"}], ("http://a/", "x", "server")),
+    ],
+)
+def test_find_engine_order(monkeypatch, env, servers, expected):
+    from jupyter_llm.kernel import connection
+
+    for var in ("JUPYTER_LLM_URL", "JUPYTER_LLM_TOKEN", "JPY_PARENT_PID"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(connection, "_running_servers", lambda: servers)
+    monkeypatch.setattr(connection, "_has_extension", lambda info: True)
+    engine = connection.find_engine(embedded=False)
+    assert (engine.url, engine.token, engine.kind) == expected
+
+
+def test_find_engine_without_servers_and_embedding_off(monkeypatch):
+    from jupyter_llm.kernel import connection
+
+    monkeypatch.delenv("JUPYTER_LLM_URL", raising=False)
+    monkeypatch.setattr(
+        connection,
+        "_running_servers",
+        lambda: [{"pid": 1, "url": "http://a/"}, {"pid": 2, "url": "http://b/"}],
+    )
+    monkeypatch.setattr(connection, "_has_extension", lambda info: True)
+    with pytest.raises(connection.LLMClientError, match="set JUPYTER_LLM_URL"):
+        connection.find_engine(embedded=False)

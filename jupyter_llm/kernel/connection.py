@@ -112,8 +112,8 @@ def find_engine(embedded: bool = True) -> Engine:
     if url := os.environ.get("JUPYTER_LLM_URL"):
         return Engine(url.rstrip("/") + "/", os.environ.get("JUPYTER_LLM_TOKEN", ""), "env")
     servers = [s for s in _running_servers() if _has_extension(s)]
-    parent = os.environ.get("JPY_PARENT_PID")
-    mine = [s for s in servers if parent and str(s.get("pid")) == parent]
+    parents = {os.environ.get("JPY_PARENT_PID"), str(os.getppid())} - {None}
+    mine = [s for s in servers if str(s.get("pid")) in parents]
     if mine or len(servers) == 1:
         chosen = (mine or servers)[0]
         return Engine(chosen["url"], chosen.get("token", ""), "server")
