@@ -64,6 +64,7 @@ class LLMExtension(ExtensionApp):
     new_estimates = Bool(None, allow_none=True, config=True, help="Use measured allocations.")
     load_timeout = Float(None, allow_none=True, config=True, help="Load stall timeout (s).")
     num_threads = Int(None, allow_none=True, config=True, help="CPU threads; 0: automatic.")
+    stream_interval = Float(None, allow_none=True, config=True, help="Token grouping (s).")
 
     services: LLMServices
 
@@ -79,6 +80,7 @@ class LLMExtension(ExtensionApp):
                 "gpu_overhead",
                 "new_estimates",
                 "load_timeout",
+                "stream_interval",
                 "num_threads",
             )
         }

@@ -28,6 +28,7 @@ class Settings:
     new_estimates: bool = False
     load_timeout: float = 300.0
     num_threads: int = 0  # 0: llama.cpp chooses
+    stream_interval: float = 0.1  # seconds a fast model's tokens are grouped for streaming
     python: str = ""  # interpreter for runner processes; "" = this one
 
     @classmethod

@@ -148,3 +148,22 @@ async def test_load_stall_timer_gives_up_and_leaves_no_runner(tmp_path, demo_ggu
 async def test_load_reports_progress(runner):
     assert runner.progress == 1.0
     assert runner.measured["cpu"]["weights"] > 0
+
+
+def test_token_stream_groups_fast_tokens_only():
+    import time
+
+    from jupyter_llm.runner.service import TokenStream
+
+    sent: list[str] = []
+    out = TokenStream(sent.append, interval=0.05)
+    out.add("a")  # the first piece goes at once
+    out.add("b")
+    out.add("c")  # grouped: the interval has not passed
+    assert sent == ["a"]
+    time.sleep(0.06)
+    out.add("d")  # a slow token goes straight away, with what waited
+    assert sent == ["a", "bcd"]
+    out.add("e")
+    out.flush()
+    assert sent == ["a", "bcd", "e"]

@@ -65,7 +65,10 @@ async def complete(services: Any, job: Job) -> AsyncIterator[list[Event]]:
     entry = await find_model(services, job.model)
     options = {**entry.params, **job.options}  # the model's parameters sit beneath
     async with services.scheduler.use(entry, load_options(options), job.keep_alive) as lease:
-        request: dict[str, Any] = {"options": sampling_options(options)}
+        request: dict[str, Any] = {
+            "options": sampling_options(options),
+            "stream_interval": services.settings.stream_interval,
+        }
         if job.messages is not None:
             request["messages"] = with_model_messages(entry, job.messages)
             request["tools"] = job.tools

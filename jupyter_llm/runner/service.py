@@ -29,7 +29,7 @@ class TokenStream:
     from the decode threads. Text is never held longer than one token's time
     past the interval."""
 
-    def __init__(self, send: Callable[[str], None], interval: float = 0.02) -> None:
+    def __init__(self, send: Callable[[str], None], interval: float) -> None:
         self._send = send
         self._interval = interval
         self._parts: list[str] = []
@@ -157,7 +157,10 @@ class RunnerService:
             prompt = engine.render_chat(message["messages"], message.get("tools"))
         else:
             prompt = str(message.get("prompt", ""))
-        out = TokenStream(lambda text: self.send({"id": rid, "type": "token", "text": text}))
+        out = TokenStream(
+            lambda text: self.send({"id": rid, "type": "token", "text": text}),
+            float(message.get("stream_interval", 0.1)),
+        )
         result = engine.complete(
             prompt,
             message.get("options") or {},
