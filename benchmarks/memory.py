@@ -42,7 +42,12 @@ async def measure(path: Path, n_ctx: int) -> tuple[dict[str, int], int]:
     try:
         await process.call("info")  # imports llama.cpp, so RSS growth is the model's
         before = psutil.Process(process.pid).memory_info().rss
-        reply = await process.call("load", **LoadParams(path=str(path), n_ctx=n_ctx).__dict__)
+        reply = {}
+        async for message in process.stream(
+            "load", **LoadParams(path=str(path), n_ctx=n_ctx).__dict__
+        ):
+            if message["type"] == "result":  # after the progress messages
+                reply = message
         async for _ in process.stream("complete", prompt="hi", options={"num_predict": 1}):
             pass
         grown = psutil.Process(process.pid).memory_info().rss - before
