@@ -234,3 +234,27 @@ def test_validate_manifest_refuses_bad_digests():
         bad["layers"][0]["digest"] = digest
         with pytest.raises(PullFailed):
             validate_manifest(json.dumps(bad).encode())
+
+
+async def test_not_enough_disk_space_fails_before_downloading(
+    jp_fetch, server, remote, demo_gguf, monkeypatch
+):
+    import shutil
+    from collections import namedtuple
+
+    remote.add_model("library", "tiny", "latest", demo_gguf.read_bytes())
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch(
+            "llm",
+            "api",
+            "pull",
+            method="POST",
+            body=json.dumps(
+                {"model": f"{server.host}/library/tiny", "insecure": True, "stream": False}
+            ),
+        )
+    assert info.value.code == 507
+    assert "not enough disk space" in json.loads(info.value.response.body)["error"]
+    assert not any(r.startswith("GET /cdn/") for r in remote.requests)

@@ -167,3 +167,23 @@ def test_token_stream_groups_fast_tokens_only():
     out.add("e")
     out.flush()
     assert sent == ["a", "bcd", "e"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"typical_p": 0.5},
+        {"mirostat": 1},
+        {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2},
+        {"top_k": 1},
+        {"min_p": 0.2},
+        {"presence_penalty": 1.5, "frequency_penalty": 0.5},
+    ],
+)
+async def test_sampling_options_change_the_output(runner, extra):
+    base = {"temperature": 1.5, "seed": 7, "num_predict": 24, "repeat_penalty": 1.0}
+    plain, _ = await collect(runner, prompt="hello", options=base)
+    again, _ = await collect(runner, prompt="hello", options=base)
+    assert plain == again  # seeded: reproducible
+    varied, done = await collect(runner, prompt="hello", options={**base, **extra})
+    assert done["eval_count"] == 24 and varied != plain

@@ -51,6 +51,10 @@ OPTION_TYPES: dict[str, tuple[Any, float | None, float | None]] = {
     "mirostat_eta": (_NUM, None, None),
 }
 SAMPLING_OPTIONS = (
+    "typical_p",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
     "num_predict",
     "temperature",
     "seed",

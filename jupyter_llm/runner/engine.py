@@ -37,6 +37,10 @@ DEFAULT_SAMPLING: dict[str, Any] = {
     "frequency_penalty": 0.0,
     "seed": -1,
     "stop": [],
+    "typical_p": 1.0,
+    "mirostat": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
 }
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 
@@ -355,15 +359,27 @@ class Engine:
         if temperature <= 0:
             add(chain, llama_cpp.llama_sampler_init_greedy())
             return chain
+        seed = int(opts["seed"])
+        seed = seed if seed >= 0 else DEFAULT_SEED
+        mirostat = int(opts["mirostat"])
+        if mirostat in (1, 2):  # mirostat replaces top-k/top-p/typical sampling
+            tau, eta = float(opts["mirostat_tau"]), float(opts["mirostat_eta"])
+            add(chain, llama_cpp.llama_sampler_init_temp(temperature))
+            if mirostat == 1:
+                add(chain, llama_cpp.llama_sampler_init_mirostat(self.n_vocab, seed, tau, eta, 100))
+            else:
+                add(chain, llama_cpp.llama_sampler_init_mirostat_v2(seed, tau, eta))
+            return chain
         if int(opts["top_k"]) > 0:
             add(chain, llama_cpp.llama_sampler_init_top_k(int(opts["top_k"])))
         if float(opts["top_p"]) < 1.0:
             add(chain, llama_cpp.llama_sampler_init_top_p(float(opts["top_p"]), 1))
+        if float(opts["typical_p"]) < 1.0:
+            add(chain, llama_cpp.llama_sampler_init_typical(float(opts["typical_p"]), 1))
         if float(opts["min_p"]) > 0.0:
             add(chain, llama_cpp.llama_sampler_init_min_p(float(opts["min_p"]), 1))
         add(chain, llama_cpp.llama_sampler_init_temp(temperature))
-        seed = int(opts["seed"])
-        add(chain, llama_cpp.llama_sampler_init_dist(seed if seed >= 0 else DEFAULT_SEED))
+        add(chain, llama_cpp.llama_sampler_init_dist(seed))
         return chain
 
     def complete(
