@@ -26,26 +26,21 @@ from jupyter_llm.memory import EstimateOptions, GpuSlot, ModelInfo, estimate, pl
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.scheduler import LoadOptions, Scheduler
-from jupyter_llm.testing import FakeRunnerFactory, simulated_environ
+from jupyter_llm.testing import FakeRunnerFactory, simulated_environ, synthetic_model
 
 MiB, GiB = 1 << 20, 1 << 30
 
 
 def model(i: int) -> ModelInfo:
-    layers = 16 + i % 17
-    return ModelInfo(
-        architecture="llama",
-        n_layer=layers,
+    """50 distinct shapes: 16 to 32 blocks of 40 to 110 MiB."""
+    return synthetic_model(
+        40 + 7 * (i % 11),
+        16 + i % 17,
         n_embd=2048,
         n_head=16,
         n_head_kv=4,
-        head_dim_k=128,
-        head_dim_v=128,
-        n_vocab=32000,
         context_length=8192,
-        layer_bytes=((40 + 7 * (i % 11)) * MiB,) * layers,
-        output_bytes=120 * MiB,
-        input_bytes=120 * MiB,
+        edge_mib=120,
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from jupyter_llm.errors import ModelLoadFailed
+from jupyter_llm.memory import ModelInfo
 from jupyter_llm.runner.model import LoadSpec
 
 _pids = itertools.count(100_000)
@@ -108,3 +109,32 @@ def simulated_environ(gpus: list[tuple[str, int, bool]], system: int) -> dict[st
         "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps(devices),
         "JUPYTER_LLM_SIMULATED_SYSTEM": json.dumps({"total_memory": system, "free_memory": system}),
     }
+
+
+def synthetic_model(
+    layer_mib: float = 200,
+    n_layer: int = 32,
+    *,
+    n_embd: int = 4096,
+    n_head: int = 32,
+    n_head_kv: int = 8,
+    context_length: int = 32768,
+    edge_mib: float = 250,
+) -> ModelInfo:
+    """A llama-shaped ``ModelInfo`` without a file (defaults: 7B-like, 200 MiB
+    blocks, 250 MiB output and input embeddings)."""
+    mib = 1 << 20
+    return ModelInfo(
+        architecture="llama",
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=n_embd // n_head,
+        head_dim_v=n_embd // n_head,
+        n_vocab=32000,
+        context_length=context_length,
+        layer_bytes=(int(layer_mib * mib),) * n_layer,
+        output_bytes=int(edge_mib * mib),
+        input_bytes=int(edge_mib * mib),
+    )

@@ -8,30 +8,17 @@ from jupyter_llm.memory import (
     DoesNotFit,
     EstimateOptions,
     GpuSlot,
-    ModelInfo,
     NeedsSystemMemory,
     estimate,
     plan_layout,
 )
 from jupyter_llm.memory.model_info import read_model_info
+from jupyter_llm.testing import synthetic_model
 
 MiB, GiB = 1 << 20, 1 << 30
 
 # a 7B-like model: 32 blocks of 200 MiB, 250 MiB output, 250 MiB input embeddings
-MODEL = ModelInfo(
-    architecture="llama",
-    n_layer=32,
-    n_embd=4096,
-    n_head=32,
-    n_head_kv=8,
-    head_dim_k=128,
-    head_dim_v=128,
-    n_vocab=32000,
-    context_length=8192,
-    layer_bytes=(200 * MiB,) * 32,
-    output_bytes=250 * MiB,
-    input_bytes=250 * MiB,
-)
+MODEL = synthetic_model(200, 32, context_length=8192)
 EST = estimate(MODEL, EstimateOptions(num_ctx=4096))
 FULL_ON_ONE = sum(EST.layer_size(i) for i in range(33)) + EST.graph_full + MIN_GPU_BYTES
 

@@ -18,26 +18,13 @@ from jupyter_llm.memory import ModelInfo
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.scheduler import LoadOptions, Scheduler, choose_victim, visibility_env
-from jupyter_llm.testing import FakeRunnerFactory, simulated_environ
+from jupyter_llm.testing import FakeRunnerFactory, simulated_environ, synthetic_model
 
 MiB, GiB = 1 << 20, 1 << 30
 
 
 def info(layer_mib: int = 200, n_layer: int = 32) -> ModelInfo:
-    return ModelInfo(
-        architecture="llama",
-        n_layer=n_layer,
-        n_embd=4096,
-        n_head=32,
-        n_head_kv=8,
-        head_dim_k=128,
-        head_dim_v=128,
-        n_vocab=32000,
-        context_length=32768,
-        layer_bytes=(layer_mib * MiB,) * n_layer,
-        output_bytes=250 * MiB,
-        input_bytes=250 * MiB,
-    )
+    return synthetic_model(layer_mib, n_layer)
 
 
 INFOS: dict[str, ModelInfo] = {}
