@@ -4,6 +4,7 @@ Scheduler once, mounts the handlers, and kills every runner on shutdown."""
 from __future__ import annotations
 
 import atexit
+import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -90,7 +91,18 @@ class LLMExtension(ExtensionApp):
         self.services = build_services(settings)
         self.settings.update({"jupyter_llm": self.services})
         atexit.register(self.services.scheduler.kill_all)
+        self._share_log_config()
         self.log.info("jupyter-llm: models in %s", settings.models_dir)
+
+    def _share_log_config(self) -> None:
+        """Our modules log through the server's handlers at its level, so
+        ``--debug`` shows every line a runner writes to stderr."""
+        package = logging.getLogger("jupyter_llm")
+        package.setLevel(self.log.getEffectiveLevel())
+        for handler in self.log.handlers or logging.getLogger(self.log.name).handlers:
+            if handler not in package.handlers:
+                package.addHandler(handler)
+        package.propagate = not package.handlers
 
     def initialize_handlers(self) -> None:
         self.handlers.extend((f"/llm/{path}", handler) for path, handler in handlers())
