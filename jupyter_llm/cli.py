@@ -157,17 +157,21 @@ def create_from_modelfile(engine: Engine, name: str, text: str, base_dir: Path) 
         print(event.get("status", ""), file=sys.stderr)
 
 
-def cmd_create(engine: Engine, args: argparse.Namespace) -> int:
-    source = Path(args.file)
-    if source.suffix.lower() == ".gguf":
-        text, base = f"FROM {source.resolve()}", Path.cwd()
+def create_from_path(engine: Engine, name: str, source: str) -> None:
+    """Create ``name`` from a Modelfile, or straight from a ``.gguf`` file."""
+    path = Path(source).expanduser()
+    if path.suffix.lower() == ".gguf":
+        text, base = f"FROM {path.resolve()}", Path.cwd()
     else:
         try:
-            text = source.read_text()
+            text, base = path.read_text(), path.resolve().parent
         except OSError as e:
             raise LLMClientError(f"cannot read {source}: {e.strerror}") from None
-        base = source.resolve().parent
-    create_from_modelfile(engine, args.name, text, base)
+    create_from_modelfile(engine, name, text, base)
+
+
+def cmd_create(engine: Engine, args: argparse.Namespace) -> int:
+    create_from_path(engine, args.name, args.file)
     return 0
 
 

@@ -37,6 +37,11 @@ class LLMHandler(APIHandler):
     max_body = MAX_JSON_BODY
     _chunks: list[bytes]
     _received = 0
+    _client_gone = False  # streaming handlers stop (and cancel) once this is set
+
+    def on_connection_close(self) -> None:
+        self._client_gone = True
+        super().on_connection_close()
 
     async def prepare(self) -> None:  # type: ignore[override]
         await super().prepare()

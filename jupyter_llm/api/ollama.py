@@ -173,12 +173,6 @@ class CreateHandler(LLMHandler):
 class PullHandler(LLMHandler):
     """``/api/pull``: progress as NDJSON ``{status, digest, total, completed}``."""
 
-    _client_gone = False
-
-    def on_connection_close(self) -> None:
-        self._client_gone = True
-        super().on_connection_close()
-
     @web.authenticated
     async def post(self) -> None:
         body = self.body_json()
@@ -220,12 +214,6 @@ class PullHandler(LLMHandler):
 
 class CompletionHandler(LLMHandler):
     """Streams NDJSON chunks (or one object with ``stream: false``)."""
-
-    _client_gone = False
-
-    def on_connection_close(self) -> None:
-        self._client_gone = True
-        super().on_connection_close()
 
     async def _respond(
         self,

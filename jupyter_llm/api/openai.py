@@ -30,12 +30,6 @@ ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "serve
 
 
 class OpenAIHandler(LLMHandler):
-    _client_gone = False
-
-    def on_connection_close(self) -> None:
-        self._client_gone = True
-        super().on_connection_close()
-
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = str(exc) if isinstance(exc, LLMError) else None

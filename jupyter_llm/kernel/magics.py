@@ -14,7 +14,6 @@ import string
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -266,21 +265,12 @@ class LLMMagics(Magics):
             print(f"deleted '{name}'")
 
     def _cmd_create(self, rest: list[str]) -> None:
-        from jupyter_llm.cli import create_from_modelfile
+        from jupyter_llm.cli import create_from_path
 
         if len(rest) != 2:
             raise MagicUsageError("usage: %llm create NAME FILE_OR_MODELFILE")
-        name, source = rest
-        path = Path(source).expanduser()
-        if path.suffix.lower() == ".gguf":
-            text, base = f"FROM {path.resolve()}", Path.cwd()
-        else:
-            try:
-                text, base = path.read_text(), path.resolve().parent
-            except OSError as e:
-                raise MagicUsageError(f"cannot read {source}: {e.strerror}") from None
-        create_from_modelfile(self.engine, name, text, base)
-        print(f"created '{name}'")
+        create_from_path(self.engine, *rest)
+        print(f"created '{rest[0]}'")
 
     def _cmd_pull(self, rest: list[str]) -> None:
         import ipywidgets as w
