@@ -60,13 +60,17 @@ def cmd_list(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def processor(model: dict[str, Any]) -> str:
-    """Ollama's PROCESSOR column: how the model is split between CPU and GPU."""
+    """Ollama's PROCESSOR column: how the model is split between CPU and GPU.
+    A split that rounds to 0% on one side reads as 100% on the other (a fully
+    offloaded model keeps its token embeddings in system RAM)."""
     size, vram = model.get("size") or 0, model.get("size_vram") or 0
     if not size or vram == 0:
         return "100% CPU"
-    if vram >= size:
-        return "100% GPU"
     gpu = round(100 * vram / size)
+    if gpu >= 100:
+        return "100% GPU"
+    if gpu <= 0:
+        return "100% CPU"
     return f"{100 - gpu}%/{gpu}% CPU/GPU"
 
 

@@ -17,7 +17,17 @@ import psutil
 
 
 class LiveServer:
-    def __init__(self, models: Path, root: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        models: Path,
+        root: Path,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        ready: str = "llm/api/version",
+        log: Path | None = None,
+    ) -> None:
+        """Start the server and wait until ``ready`` (a path under the base
+        URL) answers 200; ``log`` receives the server's output."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -29,6 +39,7 @@ class LiveServer:
             "JUPYTER_LLM_NUM_THREADS": "1",
             **(env or {}),
         }
+        self._log = log.open("ab") if log else None
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -40,20 +51,22 @@ class LiveServer:
                 "--ip=127.0.0.1",
                 f"--IdentityProvider.token={self.token}",
                 f"--ServerApp.root_dir={root}",
+                *(args or []),
             ],
             env=self.env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=self._log or subprocess.DEVNULL,
         )
         self.client = httpx.Client(
             base_url=f"{self.url}llm/", timeout=60, headers={"Authorization": f"token {self.token}"}
         )
-        for _ in range(300):
+        for _ in range(600):
             try:
-                if self.client.get("api/version").status_code == 200:
+                if self.client.get(f"{self.url}{ready}").status_code == 200:
                     return
             except httpx.TransportError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         self.stop()
         raise RuntimeError("the Jupyter server did not start")
 
@@ -77,3 +90,5 @@ class LiveServer:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self._log:
+            self._log.close()

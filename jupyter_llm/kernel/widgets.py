@@ -16,6 +16,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from jupyter_llm.cli import processor
 from jupyter_llm.kernel.connection import Engine, LLMClientError
 
 PALETTE = ["#1e88e5", "#8e24aa", "#43a047", "#f4511e", "#00897b", "#6d4c41"]
@@ -167,10 +168,8 @@ class DeviceDashboard(w.VBox):
 
     def _model_row(self, model: dict[str, Any]) -> w.Widget:
         name = model["name"]
-        vram = model.get("size_vram", 0)
-        where = "CPU" if not vram else ("GPU" if vram >= model["size"] else "CPU/GPU")
         info = w.HTML(
-            f"<b>{html.escape(name)}</b> {_gib(model['size'])} · {where} · "
+            f"<b>{html.escape(name)}</b> {_gib(model['size'])} · {processor(model)} · "
             f"ctx {model.get('context_length', '')} · "
             f"{countdown(model.get('expires_at', ''))}"
         )

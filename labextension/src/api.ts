@@ -1,0 +1,63 @@
+/**
+ * The jupyter-llm REST calls the sidebar makes. Every request goes through
+ * `ServerConnection.makeRequest`, so JupyterLab adds the token and XSRF header.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { IDevicesReply, IPsReply, ISnapshot } from './types';
+
+/** The server answered 404: the jupyter-llm server extension is not loaded. */
+export class ExtensionMissingError extends Error {
+  constructor() {
+    super('the jupyter-llm server extension is not running');
+    this.name = 'ExtensionMissingError';
+  }
+}
+
+export class LLMClient {
+  constructor(private settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {}
+
+  private async request<T>(path: string, init: RequestInit = {}): Promise<T> {
+    const url = URLExt.join(this.settings.baseUrl, 'llm', path);
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(url, init, this.settings);
+    } catch (error) {
+      throw new ServerConnection.NetworkError(error as TypeError);
+    }
+    if (response.status === 404 && path.startsWith('api/devices')) {
+      throw new ExtensionMissingError();
+    }
+    const text = await response.text();
+    let body: any = null;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch {
+      // not JSON: fall through to the status check with the raw text
+    }
+    if (!response.ok) {
+      const message =
+        (body && (body.error?.message ?? body.error ?? body.message)) ||
+        `${response.status} ${response.statusText}`;
+      throw new ServerConnection.ResponseError(response, String(message));
+    }
+    return body as T;
+  }
+
+  async snapshot(): Promise<ISnapshot> {
+    const [devices, ps] = await Promise.all([
+      this.request<IDevicesReply>('api/devices'),
+      this.request<IPsReply>('api/ps')
+    ]);
+    return { devices, models: ps.models ?? [] };
+  }
+
+  /** Unload at once, as Ollama does for a generate with keep_alive 0. */
+  async unload(model: string): Promise<void> {
+    await this.request('api/generate', {
+      method: 'POST',
+      body: JSON.stringify({ model, keep_alive: 0 })
+    });
+  }
+}

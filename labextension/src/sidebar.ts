@@ -1,0 +1,100 @@
+/**
+ * The left-sidebar widget: polls the server with a Lumino `Poll` (backoff on
+ * errors, standby while the panel or the browser tab is hidden) and feeds
+ * `SidebarView`.
+ */
+import { Poll } from '@lumino/polling';
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { ExtensionMissingError, LLMClient } from './api';
+import { ISnapshot } from './types';
+import { SidebarView, ViewState } from './view';
+
+export const SIDEBAR_ID = 'jupyter-llm-sidebar';
+
+const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
+  <g class="jp-icon3" fill="#616161">
+    <path d="M7 2h2v3h2V2h2v3h2V2h2v3a2 2 0 0 1 2 2v2h3v2h-3v2h3v2h-3v2a2 2 0 0 1-2 2v3h-2v-3h-2v3h-2v-3H9v3H7v-3a2 2 0 0 1-2-2v-2H2v-2h3v-2H2V9h3V7a2 2 0 0 1 2-2zm0 5v10h10V7zm2 2h6v6H9z"/>
+  </g>
+</svg>`;
+
+export const llmIcon = new LabIcon({ name: 'jupyter-llm:devices', svgstr: ICON_SVG });
+
+export interface ISidebarOptions {
+  client?: LLMClient;
+  /** Milliseconds between polls (default 2000). */
+  interval?: number;
+}
+
+export class LLMSidebar extends Widget {
+  readonly view: SidebarView;
+  readonly poll: Poll;
+  private client: LLMClient;
+  private last: ISnapshot | undefined;
+  private clock: number | undefined;
+
+  constructor(options: ISidebarOptions = {}) {
+    super();
+    this.id = SIDEBAR_ID;
+    this.addClass('jp-LLM-panel');
+    this.title.icon = llmIcon;
+    this.title.caption = 'LLM devices';
+    this.client = options.client ?? new LLMClient();
+    this.view = new SidebarView({
+      unload: name => this.client.unload(name),
+      refresh: () => void this.poll.refresh()
+    });
+    this.node.appendChild(this.view.node);
+    const interval = options.interval ?? 2000;
+    this.poll = new Poll({
+      auto: false,
+      factory: () => this.fetch(),
+      frequency: { interval, backoff: true, max: 30 * 1000 },
+      name: 'jupyter-llm:sidebar',
+      standby: () => !this.isVisible || document.hidden
+    });
+  }
+
+  private async fetch(): Promise<void> {
+    try {
+      this.last = await this.client.snapshot();
+      this.present({ kind: 'ready', snapshot: this.last });
+    } catch (error) {
+      if (error instanceof ExtensionMissingError) {
+        this.present({ kind: 'missing' });
+      } else {
+        const message = error instanceof Error ? error.message : String(error);
+        this.present({ kind: 'error', message, last: this.last });
+      }
+      throw error; // the Poll backs off
+    }
+  }
+
+  private present(state: ViewState): void {
+    this.view.update(state);
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    void this.poll.start().then(() => this.poll.refresh());
+    // countdowns move every second between polls
+    this.clock = window.setInterval(() => this.view.tick(), 1000);
+  }
+
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    window.clearInterval(this.clock);
+    this.clock = undefined;
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    window.clearInterval(this.clock);
+    this.poll.dispose();
+    super.dispose();
+  }
+}

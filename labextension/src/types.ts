@@ -1,0 +1,61 @@
+/** Wire types of the jupyter-llm REST API (`{baseUrl}llm/api/...`). */
+
+/** One device from `GET /api/devices` (memory in bytes). */
+export interface IDevice {
+  id: string;
+  library: string; // CUDA, ROCm, Vulkan, Metal, CPU
+  name: string;
+  description?: string;
+  integrated?: boolean;
+  total_memory: number;
+  free_memory: number;
+}
+
+export interface ISystemMemory {
+  total_memory: number;
+  free_memory: number;
+  free_swap?: number;
+  threads?: number;
+}
+
+export interface IDevicesReply {
+  devices: IDevice[];
+  system: ISystemMemory;
+  simulated?: boolean;
+}
+
+/** Memory one loaded model holds on one device. */
+export interface IAllocation {
+  device: string; // a device id, or "cpu" for system RAM
+  weights: number;
+  kv_cache: number;
+  graph: number;
+  measured?: boolean;
+}
+
+/** One model from `GET /api/ps`. */
+export interface ILoadedModel {
+  name: string;
+  model: string;
+  size: number;
+  size_vram: number;
+  digest?: string;
+  expires_at: string;
+  context_length?: number;
+  num_gpu_layers?: number;
+  num_layers?: number;
+  allocations?: IAllocation[];
+}
+
+export interface IPsReply {
+  models: ILoadedModel[];
+}
+
+/** What the sidebar shows: a snapshot of both endpoints. */
+export interface ISnapshot {
+  devices: IDevicesReply;
+  models: ILoadedModel[];
+}
+
+/** The allocation id that stands for system RAM. */
+export const CPU_DEVICE = 'cpu';

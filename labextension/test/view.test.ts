@@ -1,0 +1,181 @@
+import { ILoadedModel, ISnapshot } from '../src/types';
+import { SidebarView } from '../src/view';
+
+const GiB = 1024 ** 3;
+const NOW = Date.parse('2026-12-02T12:00:00Z');
+
+function snapshot(models: ILoadedModel[], gpus = true): ISnapshot {
+  return {
+    devices: {
+      devices: [
+        ...(gpus
+          ? [
+              {
+                id: 'GPU-0',
+                library: 'CUDA',
+                name: 'Simulated A',
+                total_memory: 16 * GiB,
+                free_memory: 10 * GiB
+              }
+            ]
+          : []),
+        { id: 'cpu', library: 'CPU', name: 'CPU', total_memory: 32 * GiB, free_memory: 20 * GiB }
+      ],
+      system: { total_memory: 32 * GiB, free_memory: 20 * GiB, threads: 8 },
+      simulated: true
+    },
+    models
+  };
+}
+
+const tiny: ILoadedModel = {
+  name: 'tiny:latest',
+  model: 'tiny:latest',
+  size: 4 * GiB,
+  size_vram: 3 * GiB,
+  expires_at: '2026-12-02T12:05:00Z',
+  context_length: 4096,
+  allocations: [
+    { device: 'GPU-0', weights: 2 * GiB, kv_cache: 0.75 * GiB, graph: 0.25 * GiB },
+    { device: 'cpu', weights: 1 * GiB, kv_cache: 0, graph: 0 }
+  ]
+};
+
+function makeView(unload = jest.fn(() => Promise.resolve())) {
+  const refresh = jest.fn();
+  const view = new SidebarView({ unload, refresh });
+  document.body.replaceChildren(view.node);
+  return { view, unload, refresh };
+}
+
+const q = (selector: string) => document.querySelector(selector) as HTMLElement;
+const qa = (selector: string) => Array.from(document.querySelectorAll(selector)) as HTMLElement[];
+
+describe('SidebarView', () => {
+  it('says so while loading, and when the server extension is missing', () => {
+    const { view } = makeView();
+    expect(q('.jp-LLM-notice').textContent).toContain('Looking for devices');
+    expect(q('.jp-LLM-devices').hidden).toBe(true);
+    view.update({ kind: 'missing' }, NOW);
+    expect(q('.jp-LLM-notice').textContent).toContain(
+      'jupyter server extension enable jupyter_llm'
+    );
+    expect(q('.jp-LLM-models').hidden).toBe(true);
+  });
+
+  it('without a GPU shows the no-GPU note and still shows system RAM', () => {
+    const { view } = makeView();
+    view.update({ kind: 'ready', snapshot: snapshot([], false) }, NOW);
+    expect(q('.jp-LLM-notice').hidden).toBe(true);
+    expect(q('.jp-LLM-no-gpu').hidden).toBe(false);
+    const rows = qa('.jp-LLM-device');
+    expect(rows.map(r => r.dataset.device)).toEqual(['cpu']);
+    expect(rows[0].textContent).toContain('System RAM');
+    expect(rows[0].textContent).toContain('12.0 GiB / 32.0 GiB');
+    expect(rows[0].textContent).toContain('8 threads');
+    expect(q('.jp-LLM-no-models').hidden).toBe(false);
+  });
+
+  it('draws each device bar from the allocations of the loaded models', () => {
+    const { view } = makeView();
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW);
+    expect(q('.jp-LLM-no-gpu').hidden).toBe(true);
+    expect(q('.jp-LLM-badge').hidden).toBe(false);
+    const gpu = q('.jp-LLM-device[data-device="GPU-0"]');
+    const segments = Array.from(gpu.querySelectorAll('.jp-LLM-segment')) as HTMLElement[];
+    expect(segments.map(s => s.dataset.kind)).toEqual([
+      'weights',
+      'kv_cache',
+      'graph',
+      'other',
+      'free'
+    ]);
+    expect(segments.map(s => s.style.width)).toEqual([
+      '12.500%',
+      '4.688%',
+      '1.563%',
+      '18.750%',
+      '62.500%'
+    ]);
+    expect(segments[1].title).toBe('tiny:latest KV cache: 768 MiB');
+    expect(gpu.textContent).toContain('Simulated A');
+    expect(gpu.textContent).toContain('6.0 GiB / 16.0 GiB');
+    const ram = q('.jp-LLM-device[data-device="cpu"]');
+    expect(ram.querySelectorAll('.jp-LLM-segment-weights')).toHaveLength(1);
+  });
+
+  it('lists loaded models with size, processor, context and countdown', () => {
+    const { view } = makeView();
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW);
+    const row = q('.jp-LLM-model[data-model="tiny:latest"]');
+    expect(q('.jp-LLM-models h3').textContent).toBe('Loaded models (1)');
+    expect(row.querySelector('.jp-LLM-model-label')!.textContent).toBe('tiny:latest');
+    const meta = Array.from(row.querySelectorAll('.jp-LLM-model-meta span')).map(
+      s => s.textContent
+    );
+    expect(meta).toEqual(['4.0 GiB', '25%/75% CPU/GPU', 'ctx 4096']);
+    const countdown = row.querySelector('.jp-LLM-countdown')!;
+    expect(countdown.textContent).toBe('unloads in 5:00');
+    view.tick(NOW + 61_000);
+    expect(countdown.textContent).toBe('unloads in 3:59');
+  });
+
+  it('keeps the same Unload button across polls, and removes the row when the model goes', () => {
+    const { view } = makeView();
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW);
+    const button = q('.jp-LLM-unload');
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW + 2000);
+    expect(q('.jp-LLM-unload')).toBe(button);
+    view.update({ kind: 'ready', snapshot: snapshot([]) }, NOW + 4000);
+    expect(qa('.jp-LLM-model')).toHaveLength(0);
+    expect(q('.jp-LLM-no-models').hidden).toBe(false);
+  });
+
+  it('Unload calls the API once, shows progress, then asks for a refresh', async () => {
+    const { view, unload, refresh } = makeView();
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW);
+    const button = q('.jp-LLM-unload') as HTMLButtonElement;
+    button.click();
+    button.click();
+    expect(unload).toHaveBeenCalledTimes(1);
+    expect(unload).toHaveBeenCalledWith('tiny:latest');
+    expect(button.disabled).toBe(true);
+    expect(button.textContent).toBe('Unloading…');
+    await Promise.resolve();
+    await Promise.resolve();
+    expect(refresh).toHaveBeenCalled();
+  });
+
+  it('a failed unload shows its message under the model and enables the button again', async () => {
+    const unload = jest.fn(() => Promise.reject(new Error('model is busy')));
+    const { view } = makeView(unload);
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW);
+    const button = q('.jp-LLM-unload') as HTMLButtonElement;
+    button.click();
+    await Promise.resolve();
+    await Promise.resolve();
+    expect(button.disabled).toBe(false);
+    const error = q('.jp-LLM-model-error');
+    expect(error.hidden).toBe(false);
+    expect(error.textContent).toBe('model is busy');
+  });
+
+  it('on a failed poll keeps the last devices and says it is retrying', () => {
+    const { view } = makeView();
+    const last = snapshot([tiny]);
+    view.update({ kind: 'ready', snapshot: last }, NOW);
+    view.update({ kind: 'error', message: 'Failed to fetch', last }, NOW);
+    expect(q('.jp-LLM-notice').textContent).toBe(
+      'Cannot reach jupyter-llm: Failed to fetch. Retrying…'
+    );
+    expect(qa('.jp-LLM-device')).toHaveLength(2);
+  });
+
+  it('escapes model names (textContent, never HTML)', () => {
+    const { view } = makeView();
+    const evil = { ...tiny, name: '<img src=x onerror=alert(1)>' };
+    view.update({ kind: 'ready', snapshot: snapshot([evil]) }, NOW);
+    expect(document.querySelector('img')).toBeNull();
+    expect(q('.jp-LLM-model-label').textContent).toBe(evil.name);
+  });
+});

@@ -1,0 +1,282 @@
+"""The JupyterLab sidebar: installed by ``pip install``, and used in a real
+browser (Debian's Chromium driven by Playwright) against a live server with
+simulated devices. Screenshots go to ``test-artifacts/``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from live_server import LiveServer
+
+from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.models.store import ModelStore
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = os.environ.get("JUPYTER_LLM_CHROMIUM", "/usr/bin/chromium")
+# Chromium on a machine with no network but loopback: no background fetches.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+GiB = 1 << 30
+SIDEBAR_TAB = '.lm-TabBar-tab[data-id="jupyter-llm-sidebar"]'
+TIMEOUT_MS = 60_000
+
+
+def jupyter(*args: str, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyter", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    return result.stdout + result.stderr
+
+
+def test_pip_install_enables_the_labextension() -> None:
+    out = re.sub(r"\x1b\[[0-9;]*m", "", jupyter("labextension", "list"))
+    assert re.search(r"jupyter-llm v\S+ enabled OK \(python, jupyter_llm\)", out), out
+
+
+def test_wheel_carries_the_built_labextension_and_installs_without_node(tmp_path: Path) -> None:
+    """Build a wheel with Node and npm off PATH (the assets are already built),
+    install it into a new empty environment, and let JupyterLab find it there."""
+    no_node = tmp_path / "bin"
+    no_node.mkdir()
+    for tool in ("node", "npm"):
+        (no_node / tool).write_text("#!/bin/sh\necho 'no Node here' >&2\nexit 127\n")
+        (no_node / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{no_node}:{os.environ['PATH']}"}
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    (wheel,) = (tmp_path / "dist").glob("jupyter_llm-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    share = "jupyter_llm-0.1.0.data/data/share/jupyter/labextensions/jupyter-llm/"
+    assert share + "package.json" in names
+    assert share + "install.json" in names
+    assert any(re.fullmatch(re.escape(share) + r"static/remoteEntry\.\w+\.js", n) for n in names)
+    assert not any("node_modules" in n for n in names)
+
+    # a new, empty environment: pip there installs the wheel and nothing else,
+    # and this test's environment is left alone
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    install = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-index"]
+        + [str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    data = venv / "share" / "jupyter"
+    out = re.sub(
+        r"\x1b\[[0-9;]*m",
+        "",
+        jupyter("labextension", "list", env={**env, "JUPYTER_PATH": str(data)}),
+    )
+    section = out.split(str(data / "labextensions"), 1)[1]
+    assert re.search(r"jupyter-llm v0\.1\.0 enabled OK", section.split("\n/")[0]), out
+
+
+# --- the browser -----------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """Playwright's sync API owns this thread's current event loop in these
+    tests; pytest-jupyter's fixture would close that one under Playwright."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    if Path(CHROMIUM).exists():
+        return CHROMIUM
+    if os.environ.get("CI"):
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    pytest.skip(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def lab_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A notebook root with a model store holding a ~100 MB generated model."""
+    home = tmp_path_factory.mktemp("lab")
+    gguf = write_demo_model(
+        home / "demo.gguf", DemoModelSpec(n_embd=512, n_layer=8, n_ff=1536, context_length=8192)
+    )
+    store = ModelStore(home / "models")
+    store.create("demo", {"demo.gguf": store.add_blob_from_file(gguf)})
+    gguf.unlink()
+    kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    (home / "Untitled.ipynb").write_text(
+        json.dumps({"cells": [], "metadata": kernel, "nbformat": 4, "nbformat_minor": 5})
+    )
+    return home
+
+
+def start_lab(home: Path, name: str, extra: list[str] | None = None, **kwargs) -> LiveServer:
+    gpu = {
+        "id": "GPU-0",
+        "library": "CUDA",
+        "name": "Simulated RTX 2000",
+        "total_memory": 2 * GiB,
+        "free_memory": int(1.5 * GiB),
+    }
+    env = {
+        "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps([gpu]),
+        "JUPYTER_LLM_SIMULATED_SYSTEM": json.dumps(
+            {"total_memory": 16 * GiB, "free_memory": 11 * GiB}
+        ),
+    }
+    state = home / f".{name}"
+    # no "get notified about Jupyter news?" toast over the screenshots
+    notification = state / "settings" / "@jupyterlab" / "apputils-extension"
+    notification.mkdir(parents=True, exist_ok=True)
+    (notification / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    args = [
+        f"--LabApp.workspaces_dir={state / 'workspaces'}",
+        f"--LabApp.user_settings_dir={state / 'settings'}",
+        *(extra or []),
+    ]
+    ARTIFACTS.mkdir(exist_ok=True)
+    return LiveServer(
+        home / "models", home, env=env, args=args, log=ARTIFACTS / f"{name}-server.log", **kwargs
+    )
+
+
+@pytest.fixture
+def page(browser) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    yield page
+    context.close()
+
+
+def open_sidebar(page, server: LiveServer) -> object:
+    page.goto(f"{server.url}lab?token={server.token}")
+    tab = page.locator(SIDEBAR_TAB)
+    tab.wait_for(state="visible")
+    assert tab.get_attribute("title") == "LLM devices"
+    tab.click()
+    sidebar = page.locator("#jupyter-llm-sidebar")
+    sidebar.wait_for(state="visible")
+    return sidebar
+
+
+def test_sidebar_shows_a_loaded_model_and_unloads_it(page, lab_home: Path) -> None:
+    server = start_lab(lab_home, "lab")
+    try:
+        sidebar = open_sidebar(page, server)
+        gpu = sidebar.locator('.jp-LLM-device[data-device="GPU-0"]')
+        ram = sidebar.locator('.jp-LLM-device[data-device="cpu"]')
+        gpu.wait_for()
+        ram.wait_for()
+        assert "Simulated RTX 2000" in gpu.inner_text()
+        assert "512 MiB / 2.0 GiB" in gpu.inner_text()
+        assert "System RAM" in ram.inner_text()
+        assert sidebar.locator(".jp-LLM-no-models").is_visible()
+        assert not sidebar.locator(".jp-LLM-no-gpu").is_visible()
+        assert sidebar.locator(".jp-LLM-badge").is_visible()  # "simulated"
+
+        # load through the API, as a notebook or another client would
+        loaded = server.client.post("api/generate", json={"model": "demo", "keep_alive": "10m"})
+        assert loaded.status_code == 200, loaded.text
+        row = sidebar.locator('.jp-LLM-model[data-model="demo:latest"]')
+        row.wait_for()
+        meta = row.locator(".jp-LLM-model-meta").inner_text()
+        assert "100% GPU" in meta
+        assert "ctx 4096" in meta
+        countdown = row.locator(".jp-LLM-countdown").inner_text()
+        assert re.search(r"unloads in (9|10):\d\d", countdown), countdown
+        weights = gpu.locator(".jp-LLM-segment-weights")
+        weights.wait_for()
+        width = float(weights.evaluate("n => n.getBoundingClientRect().width"))
+        assert width > 2, "the model's weights are visible in the GPU bar"
+        assert gpu.locator(".jp-LLM-segment-kv_cache").count() == 1
+        assert "demo:latest weights" in (weights.get_attribute("title") or "")
+        page.screenshot(path=ARTIFACTS / "sidebar-model-loaded.png")
+        sidebar.screenshot(path=ARTIFACTS / "sidebar-model-loaded-panel.png")
+
+        row.locator(".jp-LLM-unload").click()
+        row.wait_for(state="detached", timeout=20_000)
+        assert server.client.get("api/ps").json()["models"] == []
+        assert sidebar.locator(".jp-LLM-no-models").is_visible()
+        page.wait_for_function(
+            "() => !document.querySelector('[data-device=\"GPU-0\"] .jp-LLM-segment-weights')"
+        )
+        assert server.runners() == []
+        page.screenshot(path=ARTIFACTS / "sidebar-unloaded.png")
+    finally:
+        server.stop()
+
+
+def test_sidebar_says_when_the_server_extension_is_missing(page, lab_home: Path) -> None:
+    config = lab_home / "no_llm_config.json"
+    config.write_text(json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_llm": False}}}))
+    server = start_lab(lab_home, "missing", [f"--config={config}"], ready="api/status")
+    try:
+        assert server.client.get("api/version").status_code == 404
+        sidebar = open_sidebar(page, server)
+        notice = sidebar.locator(".jp-LLM-notice-warning")
+        notice.wait_for()
+        assert "server extension is not running" in notice.inner_text()
+        assert "jupyter server extension enable jupyter_llm" in notice.inner_text()
+        page.screenshot(path=ARTIFACTS / "sidebar-extension-missing.png")
+    finally:
+        server.stop()
+
+
+def test_sidebar_in_notebook_7(page, lab_home: Path) -> None:
+    server = start_lab(
+        lab_home, "notebook", ["--JupyterNotebookApp.expose_app_in_browser=True"]
+    )
+    try:
+        page.goto(f"{server.url}notebooks/Untitled.ipynb?token={server.token}")
+        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands")
+        # the shell restores its saved layout first; a panel opened before that is closed again
+        page.evaluate("() => jupyterapp.restored.then(() => true)")
+        assert page.evaluate("() => jupyterapp.commands.hasCommand('jupyter-llm:open-sidebar')")
+        page.evaluate("() => jupyterapp.commands.execute('jupyter-llm:open-sidebar')")
+        sidebar = page.locator("#jupyter-llm-sidebar")
+        sidebar.wait_for(state="visible")
+        sidebar.locator('.jp-LLM-device[data-device="GPU-0"]').wait_for()
+        page.screenshot(path=ARTIFACTS / "sidebar-notebook7.png")
+    finally:
+        server.stop()
