@@ -63,15 +63,16 @@ def test_wheel_carries_the_built_labextension_and_installs_without_node(tmp_path
         (no_node / tool).write_text("#!/bin/sh\necho 'no Node here' >&2\nexit 127\n")
         (no_node / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{no_node}:{os.environ['PATH']}"}
+    dist = tmp_path / "dist"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dist), str(ROOT)],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
     assert build.returncode == 0, build.stdout + build.stderr
-    (wheel,) = (tmp_path / "dist").glob("jupyter_llm-*.whl")
+    (wheel,) = dist.glob("jupyter_llm-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     share = "jupyter_llm-0.1.0.data/data/share/jupyter/labextensions/jupyter-llm/"
     assert share + "package.json" in names
@@ -83,9 +84,9 @@ def test_wheel_carries_the_built_labextension_and_installs_without_node(tmp_path
     # and this test's environment is left alone
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
     install = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-index"]
-        + [str(wheel)],
+        [*pip, "install", "--no-deps", "--no-index", str(wheel)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -264,9 +265,7 @@ def test_sidebar_says_when_the_server_extension_is_missing(page, lab_home: Path)
 
 
 def test_sidebar_in_notebook_7(page, lab_home: Path) -> None:
-    server = start_lab(
-        lab_home, "notebook", ["--JupyterNotebookApp.expose_app_in_browser=True"]
-    )
+    server = start_lab(lab_home, "notebook", ["--JupyterNotebookApp.expose_app_in_browser=True"])
     try:
         page.goto(f"{server.url}notebooks/Untitled.ipynb?token={server.token}")
         page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands")
