@@ -25,9 +25,11 @@ class LiveServer:
         args: list[str] | None = None,
         ready: str = "llm/api/version",
         log: Path | None = None,
+        wrapper: list[str] | None = None,
     ) -> None:
-        """Start the server and wait until ``ready`` (a path under the base
-        URL) answers 200; ``log`` receives the server's output."""
+        """Start the server (through ``wrapper``, a command that execs its
+        arguments, if given) and wait until ``ready`` (a path under the base URL)
+        answers 200; ``log`` receives the server's output."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -42,6 +44,7 @@ class LiveServer:
         self._log = log.open("ab") if log else None
         self.proc = subprocess.Popen(
             [
+                *(wrapper or []),
                 sys.executable,
                 "-m",
                 "jupyter_server",

@@ -244,6 +244,19 @@ def test_sidebar_shows_a_loaded_model_and_unloads_it(page, lab_home: Path) -> No
         )
         assert server.runners() == []
         page.screenshot(path=ARTIFACTS / "sidebar-unloaded.png")
+
+        # a hidden sidebar stands by: no requests until it is shown again
+        polls: list[str] = []
+        page.on("request", lambda r: polls.append(r.url) if "/llm/api/ps" in r.url else None)
+        page.locator(SIDEBAR_TAB).click()
+        sidebar.wait_for(state="hidden")
+        page.wait_for_timeout(1000)
+        polls.clear()
+        page.wait_for_timeout(5000)  # two and a half poll intervals
+        assert polls == []
+        with page.expect_request(lambda r: "/llm/api/ps" in r.url, timeout=5000):
+            page.locator(SIDEBAR_TAB).click()
+        sidebar.wait_for(state="visible")
     finally:
         server.stop()
 

@@ -1,4 +1,5 @@
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ICommandPalette } from '@jupyterlab/apputils';
 
 import { LLMSidebar } from './sidebar';
 
@@ -15,8 +16,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-llm:sidebar',
   description: 'Devices, memory and loaded models of jupyter-llm, in the left sidebar.',
   autoStart: true,
-  optional: [ILayoutRestorer],
-  activate: (app: JupyterFrontEnd, restorer: ILayoutRestorer | null) => {
+  optional: [ILayoutRestorer, ICommandPalette],
+  activate: (
+    app: JupyterFrontEnd,
+    restorer: ILayoutRestorer | null,
+    palette: ICommandPalette | null
+  ) => {
     const sidebar = new LLMSidebar();
     app.shell.add(sidebar, 'left', { rank: 850 });
     if (restorer) {
@@ -27,6 +32,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
       caption: 'Devices, memory and loaded models of jupyter-llm',
       execute: () => app.shell.activateById(sidebar.id)
     });
+    if (palette) {
+      palette.addItem({ command: COMMAND, category: 'LLM' });
+    }
   }
 };
 
