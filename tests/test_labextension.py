@@ -115,6 +115,13 @@ def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
+@pytest.fixture(autouse=True)
+def jp_server_cleanup() -> Iterator[None]:
+    """These tests run their servers in other processes: nothing to clean up
+    here, and pytest-jupyter's cleanup would need the loop Playwright holds."""
+    yield
+
+
 @pytest.fixture(scope="module")
 def chromium() -> str:
     if Path(CHROMIUM).exists():
@@ -151,16 +158,24 @@ def lab_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-def start_lab(home: Path, name: str, extra: list[str] | None = None, **kwargs) -> LiveServer:
-    gpu = {
-        "id": "GPU-0",
-        "library": "CUDA",
-        "name": "Simulated RTX 2000",
-        "total_memory": 2 * GiB,
-        "free_memory": int(1.5 * GiB),
-    }
+SIMULATED_GPU = {
+    "id": "GPU-0",
+    "library": "CUDA",
+    "name": "Simulated RTX 2000",
+    "total_memory": 2 * GiB,
+    "free_memory": int(1.5 * GiB),
+}
+
+
+def start_lab(
+    home: Path,
+    name: str,
+    extra: list[str] | None = None,
+    gpus: list[dict] = [SIMULATED_GPU],  # noqa: B006 (never mutated)
+    **kwargs,
+) -> LiveServer:
     env = {
-        "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps([gpu]),
+        "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps(gpus),
         "JUPYTER_LLM_SIMULATED_SYSTEM": json.dumps(
             {"total_memory": 16 * GiB, "free_memory": 11 * GiB}
         ),
@@ -277,8 +292,10 @@ def test_sidebar_says_when_the_server_extension_is_missing(page, lab_home: Path)
         server.stop()
 
 
-def test_sidebar_in_notebook_7(page, lab_home: Path) -> None:
-    server = start_lab(lab_home, "notebook", ["--JupyterNotebookApp.expose_app_in_browser=True"])
+def test_sidebar_in_notebook_7_on_a_machine_without_gpu(page, lab_home: Path) -> None:
+    server = start_lab(
+        lab_home, "notebook", ["--JupyterNotebookApp.expose_app_in_browser=True"], gpus=[]
+    )
     try:
         page.goto(f"{server.url}notebooks/Untitled.ipynb?token={server.token}")
         page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands")
@@ -288,7 +305,9 @@ def test_sidebar_in_notebook_7(page, lab_home: Path) -> None:
         page.evaluate("() => jupyterapp.commands.execute('jupyter-llm:open-sidebar')")
         sidebar = page.locator("#jupyter-llm-sidebar")
         sidebar.wait_for(state="visible")
-        sidebar.locator('.jp-LLM-device[data-device="GPU-0"]').wait_for()
-        page.screenshot(path=ARTIFACTS / "sidebar-notebook7.png")
+        sidebar.locator('.jp-LLM-device[data-device="cpu"]').wait_for()
+        assert sidebar.locator(".jp-LLM-no-gpu").is_visible()
+        assert sidebar.locator(".jp-LLM-device").count() == 1  # system RAM only
+        page.screenshot(path=ARTIFACTS / "sidebar-notebook7-no-gpu.png")
     finally:
         server.stop()
