@@ -30,6 +30,14 @@ def test_environment_is_cpu_only_with_node_for_the_labextension() -> None:
     assert not any(re.search(r"cuda|rocm|gpu", d, re.I) for d in deps)
 
 
+def post_build_server_config() -> dict:
+    """The Jupyter config that postBuild writes (its JSON here-document)."""
+    post_build = (BINDER / "postBuild").read_text()
+    config = re.search(r"<<'JSON'\n(.*?)\nJSON", post_build, re.S)
+    assert config, "postBuild writes the server config"
+    return json.loads(config.group(1))
+
+
 def test_post_build_and_start_are_strict_executable_bash() -> None:
     for name in ("postBuild", "start"):
         script = BINDER / name
@@ -42,10 +50,11 @@ def test_post_build_and_start_are_strict_executable_bash() -> None:
     assert "pip install --no-cache-dir '.[lab]'" in post_build
     assert "python -m jupyter_llm.demo --install demo" in post_build
     assert "-DGGML_NATIVE=OFF" in post_build
-    config = re.search(r"<<'JSON'\n(.*?)\nJSON", post_build, re.S)
-    assert config, "postBuild writes the server config"
-    default_url = json.loads(config.group(1))["ServerApp"]["default_url"]
-    assert (ROOT / default_url.removeprefix("/lab/tree/")).is_file()
+    config = post_build_server_config()
+    # `jupyter lab` serves its own default_url; a plain server uses ServerApp's
+    for app in ("ServerApp", "LabApp"):
+        default_url = config[app]["default_url"]
+        assert (ROOT / default_url.removeprefix("/lab/tree/")).is_file()
     assert (BINDER / "start").read_text().rstrip().endswith('exec "$@"')
 
 
@@ -73,12 +82,20 @@ def test_a_binder_session_fits_in_1_5_gb(tmp_path: Path) -> None:
         check=True,
         timeout=120,
     )
+    config_dir = tmp_path / "jupyter"
+    config_dir.mkdir()
+    (config_dir / "jupyter_server_config.json").write_text(json.dumps(post_build_server_config()))
     server = LiveServer(
-        models, ROOT, wrapper=[str(BINDER / "start")], env={"JUPYTER_LLM_NUM_THREADS": "2"}
+        models,
+        ROOT,
+        wrapper=[str(BINDER / "start")],
+        env={"JUPYTER_LLM_NUM_THREADS": "2", "JUPYTER_CONFIG_DIR": str(config_dir)},
     )
     km = KernelManager(kernel_name="python3")
     try:
-        assert server.client.get(f"{server.url}lab").status_code == 200
+        landing = server.client.get(server.url, follow_redirects=False)
+        assert landing.headers["location"].startswith("/lab/tree/examples/quickstart.ipynb")
+        assert server.client.get(server.url + landing.headers["location"][1:]).status_code == 200
         nb = nbformat.read(ROOT / "examples" / "quickstart.ipynb", as_version=4)
         km.start_kernel(
             env={**os.environ, "JUPYTER_LLM_URL": server.url, "JUPYTER_LLM_TOKEN": server.token},
