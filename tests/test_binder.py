@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 from live_server import LiveServer
 
@@ -69,6 +70,7 @@ def session_memory(processes: list[psutil.Process]) -> int:
     return total
 
 
+@pytest.mark.timeout(300)
 def test_a_binder_session_fits_in_1_5_gb(tmp_path: Path) -> None:
     import nbformat
     from jupyter_client.manager import KernelManager

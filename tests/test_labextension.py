@@ -55,6 +55,7 @@ def test_pip_install_enables_the_labextension() -> None:
     assert re.search(r"jupyter-llm v\S+ enabled OK \(python, jupyter_llm\)", out), out
 
 
+@pytest.mark.timeout(600)  # pip builds in an isolated environment
 def test_wheel_carries_the_built_labextension_and_installs_without_node(tmp_path: Path) -> None:
     """Build a wheel with Node and npm off PATH (the assets are already built),
     install it into a new empty environment, and let JupyterLab find it there."""
@@ -217,6 +218,7 @@ def open_sidebar(page, server: LiveServer) -> object:
     return sidebar
 
 
+@pytest.mark.timeout(300)  # JupyterLab's first page load is slow on 2 cores
 def test_sidebar_shows_a_loaded_model_and_unloads_it(page, lab_home: Path) -> None:
     server = start_lab(lab_home, "lab")
     try:
@@ -281,6 +283,7 @@ def test_sidebar_shows_a_loaded_model_and_unloads_it(page, lab_home: Path) -> No
         server.stop()
 
 
+@pytest.mark.timeout(300)  # JupyterLab's first page load is slow on 2 cores
 def test_sidebar_says_when_the_server_extension_is_missing(page, lab_home: Path) -> None:
     config = lab_home / "no_llm_config.json"
     config.write_text(json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_llm": False}}}))
@@ -297,6 +300,7 @@ def test_sidebar_says_when_the_server_extension_is_missing(page, lab_home: Path)
         server.stop()
 
 
+@pytest.mark.timeout(300)  # JupyterLab's first page load is slow on 2 cores
 def test_sidebar_in_notebook_7_on_a_machine_without_gpu(page, lab_home: Path) -> None:
     server = start_lab(
         lab_home, "notebook", ["--JupyterNotebookApp.expose_app_in_browser=True"], gpus=[]

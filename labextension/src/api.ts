@@ -5,7 +5,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { IDevicesReply, IPsReply, ISnapshot } from './types';
+import { ISnapshot, toSnapshot } from './types';
 
 /** The server answered 404: the jupyter-llm server extension is not loaded. */
 export class ExtensionMissingError extends Error {
@@ -18,7 +18,15 @@ export class ExtensionMissingError extends Error {
 export class LLMClient {
   constructor(private settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {}
 
-  private async request<T>(path: string, init: RequestInit = {}): Promise<T> {
+  /**
+   * One call; the parsed JSON body (null when there is none). With
+   * `missingOn404`, a 404 means no route: the server extension is not loaded.
+   */
+  private async request(
+    path: string,
+    init: RequestInit = {},
+    missingOn404 = false
+  ): Promise<unknown> {
     const url = URLExt.join(this.settings.baseUrl, 'llm', path);
     let response: Response;
     try {
@@ -26,7 +34,7 @@ export class LLMClient {
     } catch (error) {
       throw new ServerConnection.NetworkError(error as TypeError);
     }
-    if (response.status === 404 && path.startsWith('api/devices')) {
+    if (response.status === 404 && missingOn404) {
       throw new ExtensionMissingError();
     }
     const text = await response.text();
@@ -42,15 +50,24 @@ export class LLMClient {
         `${response.status} ${response.statusText}`;
       throw new ServerConnection.ResponseError(response, String(message));
     }
-    return body as T;
+    return body;
   }
 
+  /** `/api/devices` and `/api/ps` together; a missing extension wins over other errors. */
   async snapshot(): Promise<ISnapshot> {
-    const [devices, ps] = await Promise.all([
-      this.request<IDevicesReply>('api/devices'),
-      this.request<IPsReply>('api/ps')
+    const [devices, ps] = await Promise.allSettled([
+      this.request('api/devices', {}, true),
+      this.request('api/ps', {}, true)
     ]);
-    return { devices, models: ps.models ?? [] };
+    const failures = [devices, ps].filter(r => r.status === 'rejected');
+    const missing = failures.find(r => r.reason instanceof ExtensionMissingError);
+    if (missing || failures.length) {
+      throw (missing ?? failures[0]).reason;
+    }
+    return toSnapshot(
+      (devices as PromiseFulfilledResult<unknown>).value,
+      (ps as PromiseFulfilledResult<unknown>).value
+    );
   }
 
   /** Unload at once, as Ollama does for a generate with keep_alive 0. */

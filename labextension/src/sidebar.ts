@@ -34,6 +34,9 @@ export class LLMSidebar extends Widget {
   private client: LLMClient;
   private last: ISnapshot | undefined;
   private clock: number | undefined;
+  /** Numbers each fetch: a refresh can overtake one in flight, and an older
+   * answer must not be drawn over a newer one. */
+  private fetches = 0;
 
   constructor(options: ISidebarOptions = {}) {
     super();
@@ -58,10 +61,18 @@ export class LLMSidebar extends Widget {
   }
 
   private async fetch(): Promise<void> {
+    const fetch = ++this.fetches;
     try {
-      this.last = await this.client.snapshot();
-      this.present({ kind: 'ready', snapshot: this.last });
+      const snapshot = await this.client.snapshot();
+      if (fetch !== this.fetches) {
+        return;
+      }
+      this.last = snapshot;
+      this.present({ kind: 'ready', snapshot });
     } catch (error) {
+      if (fetch !== this.fetches) {
+        return;
+      }
       if (error instanceof ExtensionMissingError) {
         this.present({ kind: 'missing' });
       } else {

@@ -59,3 +59,22 @@ export interface ISnapshot {
 
 /** The allocation id that stands for system RAM. */
 export const CPU_DEVICE = 'cpu';
+
+/**
+ * Check the two replies' shape (a proxy's HTML page or another server's JSON
+ * must not reach the view) and join them.
+ */
+export function toSnapshot(devices: unknown, ps: unknown): ISnapshot {
+  const d = devices as IDevicesReply | null;
+  const p = ps as IPsReply | null;
+  if (
+    !d ||
+    !Array.isArray(d.devices) ||
+    typeof d.system?.total_memory !== 'number' ||
+    !p ||
+    !Array.isArray(p.models)
+  ) {
+    throw new Error('the server sent a reply that is not from jupyter-llm');
+  }
+  return { devices: d, models: p.models };
+}

@@ -135,7 +135,10 @@ export class SidebarView {
   private modelHeading: HTMLElement;
   private modelList: HTMLElement;
   private modelEmpty: HTMLElement;
+  /** Models whose Unload is in flight (button disabled). */
   private pending = new Set<string>();
+  /** Unloads the server has answered: released at the next poll's snapshot. */
+  private settled = new Set<string>();
   private errors = new Map<string, string>();
   private state: ViewState = { kind: 'loading' };
 
@@ -184,12 +187,33 @@ export class SidebarView {
   /** Show a new state (from a poll). */
   update(state: ViewState, now: number = Date.now()): void {
     this.state = state;
+    if (state.kind === 'ready') {
+      // a model the server was asked to unload but still lists (it is busy
+      // and goes when its requests end) gets its button back
+      for (const name of this.settled) {
+        this.pending.delete(name);
+      }
+      this.settled.clear();
+    }
     this.render(now);
   }
 
-  /** Redraw the countdowns without new data. */
+  /** Move the countdowns (and Unload buttons) on, without new data; the
+   * bars are left alone so their tooltips stay put. */
   tick(now: number = Date.now()): void {
-    this.render(now);
+    const snapshot = this.snapshot();
+    if (snapshot) {
+      this.renderModels(snapshot.models, now);
+    }
+  }
+
+  private snapshot(): ISnapshot | undefined {
+    const state = this.state;
+    return state.kind === 'ready'
+      ? state.snapshot
+      : state.kind === 'error'
+        ? state.last
+        : undefined;
   }
 
   private legend(): HTMLElement {
@@ -216,7 +240,7 @@ export class SidebarView {
 
   private render(now: number): void {
     const state = this.state;
-    let snapshot: ISnapshot | undefined;
+    const snapshot = this.snapshot();
     switch (state.kind) {
       case 'loading':
         this.setNotice('info', ['Looking for devices…']);
@@ -232,11 +256,9 @@ export class SidebarView {
         break;
       case 'error':
         this.setNotice('error', [`Cannot reach jupyter-llm: ${state.message}. Retrying…`]);
-        snapshot = state.last;
         break;
       case 'ready':
         this.setNotice('none', []);
-        snapshot = state.snapshot;
         break;
     }
     this.badge.hidden = !snapshot?.devices.simulated;
@@ -278,13 +300,20 @@ export class SidebarView {
       }
     );
 
+    this.renderModels(models, now);
+  }
+
+  private renderModels(models: ILoadedModel[], now: number): void {
     this.modelHeading.textContent = models.length
       ? `Loaded models (${models.length})`
       : 'Loaded models';
     this.modelEmpty.hidden = models.length > 0;
-    for (const name of Array.from(this.pending)) {
-      if (!models.some(m => m.name === name)) {
-        this.pending.delete(name);
+    const names = new Set(models.map(m => m.name));
+    for (const keyed of [this.pending, this.settled, this.errors]) {
+      for (const name of Array.from(keyed.keys())) {
+        if (!names.has(name)) {
+          keyed.delete(name);
+        }
       }
     }
     reconcile(
@@ -312,7 +341,10 @@ export class SidebarView {
       this.errors.delete(model);
       this.tick();
       this.actions.unload(model).then(
-        () => this.actions.refresh(),
+        () => {
+          this.settled.add(model);
+          this.actions.refresh();
+        },
         (reason: unknown) => {
           this.pending.delete(model);
           this.errors.set(model, reason instanceof Error ? reason.message : String(reason));
@@ -341,7 +373,10 @@ export class SidebarView {
       model.context_length ? `ctx ${model.context_length}` : ''
     ].filter(Boolean);
     const metaNode = node.querySelector('.jp-LLM-model-meta') as HTMLElement;
-    metaNode.replaceChildren(...meta.map((text, i) => el('span', `jp-LLM-meta-${i}`, text)));
+    if (metaNode.dataset.text !== meta.join('\n')) {
+      metaNode.dataset.text = meta.join('\n');
+      metaNode.replaceChildren(...meta.map((text, i) => el('span', `jp-LLM-meta-${i}`, text)));
+    }
     node.querySelector('.jp-LLM-countdown')!.textContent = countdown(model.expires_at, now);
     const unload = node.querySelector('.jp-LLM-unload') as HTMLButtonElement;
     const busy = this.pending.has(model.name);

@@ -6,7 +6,7 @@ import {
   secondsLeft,
   segmentWidths
 } from '../src/format';
-import { ILoadedModel } from '../src/types';
+import { ILoadedModel, toSnapshot } from '../src/types';
 
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
@@ -112,5 +112,24 @@ describe('memorySegments', () => {
     const segments = memorySegments('GPU-1', 8 * GiB, 8 * GiB, models);
     expect(segments).toEqual([{ kind: 'free', model: -1, label: 'free', bytes: 8 * GiB }]);
     expect(segmentWidths(segments, 8 * GiB)).toEqual([100]);
+  });
+});
+
+describe('toSnapshot', () => {
+  const devices = { devices: [], system: { total_memory: 1, free_memory: 1 } };
+
+  it('joins the two replies', () => {
+    expect(toSnapshot(devices, { models: [] })).toEqual({ devices, models: [] });
+  });
+
+  it.each([
+    [null, { models: [] }],
+    ['<html>login</html>', { models: [] }],
+    [{ devices: 'x', system: devices.system }, { models: [] }],
+    [{ devices: [] }, { models: [] }],
+    [devices, null],
+    [devices, { models: {} }]
+  ])('refuses a reply that is not jupyter-llm JSON (%p, %p)', (d, p) => {
+    expect(() => toSnapshot(d, p)).toThrow('not from jupyter-llm');
   });
 });

@@ -146,6 +146,42 @@ describe('SidebarView', () => {
     expect(refresh).toHaveBeenCalled();
   });
 
+  it('a busy model the server keeps gets its button back at the next poll', async () => {
+    const { view } = makeView();
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW);
+    const button = q('.jp-LLM-unload') as HTMLButtonElement;
+    button.click();
+    await Promise.resolve();
+    await Promise.resolve();
+    view.tick(NOW + 1000);
+    expect(button.disabled).toBe(true); // answered, but no new snapshot yet
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW + 2000);
+    expect(button.disabled).toBe(false);
+    expect(button.textContent).toBe('Unload');
+  });
+
+  it('the countdown tick leaves the bars (and their tooltips) alone', () => {
+    const { view } = makeView();
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW);
+    const segment = q('.jp-LLM-segment-weights');
+    view.tick(NOW + 1000);
+    expect(q('.jp-LLM-segment-weights')).toBe(segment);
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW + 2000);
+    expect(q('.jp-LLM-segment-weights')).not.toBe(segment); // a poll redraws them
+  });
+
+  it('an unload error is forgotten once the model is gone', async () => {
+    const { view } = makeView(jest.fn(() => Promise.reject(new Error('model is busy'))));
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW);
+    (q('.jp-LLM-unload') as HTMLButtonElement).click();
+    await Promise.resolve();
+    await Promise.resolve();
+    expect(q('.jp-LLM-model-error').hidden).toBe(false);
+    view.update({ kind: 'ready', snapshot: snapshot([]) }, NOW + 2000);
+    view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW + 4000);
+    expect(q('.jp-LLM-model-error').hidden).toBe(true);
+  });
+
   it('a failed unload shows its message under the model and enables the button again', async () => {
     const unload = jest.fn(() => Promise.reject(new Error('model is busy')));
     const { view } = makeView(unload);
