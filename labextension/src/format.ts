@@ -15,7 +15,8 @@ export interface ISegment {
   bytes: number;
 }
 
-const KIND_LABELS: Record<SegmentKind, string> = {
+/** How each kind of segment is named in tooltips and the legend. */
+export const KIND_LABELS: Record<SegmentKind, string> = {
   weights: 'weights',
   kv_cache: 'KV cache',
   graph: 'graph',

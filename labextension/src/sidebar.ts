@@ -9,8 +9,7 @@ import { Widget } from '@lumino/widgets';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { ExtensionMissingError, LLMClient } from './api';
-import { ISnapshot } from './types';
-import { SidebarView, ViewState } from './view';
+import { SidebarView } from './view';
 
 export const SIDEBAR_ID = 'jupyter-llm-sidebar';
 
@@ -32,7 +31,6 @@ export class LLMSidebar extends Widget {
   readonly view: SidebarView;
   readonly poll: Poll;
   private client: LLMClient;
-  private last: ISnapshot | undefined;
   private clock: number | undefined;
   /** Numbers each fetch: a refresh can overtake one in flight, and an older
    * answer must not be drawn over a newer one. */
@@ -67,24 +65,19 @@ export class LLMSidebar extends Widget {
       if (fetch !== this.fetches) {
         return;
       }
-      this.last = snapshot;
-      this.present({ kind: 'ready', snapshot });
+      this.view.update({ kind: 'ready', snapshot });
     } catch (error) {
       if (fetch !== this.fetches) {
         return;
       }
       if (error instanceof ExtensionMissingError) {
-        this.present({ kind: 'missing' });
+        this.view.update({ kind: 'missing' });
       } else {
         const message = error instanceof Error ? error.message : String(error);
-        this.present({ kind: 'error', message, last: this.last });
+        this.view.update({ kind: 'error', message });
       }
       throw error; // the Poll backs off
     }
-  }
-
-  private present(state: ViewState): void {
-    this.view.update(state);
   }
 
   protected onAfterShow(msg: Message): void {

@@ -8,6 +8,7 @@ import {
   countdown,
   formatBytes,
   ISegment,
+  KIND_LABELS,
   memorySegments,
   processor,
   segmentWidths
@@ -17,7 +18,7 @@ import { CPU_DEVICE, IDevice, ILoadedModel, ISnapshot } from './types';
 export type ViewState =
   | { kind: 'loading' }
   | { kind: 'missing' }
-  | { kind: 'error'; message: string; last?: ISnapshot }
+  | { kind: 'error'; message: string }
   | { kind: 'ready'; snapshot: ISnapshot };
 
 export interface IViewActions {
@@ -45,17 +46,18 @@ function el<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
-/** Keep `container`'s children keyed by `data-key`, in `keys` order. */
+/** Keep `container`'s children keyed by their `data-<attribute>`, in `items` order. */
 function reconcile<T>(
   container: HTMLElement,
   items: T[],
+  attribute: 'device' | 'model',
   key: (item: T) => string,
   create: () => HTMLElement,
   update: (node: HTMLElement, item: T) => void
 ): void {
   const existing = new Map<string, HTMLElement>();
   for (const child of Array.from(container.children) as HTMLElement[]) {
-    existing.set(child.dataset.key ?? '', child);
+    existing.set(child.dataset[attribute] ?? '', child);
   }
   items.forEach((item, index) => {
     const k = key(item);
@@ -64,7 +66,7 @@ function reconcile<T>(
       existing.delete(k);
     } else {
       node = create();
-      node.dataset.key = k;
+      node.dataset[attribute] = k;
     }
     update(node, item);
     if (container.children[index] !== node) {
@@ -93,7 +95,6 @@ function renderBar(bar: HTMLElement, segments: ISegment[], total: number): void 
 }
 
 interface IMemoryRow {
-  key: string;
   title: string;
   subtitle: string;
   device: string;
@@ -104,7 +105,6 @@ interface IMemoryRow {
 function deviceRows(snapshot: ISnapshot): IMemoryRow[] {
   const gpus = snapshot.devices.devices.filter(d => d.library !== 'CPU');
   const rows: IMemoryRow[] = gpus.map((d: IDevice) => ({
-    key: d.id,
     title: d.name || d.id,
     subtitle: [d.library, d.id, d.integrated ? 'integrated' : ''].filter(Boolean).join(' · '),
     device: d.id,
@@ -114,7 +114,6 @@ function deviceRows(snapshot: ISnapshot): IMemoryRow[] {
   const system = snapshot.devices.system;
   const threads = system.threads ? `CPU · ${system.threads} threads` : 'CPU';
   rows.push({
-    key: CPU_DEVICE,
     title: 'System RAM',
     subtitle: threads,
     device: CPU_DEVICE,
@@ -141,6 +140,8 @@ export class SidebarView {
   private settled = new Set<string>();
   private errors = new Map<string, string>();
   private state: ViewState = { kind: 'loading' };
+  /** What the bars and rows show: the last snapshot, kept through errors. */
+  private shown: ISnapshot | undefined;
 
   constructor(private actions: IViewActions) {
     this.node = el('div', 'jp-LLM-sidebar');
@@ -187,6 +188,9 @@ export class SidebarView {
   /** Show a new state (from a poll). */
   update(state: ViewState, now: number = Date.now()): void {
     this.state = state;
+    if (state.kind !== 'error') {
+      this.shown = state.kind === 'ready' ? state.snapshot : undefined;
+    }
     if (state.kind === 'ready') {
       // a model the server was asked to unload but still lists (it is busy
       // and goes when its requests end) gets its button back
@@ -201,30 +205,14 @@ export class SidebarView {
   /** Move the countdowns (and Unload buttons) on, without new data; the
    * bars are left alone so their tooltips stay put. */
   tick(now: number = Date.now()): void {
-    const snapshot = this.snapshot();
-    if (snapshot) {
-      this.renderModels(snapshot.models, now);
+    if (this.shown) {
+      this.renderModels(this.shown.models, now);
     }
-  }
-
-  private snapshot(): ISnapshot | undefined {
-    const state = this.state;
-    return state.kind === 'ready'
-      ? state.snapshot
-      : state.kind === 'error'
-        ? state.last
-        : undefined;
   }
 
   private legend(): HTMLElement {
     const legend = el('div', 'jp-LLM-legend');
-    for (const [kind, label] of [
-      ['weights', 'weights'],
-      ['kv_cache', 'KV cache'],
-      ['graph', 'graph'],
-      ['other', 'other use'],
-      ['free', 'free']
-    ]) {
+    for (const [kind, label] of Object.entries(KIND_LABELS)) {
       const item = el('span', 'jp-LLM-legend-item');
       item.append(el('span', `jp-LLM-swatch jp-LLM-segment-${kind} jp-LLM-colour-0`), label);
       legend.append(item);
@@ -240,7 +228,7 @@ export class SidebarView {
 
   private render(now: number): void {
     const state = this.state;
-    const snapshot = this.snapshot();
+    const snapshot = this.shown;
     switch (state.kind) {
       case 'loading':
         this.setNotice('info', ['Looking for devices…']);
@@ -273,7 +261,8 @@ export class SidebarView {
     reconcile(
       this.deviceList,
       rows,
-      row => row.key,
+      'device',
+      row => row.device,
       () => {
         const node = el('div', 'jp-LLM-device');
         const foot = el('div', 'jp-LLM-row-foot');
@@ -282,7 +271,6 @@ export class SidebarView {
         return node;
       },
       (node, row) => {
-        node.dataset.device = row.device;
         const name = node.querySelector('.jp-LLM-device-name') as HTMLElement;
         name.textContent = row.title;
         name.title = row.title;
@@ -319,6 +307,7 @@ export class SidebarView {
     reconcile(
       this.modelList,
       models.map((model, index) => ({ model, index })),
+      'model',
       item => item.model.name,
       () => this.createModelRow(),
       (node, item) => this.updateModelRow(node, item.model, item.index, now)
@@ -333,7 +322,7 @@ export class SidebarView {
     name.append(el('span', 'jp-LLM-model-label'));
     const unload = el('button', 'jp-LLM-unload', 'Unload');
     unload.addEventListener('click', () => {
-      const model = node.dataset.key ?? '';
+      const model = node.dataset.model ?? '';
       if (this.pending.has(model)) {
         return;
       }
@@ -363,7 +352,6 @@ export class SidebarView {
   }
 
   private updateModelRow(node: HTMLElement, model: ILoadedModel, index: number, now: number) {
-    node.dataset.model = model.name;
     const swatch = node.querySelector('.jp-LLM-swatch') as HTMLElement;
     swatch.className = `jp-LLM-swatch jp-LLM-segment-weights jp-LLM-colour-${index % MODEL_COLOURS}`;
     node.querySelector('.jp-LLM-model-label')!.textContent = model.name;

@@ -200,7 +200,7 @@ describe('SidebarView', () => {
     const { view } = makeView();
     const last = snapshot([tiny]);
     view.update({ kind: 'ready', snapshot: last }, NOW);
-    view.update({ kind: 'error', message: 'Failed to fetch', last }, NOW);
+    view.update({ kind: 'error', message: 'Failed to fetch' }, NOW);
     expect(q('.jp-LLM-notice').textContent).toBe(
       'Cannot reach jupyter-llm: Failed to fetch. Retrying…'
     );
