@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_llm.kernel.connection import Engine, LLMClientError, find_engine
+from jupyter_llm.kernel.ps import processor
 
 Command = Callable[[Engine, argparse.Namespace], int]
 
@@ -57,21 +58,6 @@ def cmd_list(engine: Engine, args: argparse.Namespace) -> int:
     ]
     print(table(rows, ["NAME", "ID", "SIZE", "MODIFIED"]))
     return 0
-
-
-def processor(model: dict[str, Any]) -> str:
-    """Ollama's PROCESSOR column: how the model is split between CPU and GPU.
-    A split that rounds to 0% on one side reads as 100% on the other (a fully
-    offloaded model keeps its token embeddings in system RAM)."""
-    size, vram = model.get("size") or 0, model.get("size_vram") or 0
-    if not size or vram == 0:
-        return "100% CPU"
-    gpu = round(100 * vram / size)
-    if gpu >= 100:
-        return "100% GPU"
-    if gpu <= 0:
-        return "100% CPU"
-    return f"{100 - gpu}%/{gpu}% CPU/GPU"
 
 
 def cmd_ps(engine: Engine, args: argparse.Namespace) -> int:

@@ -126,6 +126,6 @@ def runner_processes() -> set[int]:
 )
 def test_processor_column(size: int, vram: int, shown: str) -> None:
     """The same rule as the sidebar's processor() (labextension/src/format.ts)."""
-    from jupyter_llm.cli import processor
+    from jupyter_llm.kernel.ps import processor
 
     assert processor({"size": size, "size_vram": vram}) == shown

@@ -40,6 +40,7 @@ TIMEOUT_MS = 60_000
 
 
 def jupyter(*args: str, env: dict[str, str] | None = None) -> str:
+    """A ``jupyter`` command's output, without its terminal colours."""
     result = subprocess.run(
         [sys.executable, "-m", "jupyter", *args],
         capture_output=True,
@@ -47,11 +48,11 @@ def jupyter(*args: str, env: dict[str, str] | None = None) -> str:
         timeout=120,
         env=env,
     )
-    return result.stdout + result.stderr
+    return re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
 
 
 def test_pip_install_enables_the_labextension() -> None:
-    out = re.sub(r"\x1b\[[0-9;]*m", "", jupyter("labextension", "list"))
+    out = jupyter("labextension", "list")
     assert re.search(r"jupyter-llm v\S+ enabled OK \(python, jupyter_llm\)", out), out
 
 
@@ -96,11 +97,7 @@ def test_wheel_carries_the_built_labextension_and_installs_without_node(tmp_path
     )
     assert install.returncode == 0, install.stdout + install.stderr
     data = venv / "share" / "jupyter"
-    out = re.sub(
-        r"\x1b\[[0-9;]*m",
-        "",
-        jupyter("labextension", "list", env={**env, "JUPYTER_PATH": str(data)}),
-    )
+    out = jupyter("labextension", "list", env={**env, "JUPYTER_PATH": str(data)})
     section = out.split(str(data / "labextensions"), 1)[1]
     assert re.search(r"jupyter-llm v0\.1\.0 enabled OK", section.split("\n/")[0]), out
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from jupyter_llm.cli import processor
 from jupyter_llm.kernel.connection import Engine, LLMClientError
+from jupyter_llm.kernel.ps import processor
 
 PALETTE = ["#1e88e5", "#8e24aa", "#43a047", "#f4511e", "#00897b", "#6d4c41"]
 SHADES = {"weights": 1.0, "kv_cache": 0.7, "graph": 0.45}
