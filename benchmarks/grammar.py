@@ -17,7 +17,8 @@ from pathlib import Path
 
 from jupyter_llm.api.structured import parse_format
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.runner.model import LoadSpec, start_model_runner
+from jupyter_llm.runner.launch import LoadSpec
+from jupyter_llm.runner.proxy import start_runner_with
 
 SCHEMA = {
     "type": "object",
@@ -48,7 +49,7 @@ async def main(rounds: int = 7, n: int = 256) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         spec = DemoModelSpec(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=8)
         path = write_demo_model(Path(tmp) / "bench.gguf", spec)
-        runner = await start_model_runner(
+        runner = await start_runner_with(
             LoadSpec(path=str(path), n_ctx=1024, n_threads=2), load_timeout=120
         )
         try:

@@ -70,7 +70,6 @@ def scheduler(n_gpus: int, **settings: object) -> Scheduler:
         FakeRunnerFactory(latency=0.002),
         DeviceSource(no_discovery, environ=env),
         read_info=lambda p: model(int(p.stem)),
-        environ={},
     )
 
 

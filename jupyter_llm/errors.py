@@ -38,6 +38,11 @@ class ModelLoadFailed(RunnerFailed):
     pass
 
 
+class AllocationFailed(ModelLoadFailed):
+    """llama.cpp could not allocate the memory a load asked for (classified by
+    the runner from llama.cpp's own log; the scheduler may retry smaller)."""
+
+
 class InsufficientMemory(LLMError):
     """No layout fits the memory that is free, even with nothing else loaded."""
 

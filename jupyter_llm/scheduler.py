@@ -5,6 +5,10 @@ Runs on the server's asyncio loop. Its collaborators are injected: the runner
 factory, the device source, and the GGUF reader, so tests drive every policy
 with fake runners and simulated devices. The policy decisions themselves
 (layout, eviction victim, reload) are plain functions.
+
+It only schedules: how a placement becomes a runner's launch (visible devices,
+tensor split) is ``runner.launch``; what llama.cpp really allocated is
+``memory.measured``; the ``/api/ps`` shape is ``api.ps``.
 """
 
 from __future__ import annotations
@@ -14,15 +18,14 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from jupyter_llm.config import Settings
-from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw
-from jupyter_llm.errors import InsufficientMemory, ModelLoadFailed, ServerBusy
+from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw, serving_gpus
+from jupyter_llm.errors import AllocationFailed, InsufficientMemory, ModelLoadFailed, ServerBusy
 from jupyter_llm.memory import (
     CPU,
     Allocation,
@@ -34,9 +37,10 @@ from jupyter_llm.memory import (
     estimate,
     plan_layout,
 )
+from jupyter_llm.memory.measured import backend_names, measured_allocations
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.models.store import ModelEntry
-from jupyter_llm.runner.model import LoadSpec
+from jupyter_llm.runner.launch import LoadRequest, gpu_library
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +48,11 @@ VRAM_RECOVERY_POLL = 0.25
 VRAM_RECOVERY_TIMEOUT = 5.0
 VRAM_RECOVERY_SHARE = 0.75
 MAX_BACKOFF_STEPS = 9  # new estimates: 10 %, 20 %, ... 90 % less free memory
-VISIBILITY_ENV = {
-    "CUDA": "CUDA_VISIBLE_DEVICES",
-    "ROCm": "HIP_VISIBLE_DEVICES",
-    "Vulkan": "GGML_VK_VISIBLE_DEVICES",
-}
-ALLOCATION_ERRORS = ("failed to allocate", "out of memory", "cudamalloc", "unable to allocate")
 
 
 class Runner(Protocol):
-    """What the scheduler needs of a loaded runner (``runner.model.ModelRunner``)."""
+    """What the scheduler needs of a loaded runner (``runner.proxy.RunnerProxy``)."""
 
-    spec: LoadSpec
     load_duration_ns: int
 
     @property
@@ -74,7 +71,9 @@ class Runner(Protocol):
     def kill(self) -> None: ...
 
 
-RunnerFactory = Callable[[LoadSpec], Awaitable[Runner]]
+# Starts a runner and loads the model into it; raises ``ModelLoadFailed``
+# (``AllocationFailed`` when llama.cpp could not get the memory).
+RunnerFactory = Callable[[LoadRequest], Awaitable[Runner]]
 
 
 @dataclass(frozen=True)
@@ -115,6 +114,7 @@ class Loaded:
     slots: asyncio.Semaphore
     refcount: int = 0
     waiting: int = 0
+    draining: bool = False  # an eviction or reload waits for its requests to end
     last_used: float = field(default_factory=time.monotonic)
     expires_at: float | None = None  # wall clock, while idle
     timer: asyncio.TimerHandle | None = None
@@ -169,51 +169,6 @@ def max_loaded(settings: Settings, gpu_count: int) -> int:
     return settings.max_loaded_models or max(3, 3 * gpu_count)
 
 
-def visibility_env(
-    library: str, indices: list[int], parent: Mapping[str, str]
-) -> tuple[tuple[str, str], ...]:
-    """Make only the chosen GPUs visible to the runner, respecting an existing
-    restriction (index i of the runner's devices is the i-th visible one)."""
-    var = VISIBILITY_ENV.get(library)
-    if var is None or not indices:
-        return ()
-    if visible := parent.get(var):
-        allowed = [v.strip() for v in visible.split(",")]
-        chosen = [allowed[i] for i in indices if i < len(allowed)]
-    else:
-        chosen = [str(i) for i in indices]
-    return ((var, ",".join(chosen)),)
-
-
-def measured_allocations(
-    placement: Placement, measured: dict[str, dict[str, int]], gpu_names: dict[str, str]
-) -> tuple[Allocation, ...] | None:
-    """The engine's own figures per device. When the runner computed elsewhere
-    than the layout says (simulated devices), the measured totals are spread over
-    the layout's devices in its proportions."""
-    if not measured:
-        return None
-    by_device = {gpu_names.get(name, name): sizes for name, sizes in measured.items()}
-    planned = {a.device for a in placement.allocations if a.total}
-    if set(by_device) <= planned | {CPU} and set(by_device) >= planned - {CPU}:
-        return tuple(
-            Allocation(a.device, *(by_device.get(a.device, {}).get(k, 0) for k in KINDS))
-            for a in placement.allocations
-        )
-    totals = {k: sum(s.get(k, 0) for s in measured.values()) for k in KINDS}
-    est = {k: sum(getattr(a, k) for a in placement.allocations) for k in KINDS}
-
-    def scaled(a: Allocation, kind: str) -> int:
-        return round(getattr(a, kind) * totals[kind] / est[kind]) if est[kind] else 0
-
-    return tuple(
-        Allocation(a.device, *(scaled(a, k) for k in KINDS)) for a in placement.allocations
-    )
-
-
-KINDS = ("weights", "kv_cache", "graph")
-
-
 # -- the scheduler ---------------------------------------------------------------------
 class Scheduler:
     def __init__(
@@ -222,16 +177,12 @@ class Scheduler:
         start_runner: RunnerFactory,
         devices: DeviceSource,
         read_info: Callable[[Path], ModelInfo] = read_model_info,
-        environ: Mapping[str, str] | None = None,
     ) -> None:
-        import os
-
         self.settings = settings
         self.devices = devices
         self._start_runner = start_runner
         self._read_info = read_info
         self._infos: dict[Path, ModelInfo] = {}
-        self._environ = os.environ if environ is None else environ
         self._loaded: dict[str, Loaded] = {}
         self._load_lock = asyncio.Lock()
         self._waiting = 0
@@ -273,6 +224,11 @@ class Scheduler:
         if keep_alive is not None:
             loaded.keep_alive = keep_alive
         return Lease(self, loaded, fresh_ns)
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a load or a slot (bounded by ``max_queue``)."""
+        return self._waiting
 
     def loaded_models(self) -> list[Loaded]:
         return [m for m in self._loaded.values() if m.runner.alive]
@@ -399,39 +355,36 @@ class Scheduler:
                     await self._evict_one(others)
                     continue
                 raise InsufficientMemory(str(failure)) from None
-            spec = self._spec(entry, wanted, parallel, placement, devices)
+            request = self._load_request(entry, wanted, parallel, placement, devices)
             log.info(
                 "loading %s: %d/%d layers on %s, num_ctx %d",
                 entry.name.display, placement.n_gpu_layers, placement.n_layers,
                 ", ".join(placement.gpus) or "cpu", wanted.num_ctx,
             )  # fmt: skip
             try:
-                runner = await self._start_runner(spec)
-            except ModelLoadFailed as e:
-                if not is_allocation_failure(e) or not self.settings.new_estimates:
+                runner = await self._start_runner(request)
+            except AllocationFailed as e:
+                if not self.settings.new_estimates:
                     raise
                 if placement.n_gpu_layers == 0 or backoff >= MAX_BACKOFF_STEPS:
                     raise InsufficientMemory(f"memory layout cannot be allocated: {e}") from e
                 backoff += 1
                 log.info("allocation failed, retrying with %d %% less free memory", 10 * backoff)
                 continue
-            return self._loaded_record(
-                entry, runner, wanted, placement, keep_alive, parallel, devices
-            )
+            return self._loaded_record(entry, runner, wanted, request, keep_alive)
 
     def _loaded_record(
         self,
         entry: ModelEntry,
         runner: Runner,
         wanted: Wanted,
-        placement: Placement,
+        request: LoadRequest,
         keep_alive: float | None,
-        parallel: int,
-        devices: list[DeviceInfo],
     ) -> Loaded:
+        placement = request.placement
         allocations, measured = placement.allocations, False
         if self.settings.new_estimates:
-            names = gpu_backend_names(devices, placement)
+            names = backend_names(gpu_library(request) or "GPU", placement.gpus)
             if real := measured_allocations(placement, runner.measured, names):
                 allocations, measured = real, True
         return Loaded(
@@ -442,48 +395,35 @@ class Scheduler:
             allocations=allocations,
             measured=measured,
             keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
-            slots=asyncio.Semaphore(parallel),
+            slots=asyncio.Semaphore(request.parallel),
         )
 
     def _gpu_slots(self, devices: list[DeviceInfo], backoff: int) -> list[GpuSlot]:
-        """GPUs of one library (the best GPU's), free memory shrunk by the backoff."""
-        gpus = [d for d in devices if d.is_gpu]
-        if not gpus:
-            return []
-        library = gpus[0].library
+        """The serving GPUs, free memory shrunk by the backoff."""
         keep = 1.0 - 0.1 * backoff
         return [
             GpuSlot(d.id, d.library, int(d.free_memory * keep), d.integrated)
-            for d in gpus
-            if d.library == library
+            for d in serving_gpus(devices)
         ]
 
-    def _spec(
+    def _load_request(
         self,
         entry: ModelEntry,
         wanted: Wanted,
         parallel: int,
         placement: Placement,
         devices: list[DeviceInfo],
-    ) -> LoadSpec:
-        base = LoadSpec(
+    ) -> LoadRequest:
+        return LoadRequest(
             path=str(entry.model_path),
-            n_ctx=wanted.num_ctx * parallel,
-            n_batch=wanted.num_batch,
-            n_threads=wanted.num_thread,
+            num_ctx=wanted.num_ctx,
+            num_batch=wanted.num_batch,
+            num_thread=wanted.num_thread,
             use_mmap=wanted.use_mmap,
-        )
-        if self.devices.simulated or not placement.gpus:
-            return base  # simulated GPUs: the runner computes on the CPU
-        gpus = [d for d in devices if d.is_gpu and d.library == devices[0].library]
-        index = {d.id: i for i, d in enumerate(gpus)}
-        used = [index[g] for g in placement.gpus]
-        return replace(
-            base,
-            n_gpu_layers=placement.n_gpu_layers,
-            tensor_split=tuple(placement.tensor_split) if len(used) > 1 else (),
-            main_gpu=0,
-            env=visibility_env(devices[0].library, used, self._environ),
+            parallel=parallel,
+            placement=placement,
+            gpus=tuple(serving_gpus(devices)),
+            simulated=self.devices.simulated,
         )
 
     # -- eviction --------------------------------------------------------------------
@@ -507,6 +447,7 @@ class Scheduler:
         await self._drain_and_unload(victim)
 
     async def _drain_and_unload(self, loaded: Loaded) -> None:
+        loaded.draining = True
         while loaded.refcount > 0 and loaded.runner.alive:
             async with self._changed:
                 await self._changed.wait()
@@ -589,47 +530,3 @@ class Scheduler:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
-
-    # -- reporting -------------------------------------------------------------------
-    def describe(self, loaded: Loaded) -> dict[str, Any]:
-        """The /api/ps view of one loaded model."""
-        entry = loaded.entry
-        expires = loaded.expires_at
-        if expires is None and not math.isinf(loaded.keep_alive):
-            expires = time.time() + loaded.keep_alive
-        total = sum(a.total for a in loaded.allocations)
-        vram = sum(a.total for a in loaded.allocations if a.device != CPU)
-        return {
-            "name": entry.name.display,
-            "model": entry.name.display,
-            "size": total,
-            "size_vram": vram,
-            "digest": entry.digest,
-            "details": entry.details,
-            "expires_at": _iso(expires) if expires is not None else "2318-01-01T00:00:00Z",
-            "context_length": loaded.wanted.num_ctx,
-            "num_gpu_layers": loaded.placement.n_gpu_layers,
-            "num_layers": loaded.placement.n_layers,
-            "pid": loaded.runner.pid,
-            "allocations": [
-                {"device": a.device, "weights": a.weights, "kv_cache": a.kv_cache,
-                 "graph": a.graph, "measured": loaded.measured}
-                for a in loaded.allocations
-            ],
-        }  # fmt: skip
-
-
-def gpu_backend_names(devices: list[DeviceInfo], placement: Placement) -> dict[str, str]:
-    """llama.cpp names the runner's GPU buffers CUDA0, CUDA1... in the order it
-    sees them (only the visible ones): map those names to our device ids."""
-    libraries = {d.id: d.library for d in devices}
-    return {f"{libraries.get(g, 'GPU')}{i}": g for i, g in enumerate(placement.gpus)}
-
-
-def is_allocation_failure(error: Exception) -> bool:
-    text = str(error).lower()
-    return any(marker in text for marker in ALLOCATION_ERRORS)
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")

@@ -1,6 +1,7 @@
 """Fakes at the process boundary, for tests and benchmarks of the scheduler:
 a runner that answers at once, and a factory that records what it was asked
-to load (and can fail like an out-of-memory GPU would)."""
+to load (and can fail like an out-of-memory GPU would, with the typed error a
+real runner sends)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jupyter_llm.errors import ModelLoadFailed
+from jupyter_llm.errors import AllocationFailed
 from jupyter_llm.memory import ModelInfo
-from jupyter_llm.runner.model import LoadSpec
+from jupyter_llm.runner.launch import LoadRequest, LoadSpec, launch_spec
 
 _pids = itertools.count(100_000)
 
@@ -68,7 +69,8 @@ class FakeRunner:
 
 class FakeRunnerFactory:
     """The scheduler's runner factory; fails the first ``fail`` loads with an
-    allocation error."""
+    allocation error. ``specs`` are the launches a real factory would make
+    (with an empty parent environment)."""
 
     def __init__(
         self,
@@ -81,12 +83,13 @@ class FakeRunnerFactory:
         self.runners: list[FakeRunner] = []
         self.fail, self.gpus, self.measured, self.latency = fail, gpus, measured, latency
 
-    async def __call__(self, spec: LoadSpec) -> FakeRunner:
+    async def __call__(self, request: LoadRequest) -> FakeRunner:
+        spec = launch_spec(request, environ={})
         self.specs.append(spec)
         await asyncio.sleep(0)
         if self.fail:
             self.fail -= 1
-            raise ModelLoadFailed("failed to load model: failed to allocate CUDA0 buffer")
+            raise AllocationFailed("failed to load model: could not allocate the KV cache")
         runner = FakeRunner(spec, self.gpus, self.measured, self.latency)
         self.runners.append(runner)
         return runner

@@ -1,17 +1,19 @@
 """Real runner processes on a generated model."""
 
 import asyncio
-import os
 import signal
+import sys
+from pathlib import Path
 
 import psutil
 import pytest
 
-from jupyter_llm.errors import ModelLoadFailed, RunnerFailed
+from jupyter_llm.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
 from jupyter_llm.runner.discovery import discover_raw_devices
 from jupyter_llm.runner.engine import split_at_stop
-from jupyter_llm.runner.model import LoadSpec, start_model_runner
+from jupyter_llm.runner.launch import LoadSpec
 from jupyter_llm.runner.process import describe_exit
+from jupyter_llm.runner.proxy import start_runner_with
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 
@@ -31,7 +33,7 @@ async def collect(runner, **request):
 def runner(demo_gguf, jp_asyncio_loop):
     """A real runner with the demo model loaded (the test's loop drives it)."""
     spec = LoadSpec(path=str(demo_gguf), n_ctx=512, n_threads=2)
-    r = jp_asyncio_loop.run_until_complete(start_model_runner(spec, load_timeout=60))
+    r = jp_asyncio_loop.run_until_complete(start_runner_with(spec, load_timeout=60))
     yield r
     jp_asyncio_loop.run_until_complete(r.close())
     assert not psutil.pid_exists(r.pid) or psutil.Process(r.pid).status() == "zombie"
@@ -87,10 +89,12 @@ async def test_health_while_generating(runner):
 
 
 async def test_sigkill_fails_in_flight_request_with_cause(runner):
+    process = psutil.Process(runner.pid)  # psutil refuses to signal a reused pid
     stream = runner.complete(prompt="hello", options={**GREEDY, "num_predict": 100000})
     with pytest.raises(RunnerFailed, match="SIGKILL"):
         async for _ in stream:
-            os.kill(runner.pid, signal.SIGKILL)
+            if process.is_running():
+                process.send_signal(signal.SIGKILL)
     assert not runner.alive
     with pytest.raises(RunnerFailed, match="SIGKILL"):
         await collect(runner, prompt="x", options={"num_predict": 1})
@@ -100,9 +104,85 @@ async def test_load_failure_names_cause_and_leaves_no_runner(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)
     with pytest.raises(ModelLoadFailed, match="failed to load"):
-        await start_model_runner(LoadSpec(path=str(bad), n_ctx=256), load_timeout=60)
+        await start_runner_with(LoadSpec(path=str(bad), n_ctx=256), load_timeout=60)
     me = psutil.Process()
     assert not [c for c in me.children() if "jupyter_llm.runner" in " ".join(c.cmdline())]
+
+
+def wrapper(tmp_path, name: str, body: str):
+    """An executable standing in for the runner's interpreter (the ``python``
+    setting): a shell script that ends by exec-ing the real one."""
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def long_context_gguf(tmp_path_factory):
+    """A model whose KV cache at its full 1M-token context needs 4 GiB."""
+    from jupyter_llm.demo import DemoModelSpec, write_demo_model
+
+    spec = DemoModelSpec(n_embd=256, n_layer=4, n_head=4, n_head_kv=4, context_length=1 << 20)
+    return write_demo_model(tmp_path_factory.mktemp("long") / "long.gguf", spec)
+
+
+async def test_real_allocation_failure_is_typed(tmp_path, long_context_gguf):
+    # a runner under an address-space limit 1.5 GiB above what it needs with a
+    # small context: the model loads, a 4 GiB KV cache cannot, and llama.cpp
+    # says so in its log
+    small = LoadSpec(path=str(long_context_gguf), n_ctx=1024, n_threads=2)
+    runner = await start_runner_with(small, load_timeout=60)
+    needed = psutil.Process(runner.pid).memory_info().vms
+    await runner.close()
+    limit_kib = (needed + (3 << 29)) >> 10
+    limited = wrapper(
+        tmp_path, "limited-python", f'ulimit -v {limit_kib}\nexec {sys.executable} "$@"'
+    )
+    runner = await start_runner_with(small, python=limited, load_timeout=60)
+    await runner.close()  # the limit leaves room for the model itself
+    huge = LoadSpec(path=str(long_context_gguf), n_ctx=1 << 20, n_threads=2)
+    with pytest.raises(AllocationFailed, match="failed to allocate"):
+        await start_runner_with(huge, python=limited, load_timeout=60)
+    me = psutil.Process()
+    assert not [c for c in me.children() if "jupyter_llm.runner" in " ".join(c.cmdline())]
+
+
+async def test_other_load_failures_are_not_allocation_failures(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(ModelLoadFailed) as failure:
+        await start_runner_with(LoadSpec(path=str(bad), n_ctx=256), load_timeout=60)
+    assert not isinstance(failure.value, AllocationFailed)
+
+
+async def test_health_reports_main_loop_progress(runner):
+    idle = await runner.process.call("health")
+    assert idle["busy"] is None and idle["stalled_for"] == 0
+    stream = runner.complete(prompt="hello", options={**GREEDY, "num_predict": 100000})
+    async for _ in stream:
+        break
+    first = await runner.process.call("health")
+    async for _ in stream:  # more tokens: more progress
+        break
+    second = await runner.process.call("health")
+    await stream.aclose()
+    assert first["busy"] is not None and second["progress"] > first["progress"]
+
+
+async def test_a_stuck_runner_is_killed_and_its_request_fails(tmp_path, demo_gguf):
+    script = Path(__file__).with_name("stuck_runner.py")
+    stuck = wrapper(tmp_path, "stuck-python", f'exec {sys.executable} {script} "$@"')
+    spec = LoadSpec(path=str(demo_gguf), n_ctx=256, n_threads=2)
+    runner = await start_runner_with(spec, python=stuck, load_timeout=5.0)
+    try:
+        _, done = await collect(runner, prompt="fine", options={**GREEDY, "num_predict": 2})
+        assert done["eval_count"] == 2  # a working runner is left alone
+        with pytest.raises(RunnerFailed, match="made no progress for 5s and was killed"):
+            await asyncio.wait_for(collect(runner, prompt="STUCK", options=GREEDY), 60)
+        assert not runner.alive
+    finally:
+        await runner.close()
 
 
 async def test_discovery_reports_cpu():
@@ -140,7 +220,7 @@ async def test_load_stall_timer_gives_up_and_leaves_no_runner(tmp_path, demo_ggu
     hung.chmod(0o755)
     spec = LoadSpec(path=str(demo_gguf), n_ctx=256)
     with pytest.raises(ModelLoadFailed, match="no progress for"):
-        await start_model_runner(spec, python=str(hung), load_timeout=0.5)
+        await start_runner_with(spec, python=str(hung), load_timeout=0.5)
     me = psutil.Process()
     assert not [c for c in me.children(recursive=True) if "sleep" in " ".join(c.cmdline())]
 
@@ -151,17 +231,17 @@ async def test_load_reports_progress(runner):
 
 
 def test_token_stream_groups_fast_tokens_only():
-    import time
-
     from jupyter_llm.runner.service import TokenStream
 
     sent: list[str] = []
-    out = TokenStream(sent.append, interval=0.05)
+    now = [100.0]
+    out = TokenStream(sent.append, interval=0.05, clock=lambda: now[0])
     out.add("a")  # the first piece goes at once
+    now[0] += 0.01
     out.add("b")
     out.add("c")  # grouped: the interval has not passed
     assert sent == ["a"]
-    time.sleep(0.06)
+    now[0] += 0.05
     out.add("d")  # a slow token goes straight away, with what waited
     assert sent == ["a", "bcd"]
     out.add("e")

@@ -20,9 +20,9 @@ from jupyter_llm.devices.simulated import (
     parse_simulated_system,
 )
 from jupyter_llm.devices.system import read_system_info
-from jupyter_llm.devices.types import DeviceInfo, SystemInfo, sort_devices
+from jupyter_llm.devices.types import DeviceInfo, SystemInfo, serving_gpus, sort_devices
 
-__all__ = ["DeviceInfo", "DeviceSource", "SystemInfo", "sort_devices"]
+__all__ = ["DeviceInfo", "DeviceSource", "SystemInfo", "serving_gpus", "sort_devices"]
 
 Discover = Callable[[], Awaitable[list[DeviceInfo]]]
 

@@ -50,3 +50,11 @@ def device_sort_key(device: DeviceInfo) -> tuple[int, int, str]:
 
 def sort_devices(devices: list[DeviceInfo]) -> list[DeviceInfo]:
     return sorted(devices, key=device_sort_key)
+
+
+def serving_gpus(devices: list[DeviceInfo]) -> list[DeviceInfo]:
+    """The GPUs a model may be placed on: those of the best GPU's library, in
+    sort order. A runner loads one backend's devices, so this is the one place
+    that decides which GPU library is in use."""
+    gpus = [d for d in sort_devices(devices) if d.is_gpu]
+    return [d for d in gpus if d.library == gpus[0].library] if gpus else []

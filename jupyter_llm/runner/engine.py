@@ -18,7 +18,7 @@ from typing import Any
 
 import llama_cpp
 
-from jupyter_llm.runner.alloc_log import AllocationLog
+from jupyter_llm.memory.measured import AllocationLog
 from jupyter_llm.runner.protocol import EngineError, InputError
 
 Emit = Callable[[str], None]
@@ -151,6 +151,7 @@ class Engine:
         self._n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
         self._embed_ctx: Any = None
         self._embed_batch: Any = None
+        self.beat: Callable[[], None] = lambda: None  # progress between decode steps
 
     def close(self) -> None:
         if self._embed_ctx:
@@ -279,6 +280,7 @@ class Engine:
             b.n_tokens = len(tokens)
             if llama_cpp.llama_decode(self._embed_ctx, b) != 0:
                 raise EngineError("llama_decode failed while embedding")
+            self.beat()
             pointer = llama_cpp.llama_get_embeddings_seq(self._embed_ctx, 0)
             if not pointer:
                 raise EngineError("the model produced no embedding")
@@ -310,6 +312,7 @@ class Engine:
             if rc != 0:
                 raise EngineError(f"llama_decode failed with status {rc}")
             self.cached.extend(chunk)
+            self.beat()
 
     def _prepare_prompt(self, tokens: list[int]) -> None:
         """Evaluate what the cache does not already hold, reusing the longest
@@ -460,6 +463,7 @@ class Engine:
                 self._logits_ready = False
                 if llama_cpp.llama_decode(self.ctx, b) != 0:
                     raise EngineError("llama_decode failed while generating")
+                self.beat()
                 self.cached.append(token)
                 self._logits_ready = True
         finally:

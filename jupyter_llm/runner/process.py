@@ -19,8 +19,8 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jupyter_llm.errors import InvalidRequest, RunnerFailed
-from jupyter_llm.runner.protocol import INVALID, decode, encode, is_error_line
+from jupyter_llm.errors import AllocationFailed, InvalidRequest, RunnerFailed
+from jupyter_llm.runner.protocol import ALLOCATION, INVALID, decode, encode, is_error_line
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class RunnerProcess:
         self._dead: RunnerFailed | None = None
         self._exited = asyncio.Event()
         self._closing = False
+        self._kill_reason = ""
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -106,9 +107,11 @@ class RunnerProcess:
         for task in self._tasks:
             task.cancel()
 
-    def kill(self) -> None:
-        """Synchronous SIGKILL, safe to call from shutdown paths."""
+    def kill(self, reason: str = "") -> None:
+        """Synchronous SIGKILL, safe to call from shutdown paths. ``reason``
+        ("made no progress for 300s") becomes the error of what was in flight."""
         if self._proc is not None and self._proc.returncode is None:
+            self._kill_reason = self._kill_reason or reason
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()
 
@@ -156,6 +159,8 @@ class RunnerProcess:
                         finished = True
                         if message.get("kind") == INVALID:
                             raise InvalidRequest(message.get("error", "invalid request"))
+                        if message.get("kind") == ALLOCATION:
+                            raise AllocationFailed(message.get("error", "allocation failed"))
                         raise RunnerFailed(self._explain(message.get("error", "unknown error")))
                     out.append(message)
                     if message.get("type") in ("done", "result"):
@@ -212,7 +217,10 @@ class RunnerProcess:
         # let the stderr reader catch the last lines before we quote them
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._tasks[1]), 1.0)
-        self._dead = RunnerFailed(self._explain(f"{self.label} process {describe_exit(code)}"))
+        if self._kill_reason:
+            self._dead = RunnerFailed(f"{self.label} process {self._kill_reason} and was killed")
+        else:
+            self._dead = RunnerFailed(self._explain(f"{self.label} process {describe_exit(code)}"))
         for queue in self._pending.values():
             queue.put_nowait(_EOF)
         self._exited.set()

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-INVALID = "invalid"  # the "kind" of an error reply caused by the request itself
+# The "kind" of an error reply, for failures the server acts on:
+INVALID = "invalid"  # caused by the request itself (HTTP 400)
+ALLOCATION = "allocation"  # llama.cpp could not allocate memory (the scheduler may retry)
 
 
 class EngineError(Exception):
@@ -21,6 +23,10 @@ class EngineError(Exception):
 
 class InputError(EngineError):
     """The request cannot be served as asked: the server answers 400."""
+
+
+class AllocationError(EngineError):
+    """llama.cpp reported a failed allocation while this request ran."""
 
 
 ERROR_MARKERS = ("error", "failed to allocate", "out of memory", "ggml_assert", "exception")

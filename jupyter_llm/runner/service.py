@@ -1,7 +1,10 @@
 """The runner process: serves one model (or device discovery) over its socket.
 
 A reader thread receives requests, answering ``health`` and recording
-``cancel`` at once, so both work while the main thread is generating. When
+``cancel`` at once, so both work while the main thread is generating. The
+main thread counts its steps (prompt chunks, tokens, embeddings) as
+``progress``; ``health`` reports it, so the server can tell a busy runner from
+a stuck one. When
 the server's end of the socket closes, the runner exits: a killed server
 never leaves a runner behind.
 """
@@ -19,7 +22,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from jupyter_llm.runner.protocol import INVALID, InputError, decode, encode
+from jupyter_llm.runner.protocol import (
+    ALLOCATION,
+    INVALID,
+    AllocationError,
+    EngineError,
+    InputError,
+    decode,
+    encode,
+)
 
 
 class TokenStream:
@@ -29,15 +40,21 @@ class TokenStream:
     from the decode threads. Text is never held longer than one token's time
     past the interval."""
 
-    def __init__(self, send: Callable[[str], None], interval: float) -> None:
+    def __init__(
+        self,
+        send: Callable[[str], None],
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._send = send
         self._interval = interval
+        self._clock = clock
         self._parts: list[str] = []
-        self._last = 0.0
+        self._last = -interval
 
     def add(self, text: str) -> None:
         self._parts.append(text)
-        now = time.monotonic()
+        now = self._clock()
         if now - self._last >= self._interval:
             self._last = now
             self.flush()
@@ -55,7 +72,24 @@ class RunnerService:
         self.cancelled: set[int] = set()
         self.engine: Any = None
         self.busy_with: int | None = None
+        self.progress = 0  # main-loop steps; written by the main thread only
+        self.progress_at = time.monotonic()
         self._send_lock = threading.Lock()
+
+    def beat(self) -> None:
+        """The main thread made progress (called between decode steps)."""
+        self.progress += 1
+        self.progress_at = time.monotonic()
+
+    def health(self) -> dict[str, Any]:
+        busy = self.busy_with
+        return {
+            "status": "ok",
+            "loaded": self.engine is not None,
+            "busy": busy,
+            "progress": self.progress,
+            "stalled_for": time.monotonic() - self.progress_at if busy is not None else 0.0,
+        }
 
     def send(self, message: dict[str, Any]) -> None:
         data = encode(message)
@@ -77,15 +111,7 @@ class RunnerService:
                 elif op == "info":  # free memory, answered even while generating
                     self.send({"id": message.get("id"), "type": "result", **self.op_info(message)})
                 elif op == "health":
-                    self.send(
-                        {
-                            "id": message.get("id"),
-                            "type": "result",
-                            "status": "ok",
-                            "loaded": self.engine is not None,
-                            "busy": self.busy_with,
-                        }
-                    )
+                    self.send({"id": message.get("id"), "type": "result", **self.health()})
                 else:
                     self.requests.put(message)
         except OSError:
@@ -102,21 +128,24 @@ class RunnerService:
             if op == "close":
                 break
             handler = getattr(self, f"op_{op}", None)
+            self.beat()
             self.busy_with = rid
             try:
                 if handler is None:
                     raise ValueError(f"unknown runner op {op!r}")
-                reply = handler(message)
-                if reply is not None:
-                    self.send({"id": rid, "type": "result", **reply})
+                reply = {"type": "result", **handler(message)}
             except InputError as e:
-                self.send({"id": rid, "type": "error", "kind": INVALID, "error": str(e)})
+                reply = {"type": "error", "kind": INVALID, "error": str(e)}
+            except AllocationError as e:
+                reply = {"type": "error", "kind": ALLOCATION, "error": str(e)}
             except Exception as e:
                 print(f"runner error in {op}: {traceback.format_exc()}", file=sys.stderr)
-                self.send({"id": rid, "type": "error", "error": str(e) or type(e).__name__})
-            finally:
-                self.busy_with = None
-                self.cancelled.discard(rid)
+                reply = {"type": "error", "error": str(e) or type(e).__name__}
+            # idle before the last reply goes out: whoever reads it sees a free runner
+            self.busy_with = None
+            self.beat()
+            self.cancelled.discard(rid)
+            self.send({"id": rid, **reply})
         if self.engine is not None:
             self.engine.close()
 
@@ -135,12 +164,19 @@ class RunnerService:
         last = [-1.0]
 
         def progress(value: float) -> None:  # feeds the server's load stall timer
+            self.beat()
             if value - last[0] >= 0.01 or value >= 1.0:
                 last[0] = value
                 self.send({"id": message["id"], "type": "progress", "progress": value})
 
         params = LoadParams(**{k: v for k, v in message.items() if k in fields})
-        self.engine = Engine(params, progress)
+        try:
+            self.engine = Engine(params, progress)
+        except EngineError as e:
+            if allocation_log.failure:  # llama.cpp said why: memory it could not get
+                raise AllocationError(f"{e}: {allocation_log.failure}") from e
+            raise
+        self.engine.beat = self.beat
         return {
             "allocations": allocation_log.devices,
             "n_ctx": self.engine.n_ctx,
@@ -150,7 +186,7 @@ class RunnerService:
             "supports_insert": self.engine.supports_insert,
         }
 
-    def op_complete(self, message: dict[str, Any]) -> None:
+    def op_complete(self, message: dict[str, Any]) -> dict[str, Any]:
         engine = self._engine()
         rid = message["id"]
         if message.get("messages") is not None:
@@ -171,7 +207,7 @@ class RunnerService:
             suffix=message.get("suffix"),
         )
         out.flush()
-        self.send({"id": rid, "type": "done", **result.__dict__})
+        return {**result.__dict__, "type": "done"}
 
     def op_embed(self, message: dict[str, Any]) -> dict[str, Any]:
         embeddings, count = self._engine().embed(

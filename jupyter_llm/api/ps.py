@@ -1,0 +1,45 @@
+"""The ``/api/ps`` view of a loaded model: Ollama's fields plus where each
+byte lives (our addition, read by the sidebar and ``jupyter llm ps``)."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from jupyter_llm.memory import CPU
+from jupyter_llm.scheduler import Loaded
+
+FOREVER_ISO = "2318-01-01T00:00:00Z"  # what Ollama reports for keep_alive < 0
+
+
+def describe_loaded(loaded: Loaded) -> dict[str, Any]:
+    entry = loaded.entry
+    expires = loaded.expires_at
+    if expires is None and not math.isinf(loaded.keep_alive):
+        expires = time.time() + loaded.keep_alive
+    total = sum(a.total for a in loaded.allocations)
+    vram = sum(a.total for a in loaded.allocations if a.device != CPU)
+    return {
+        "name": entry.name.display,
+        "model": entry.name.display,
+        "size": total,
+        "size_vram": vram,
+        "digest": entry.digest,
+        "details": entry.details,
+        "expires_at": _iso(expires) if expires is not None else FOREVER_ISO,
+        "context_length": loaded.wanted.num_ctx,
+        "num_gpu_layers": loaded.placement.n_gpu_layers,
+        "num_layers": loaded.placement.n_layers,
+        "pid": loaded.runner.pid,
+        "allocations": [
+            {"device": a.device, "weights": a.weights, "kv_cache": a.kv_cache,
+             "graph": a.graph, "measured": loaded.measured}
+            for a in loaded.allocations
+        ],
+    }  # fmt: skip
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")

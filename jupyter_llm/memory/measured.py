@@ -1,0 +1,115 @@
+"""What llama.cpp really allocated, and what it failed to allocate.
+
+The runner feeds llama.cpp's log lines to ``AllocationLog`` while a model loads
+(buffer sizes per backend, and the first line that reports a failed
+allocation). The scheduler maps those backend buffer names ("CPU_Mapped",
+"CUDA0", ...) onto its own device ids with ``measured_allocations``. Pure: text
+and plain data in, plain data out; knowledge of llama.cpp's log wording lives
+only here.
+
+    load_tensors:   CPU_Mapped model buffer size =    12.34 MiB
+    llama_kv_cache:        CPU KV buffer size =    64.00 MiB
+    sched_reserve:       CUDA0 compute buffer size =   120.00 MiB
+"""
+
+from __future__ import annotations
+
+import re
+
+from jupyter_llm.memory.layout import CPU, Allocation, Placement
+
+KINDS = ("weights", "kv_cache", "graph")
+
+_LINE = re.compile(
+    r"\b([A-Za-z][\w-]*?)\s+(model|KV|RS|compute|output)\s+buffer size\s*=\s*([\d.]+)\s*([KMG]i?B)"
+)
+_UNITS = {
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "KB": 1 << 10,
+    "MB": 1 << 20,
+    "GB": 1 << 30,
+}
+_KINDS = {
+    "model": "weights",
+    "KV": "kv_cache",
+    "RS": "kv_cache",
+    "compute": "graph",
+    "output": "graph",
+}
+# How ggml and llama.cpp word a failed allocation (CPU malloc, CUDA, Metal,
+# Vulkan, the KV cache and the compute graph reserve).
+_FAILURE = re.compile(
+    r"failed to allocate|unable to allocate|out of memory|cudaMalloc failed"
+    r"|failed to reserve|ErrorOutOfDeviceMemory",
+    re.IGNORECASE,
+)
+
+
+def parse_buffer_line(line: str) -> tuple[str, str, int] | None:
+    """(backend buffer name, "weights"|"kv_cache"|"graph", bytes), or None."""
+    m = _LINE.search(line)
+    if not m:
+        return None
+    name, kind, size, unit = m.groups()
+    device = CPU if name.startswith("CPU") or name.endswith("_Host") else name
+    return device, _KINDS[kind], int(float(size) * _UNITS[unit])
+
+
+def is_allocation_failure_line(line: str) -> bool:
+    """Does this llama.cpp log line report memory that could not be allocated?"""
+    return bool(_FAILURE.search(line))
+
+
+class AllocationLog:
+    """Sums buffer sizes per device while a model loads, and keeps the first
+    line that reported a failed allocation."""
+
+    def __init__(self) -> None:
+        self.devices: dict[str, dict[str, int]] = {}
+        self.failure = ""
+
+    def feed(self, line: str) -> None:
+        if parsed := parse_buffer_line(line):
+            device, kind, size = parsed
+            sizes = self.devices.setdefault(device, dict.fromkeys(KINDS, 0))
+            sizes[kind] += size
+        elif not self.failure and is_allocation_failure_line(line):
+            self.failure = line.strip()
+
+    def reset(self) -> None:
+        self.devices = {}
+        self.failure = ""
+
+
+def backend_names(library: str, gpus: list[str]) -> dict[str, str]:
+    """llama.cpp names a runner's GPU buffers CUDA0, CUDA1... in the order it
+    sees them (only the visible ones): map those names to our device ids."""
+    return {f"{library}{i}": g for i, g in enumerate(gpus)}
+
+
+def measured_allocations(
+    placement: Placement, measured: dict[str, dict[str, int]], names: dict[str, str]
+) -> tuple[Allocation, ...] | None:
+    """The engine's own figures per device. When the runner computed elsewhere
+    than the layout says (simulated devices), the measured totals are spread over
+    the layout's devices in its proportions."""
+    if not measured:
+        return None
+    by_device = {names.get(name, name): sizes for name, sizes in measured.items()}
+    planned = {a.device for a in placement.allocations if a.total}
+    if set(by_device) <= planned | {CPU} and set(by_device) >= planned - {CPU}:
+        return tuple(
+            Allocation(a.device, *(by_device.get(a.device, {}).get(k, 0) for k in KINDS))
+            for a in placement.allocations
+        )
+    totals = {k: sum(s.get(k, 0) for s in measured.values()) for k in KINDS}
+    est = {k: sum(getattr(a, k) for a in placement.allocations) for k in KINDS}
+
+    def scaled(a: Allocation, kind: str) -> int:
+        return round(getattr(a, kind) * totals[kind] / est[kind]) if est[kind] else 0
+
+    return tuple(
+        Allocation(a.device, *(scaled(a, k) for k in KINDS)) for a in placement.allocations
+    )

@@ -1,0 +1,95 @@
+"""From a placement to a runner's launch: load parameters and device visibility.
+
+The scheduler decides *where* a model goes (a ``LoadRequest`` in its own terms:
+device ids, layers per GPU); this module knows how a runner is told so: the
+``LoadSpec`` it receives (layers to offload, tensor split, context size) and the
+environment that makes only the chosen GPUs visible to its backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from jupyter_llm.devices import DeviceInfo
+from jupyter_llm.memory import Placement
+
+VISIBILITY_ENV = {
+    "CUDA": "CUDA_VISIBLE_DEVICES",
+    "ROCm": "HIP_VISIBLE_DEVICES",
+    "Vulkan": "GGML_VK_VISIBLE_DEVICES",
+}
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """What the scheduler decided for one load (``num_ctx`` is per sequence)."""
+
+    path: str
+    num_ctx: int
+    num_batch: int
+    num_thread: int
+    use_mmap: bool
+    parallel: int
+    placement: Placement
+    gpus: tuple[DeviceInfo, ...] = ()  # the serving GPUs, in the order the layout saw them
+    simulated: bool = False  # simulated GPUs: the runner computes on the CPU
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Everything that fixes a runner at load time, as the runner receives it."""
+
+    path: str
+    n_ctx: int
+    n_batch: int = 512
+    n_threads: int = 0
+    n_gpu_layers: int = 0
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
+    use_mmap: bool = True
+    env: tuple[tuple[str, str], ...] = field(default=())  # device visibility for the runner
+
+
+def gpu_library(request: LoadRequest) -> str:
+    """The backend the runner uses for this load ("" for the CPU only)."""
+    return request.gpus[0].library if request.gpus and request.placement.gpus else ""
+
+
+def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
+    """The runner's load parameters. The KV cache holds ``parallel`` sequences."""
+    base = LoadSpec(
+        path=request.path,
+        n_ctx=request.num_ctx * request.parallel,
+        n_batch=request.num_batch,
+        n_threads=request.num_thread,
+        use_mmap=request.use_mmap,
+    )
+    placement = request.placement
+    if request.simulated or not placement.gpus:
+        return base
+    index = {d.id: i for i, d in enumerate(request.gpus)}
+    used = [index[g] for g in placement.gpus]
+    return replace(
+        base,
+        n_gpu_layers=placement.n_gpu_layers,
+        tensor_split=tuple(placement.tensor_split) if len(used) > 1 else (),
+        main_gpu=0,
+        env=visibility_env(gpu_library(request), used, environ),
+    )
+
+
+def visibility_env(
+    library: str, indices: list[int], parent: Mapping[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """Make only the chosen GPUs visible to the runner, respecting an existing
+    restriction (index i of the runner's devices is the i-th visible one)."""
+    var = VISIBILITY_ENV.get(library)
+    if var is None or not indices:
+        return ()
+    if visible := parent.get(var):
+        allowed = [v.strip() for v in visible.split(",")]
+        chosen = [allowed[i] for i in indices if i < len(allowed)]
+    else:
+        chosen = [str(i) for i in indices]
+    return ((var, ",".join(chosen)),)

@@ -1,0 +1,174 @@
+"""``RunnerProxy``: the server's handle on a runner process with a model loaded,
+as the scheduler sees it; ``start_serving_runner`` is the production runner
+factory.
+
+While a request is in flight a watchdog asks the runner's reader thread for the
+main loop's progress: a runner busy without progress for ``stall_timeout`` (a
+decode that never returns, a deadlock) is killed, so its request fails with a
+clear error and the next one loads a fresh runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import asdict
+from typing import Any
+
+from jupyter_llm.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
+from jupyter_llm.runner.launch import LoadRequest, LoadSpec, launch_spec
+from jupyter_llm.runner.process import RunnerProcess
+
+HEALTH_POLL_MAX = 5.0  # seconds between the watchdog's health checks, at most
+
+
+class RunnerProxy:
+    def __init__(self, process: RunnerProcess, spec: LoadSpec, stall_timeout: float) -> None:
+        self.process = process
+        self.spec = spec
+        self.stall_timeout = stall_timeout
+        self.info: dict[str, Any] = {}
+        self.progress = 0.0
+        self.load_duration_ns = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.process.alive
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.info.get("n_ctx", self.spec.n_ctx))
+
+    async def load(self) -> None:
+        """Load the model; the stall timer restarts whenever load progress moves."""
+        started = time.perf_counter_ns()
+        args = {k: v for k, v in asdict(self.spec).items() if k != "env"}
+        args["tensor_split"] = list(self.spec.tensor_split)
+        replies = self.process.stream_batches("load", **args)
+        try:
+            while not self.info:
+                batch = await asyncio.wait_for(anext(replies), self.stall_timeout)
+                for message in batch:
+                    if message.get("type") == "progress":
+                        self.progress = float(message.get("progress", 0.0))
+                    else:
+                        self.info = message
+        except TimeoutError:
+            raise ModelLoadFailed(
+                f"timed out loading the model: no progress for {self.stall_timeout:.0f}s"
+                f" (at {self.progress:.0%})"
+            ) from None
+        except StopAsyncIteration:
+            raise ModelLoadFailed("the runner ended the load without an answer") from None
+        except AllocationFailed as e:
+            raise AllocationFailed(f"failed to load model: {e}") from e
+        except RunnerFailed as e:
+            raise ModelLoadFailed(f"failed to load model: {e}") from e
+        finally:
+            await replies.aclose()
+        self.load_duration_ns = time.perf_counter_ns() - started
+
+    @property
+    def measured(self) -> dict[str, dict[str, int]]:
+        """Bytes llama.cpp allocated per backend buffer ("cpu", "CUDA0", ...)."""
+        return dict(self.info.get("allocations") or {})
+
+    async def device_info(self) -> list[dict[str, Any]]:
+        """The runner's view of its devices' free memory (answered mid-generation)."""
+        reply = await asyncio.wait_for(self.process.call("info"), 5.0)
+        return list(reply.get("devices", []))
+
+    async def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]:
+        """Stream batches of ``token`` messages ending with ``done``."""
+        async with self._watched():
+            stream = self.process.stream_batches("complete", **request)
+            try:
+                async for batch in stream:
+                    yield batch
+            finally:
+                await stream.aclose()
+
+    async def embed(self, **request: Any) -> dict[str, Any]:
+        async with self._watched():
+            return await self.process.call("embed", **request)
+
+    async def health(self, timeout: float = 5.0) -> bool:
+        """Alive, answering, and not stuck in the middle of a request."""
+        try:
+            reply = await asyncio.wait_for(self.process.call("health"), timeout)
+        except (TimeoutError, RunnerFailed):
+            return False
+        stuck = reply.get("busy") is not None and reply.get("stalled_for", 0) >= self.stall_timeout
+        return reply.get("status") == "ok" and not stuck
+
+    async def close(self) -> None:
+        await self.process.close()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    # -- the watchdog ------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _watched(self) -> AsyncIterator[None]:
+        watchdog = asyncio.create_task(self._watch())
+        try:
+            yield
+        finally:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+
+    async def _watch(self) -> None:
+        """Kill the runner once it has been busy (or silent) without progress
+        for ``stall_timeout``. Progress is the runner's own counter of main-loop
+        steps (prompt chunks, tokens, embeddings), read by its reader thread."""
+        poll = min(HEALTH_POLL_MAX, max(self.stall_timeout / 4, 0.01))
+        seen: Any = None
+        since = time.monotonic()
+        while self.alive:
+            await asyncio.sleep(poll)
+            try:
+                reply = await asyncio.wait_for(self.process.call("health"), max(poll, 1.0))
+            except (TimeoutError, RunnerFailed):
+                reply = None  # silent: counts as no progress
+            now = time.monotonic()
+            if reply is not None and (reply.get("busy") is None or reply.get("progress") != seen):
+                seen, since = reply.get("progress"), now
+            elif now - since >= self.stall_timeout:
+                self.process.kill(reason=f"made no progress for {self.stall_timeout:g}s")
+                return
+
+
+async def start_serving_runner(
+    request: LoadRequest,
+    *,
+    python: str = "",
+    load_timeout: float,
+    environ: Mapping[str, str] | None = None,
+) -> RunnerProxy:
+    """Spawn a runner and load ``request`` into it; no runner is left behind on
+    failure. ``load_timeout`` is both the load's stall timer and the watchdog's."""
+    spec = launch_spec(request, os.environ if environ is None else environ)
+    return await start_runner_with(spec, python=python, load_timeout=load_timeout)
+
+
+async def start_runner_with(
+    spec: LoadSpec, *, python: str = "", load_timeout: float
+) -> RunnerProxy:
+    """Spawn a runner and load an explicit ``LoadSpec`` (tests, benchmarks)."""
+    process = RunnerProcess(python=python, env=dict(spec.env), label="runner")
+    await process.start()
+    runner = RunnerProxy(process, spec, stall_timeout=load_timeout)
+    try:
+        await runner.load()
+    except BaseException:
+        await process.close(timeout=2.0)
+        raise
+    return runner

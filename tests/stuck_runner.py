@@ -1,0 +1,23 @@
+"""A real runner whose main thread blocks for good on a prompt that says STUCK
+(as a decode that never returns would): its reader thread still answers.
+
+Started as the runner "interpreter" through a wrapper script:
+``stuck_runner.py -m jupyter_llm.runner --fd N``.
+"""
+
+import sys
+import threading
+
+from jupyter_llm.runner import engine, service
+
+_complete = engine.Engine.complete
+
+
+def complete(self, prompt, *args, **kwargs):
+    if "STUCK" in prompt:
+        threading.Event().wait()  # the main thread never comes back
+    return _complete(self, prompt, *args, **kwargs)
+
+
+engine.Engine.complete = complete
+sys.exit(service.main(sys.argv[sys.argv.index("--fd") :]))
