@@ -19,14 +19,14 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 def client() -> object:
-    """The official ``ollama.Client``, pointed at this notebook's engine."""
-    from jupyter_llm.kernel.connection import find_engine
+    """The official ``ollama.Client``, pointed at this notebook's server."""
+    from jupyter_llm.connect import find_server
 
-    return find_engine().ollama_client()
+    return find_server().ollama_client()
 
 
 def openai_client() -> object:
-    """The official ``openai.OpenAI`` client, pointed at this notebook's engine."""
-    from jupyter_llm.kernel.connection import find_engine
+    """The official ``openai.OpenAI`` client, pointed at this notebook's server."""
+    from jupyter_llm.connect import find_server
 
-    return find_engine().openai_client()
+    return find_server().openai_client()

@@ -3,88 +3,44 @@ embedded engine when none runs).
 
     jupyter llm list | ps | pull NAME | create NAME [-f Modelfile] | rm NAME...
     jupyter llm cp SRC DST | show NAME | run NAME [PROMPT]
+
+Finding the server, the requests and what they print live in ``connect``,
+shared with the ``%llm`` magics; this module parses arguments and prints.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from jupyter_llm.kernel.connection import Engine, LLMClientError, find_engine
-from jupyter_llm.kernel.ps import processor
+from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
+from jupyter_llm.connect.create import create_from_path
+from jupyter_llm.connect.views import loaded_table, model_details, models_table
 
-Command = Callable[[Engine, argparse.Namespace], int]
-
-
-def human_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
+Command = Callable[[ServerEndpoint, argparse.Namespace], int]
 
 
-def ago(iso: str) -> str:
-    try:
-        then = datetime.fromisoformat(iso.replace("Z", "+00:00"))
-    except ValueError:
-        return iso
-    seconds = (datetime.now(UTC) - then).total_seconds()
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
-        if seconds >= size:
-            n = int(seconds // size)
-            return f"{n} {unit}{'s' if n > 1 else ''} ago"
-    return "just now"
-
-
-def table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "   ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in [header, *rows]
-    )
-
-
-def cmd_list(engine: Engine, args: argparse.Namespace) -> int:
-    models = engine.request("GET", "api/tags")["models"]
-    rows = [
-        [m["name"], m["digest"][:12], human_size(m["size"]), ago(m["modified_at"])] for m in models
-    ]
-    print(table(rows, ["NAME", "ID", "SIZE", "MODIFIED"]))
+def cmd_list(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
+    print(models_table(endpoint.request("GET", "api/tags")["models"]))
     return 0
 
 
-def cmd_ps(engine: Engine, args: argparse.Namespace) -> int:
-    models = engine.request("GET", "api/ps")["models"]
-    rows = [
-        [
-            m["name"],
-            m["digest"][:12],
-            human_size(m["size"]),
-            processor(m),
-            str(m.get("context_length", "")),
-            m.get("expires_at", ""),
-        ]
-        for m in models
-    ]
-    print(table(rows, ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]))
+def cmd_ps(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
+    print(loaded_table(endpoint.request("GET", "api/ps")["models"]))
     return 0
 
 
-def cmd_pull(engine: Engine, args: argparse.Namespace) -> int:
+def cmd_pull(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     bars: dict[str, Any] = {}
     status = ""
     try:
         body = {"model": args.name, "insecure": args.insecure}
-        for event in engine.stream("api/pull", body):
+        for event in endpoint.stream("api/pull", body):
             digest, total = event.get("digest"), event.get("total")
             if total:
                 key = digest or event["status"]
@@ -109,113 +65,38 @@ def cmd_pull(engine: Engine, args: argparse.Namespace) -> int:
     return 0
 
 
-def upload_blob(engine: Engine, path: Path) -> str:
-    """HEAD then POST /api/blobs/sha256:<hex>, streaming the file."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            sha.update(chunk)
-    digest = f"sha256:{sha.hexdigest()}"
-    with engine.http() as client:
-        if client.head(f"api/blobs/{digest}").status_code == 200:
-            return digest
-        with open(path, "rb") as f:
-            response = client.post(
-                f"api/blobs/{digest}", content=iter(lambda: f.read(1 << 20), b"")
-            )
-    if response.status_code >= 400:
-        raise LLMClientError(response.json().get("error", f"HTTP {response.status_code}"))
-    return digest
-
-
-def create_from_modelfile(engine: Engine, name: str, text: str, base_dir: Path) -> None:
-    """Create ``name`` from a Modelfile's text, uploading its GGUF when FROM is a file."""
-    from jupyter_llm.errors import InvalidRequest
-    from jupyter_llm.models.modelfile import parse_modelfile
-
-    try:
-        modelfile = parse_modelfile(text)
-    except InvalidRequest as e:
-        raise LLMClientError(str(e)) from None
-    body = modelfile.create_request(name)
-    if modelfile.from_file:
-        path = (base_dir / Path(modelfile.source).expanduser()).resolve()
-        if not path.is_file():
-            raise LLMClientError(f"FROM {modelfile.source}: no such file")
-        body["files"] = {path.name: upload_blob(engine, path)}
-    for event in engine.stream("api/create", body):
-        print(event.get("status", ""), file=sys.stderr)
-
-
-def create_from_path(engine: Engine, name: str, source: str) -> None:
-    """Create ``name`` from a Modelfile, or straight from a ``.gguf`` file."""
-    path = Path(source).expanduser()
-    if path.suffix.lower() == ".gguf":
-        text, base = f"FROM {path.resolve()}", Path.cwd()
-    else:
-        try:
-            text, base = path.read_text(), path.resolve().parent
-        except OSError as e:
-            raise LLMClientError(f"cannot read {source}: {e.strerror}") from None
-    create_from_modelfile(engine, name, text, base)
-
-
-def cmd_create(engine: Engine, args: argparse.Namespace) -> int:
-    create_from_path(engine, args.name, args.file)
+def cmd_create(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
+    create_from_path(endpoint, args.name, args.file)
     return 0
 
 
-def cmd_rm(engine: Engine, args: argparse.Namespace) -> int:
+def cmd_rm(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
     for name in args.names:
-        engine.request("DELETE", "api/delete", {"model": name})
+        endpoint.request("DELETE", "api/delete", {"model": name})
         print(f"deleted '{name}'")
     return 0
 
 
-def cmd_cp(engine: Engine, args: argparse.Namespace) -> int:
-    engine.request("POST", "api/copy", {"source": args.source, "destination": args.destination})
+def cmd_cp(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
+    endpoint.request("POST", "api/copy", {"source": args.source, "destination": args.destination})
     print(f"copied '{args.source}' to '{args.destination}'")
     return 0
 
 
-def cmd_show(engine: Engine, args: argparse.Namespace) -> int:
-    info = engine.request("POST", "api/show", {"model": args.name})
-    if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
-    d, mi = info["details"], info["model_info"]
-    arch = mi.get("general.architecture", d.get("family", ""))
-    print("  Model")
-    for label, value in (
-        ("architecture", arch),
-        ("parameters", d.get("parameter_size")),
-        ("context length", mi.get(f"{arch}.context_length")),
-        ("embedding length", mi.get(f"{arch}.embedding_length")),
-        ("quantization", d.get("quantization_level")),
-    ):
-        print(f"    {label:<20}{value}")
-    print("\n  Capabilities")
-    for capability in info.get("capabilities", []):
-        print(f"    {capability}")
-    if info.get("parameters"):
-        print("\n  Parameters")
-        for line in info["parameters"].splitlines():
-            print(f"    {line}")
-    if info.get("system"):
-        print("\n  System\n    " + info["system"].strip().replace("\n", "\n    "))
-    if info.get("license"):
-        print("\n  License\n    " + info["license"].strip().splitlines()[0])
+def cmd_show(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
+    info = endpoint.request("POST", "api/show", {"model": args.name})
+    print(json.dumps(info, indent=2) if args.json else model_details(info))
     return 0
 
 
-def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
+def cmd_run(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
     options = {}
     if args.num_predict is not None:
         options["num_predict"] = args.num_predict
 
     def reply(messages: list[dict[str, str]]) -> str:
         parts = []
-        for chunk in engine.stream(
+        for chunk in endpoint.stream(
             "api/chat", {"model": args.name, "messages": messages, "options": options}
         ):
             text = chunk.get("message", {}).get("content", "")
@@ -281,8 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        engine = find_engine()
-        return args.run(engine, args)
+        return args.run(find_server(), args)
     except LLMClientError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1

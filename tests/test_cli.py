@@ -1,15 +1,20 @@
-"""``jupyter llm`` end to end: a live server, and embedded when none runs."""
+"""``jupyter llm`` end to end: a live server, found through the environment or
+its runtime file; several servers (an error, not a second engine); embedded
+when none runs, printing only its own output."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from live_server import LiveServer
 from loopback import LoopbackServer, Remote
 
+from jupyter_llm.connect.views import models_table
 from jupyter_llm.models.store import ModelStore
 
 
@@ -18,9 +23,16 @@ def live(tmp_path_factory, demo_gguf):
     models = tmp_path_factory.mktemp("cli-models")
     store = ModelStore(models)
     store.create("tiny", {"t.gguf": store.add_blob_from_file(demo_gguf)})
-    server = LiveServer(models, models)
+    runtime = tmp_path_factory.mktemp("cli-runtime")  # its jpserver-<pid>.json, ours alone
+    server = LiveServer(models, models, {"JUPYTER_RUNTIME_DIR": str(runtime)})
     yield server
     server.stop()
+
+
+def discovery_env(runtime: Path, **extra: str) -> dict[str, str]:
+    """No JUPYTER_LLM_URL: the CLI finds servers through ``runtime`` alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_LLM_")}
+    return {**env, "JUPYTER_RUNTIME_DIR": str(runtime), **extra}
 
 
 def cli(*args: str, env: dict[str, str], stdin: str | None = None, cwd=None):
@@ -88,28 +100,81 @@ def test_errors_are_one_line_with_the_server_message(live):
     assert out.returncode == 1 and "cannot read" in out.stderr
 
 
+def test_the_one_running_server_is_found(live):
+    env = discovery_env(Path(live.env["JUPYTER_RUNTIME_DIR"]))
+    out = cli("list", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "tiny:latest" in out.stdout
+
+
+def test_several_servers_are_an_error_not_a_second_engine(live, tmp_path):
+    runtime = Path(live.env["JUPYTER_RUNTIME_DIR"])
+    other = LiveServer(tmp_path, tmp_path, {"JUPYTER_RUNTIME_DIR": str(runtime)})
+    try:
+        out = cli("list", env=discovery_env(runtime))
+    finally:
+        other.stop()
+    assert out.returncode == 1 and out.stdout == ""  # no embedded engine listed models
+    assert out.stderr.startswith("Error: several Jupyter servers run jupyter-llm")
+    for server in (live, other):
+        assert f"{server.url}  pid {server.proc.pid}" in out.stderr
+    assert "JUPYTER_LLM_URL" in out.stderr and "JUPYTER_LLM_TOKEN" in out.stderr
+
+
 def test_embedded_when_no_server_runs(tmp_path, demo_gguf):
+    """Only the command's output on stdout, and none of the engine's INFO log."""
     store = ModelStore(tmp_path / "models")
     store.create("tiny", {"t.gguf": store.add_blob_from_file(demo_gguf)})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_LLM_")}
-    env.update(
-        JUPYTER_LLM_MODELS=str(tmp_path / "models"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime")
-    )  # no running servers here
-    before = runner_processes()
+    entry = store.get("tiny")
+    os.utime(store.manifest_path(entry.name), (0, 0))  # "N days ago": stable while the test runs
+    env = discovery_env(tmp_path / "runtime", JUPYTER_LLM_MODELS=str(tmp_path / "models"))
+
+    def expected() -> str:
+        row = {
+            "name": entry.name.display,
+            "digest": entry.digest,
+            "size": entry.size,
+            "modified_at": "1970-01-01T00:00:00Z",
+        }
+        return models_table([row]) + "\n"
+
+    first = expected()
+    out = cli("list", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout in (first, expected())  # the day may turn during the call
+    assert_no_info(out.stderr)
+    out = cli("ps", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "NAME   ID   SIZE   PROCESSOR   CONTEXT   UNTIL\n"
+    assert_no_info(out.stderr)
     out = cli("run", "tiny", "hello", "-n", "4", env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
-    assert "tiny:latest" in cli("list", env=env).stdout
-    assert runner_processes() <= before  # the embedded engine stopped its runner
+    assert_no_info(out.stderr)
+    assert not runner_processes(tmp_path / "models")  # the embedded engine stopped its runner
 
 
-def runner_processes() -> set[int]:
+def assert_no_info(stderr: str) -> None:
+    """Jupyter's log lines start with ``[I``, ``[W``...; INFO and DEBUG ones must not appear."""
+    chatter = [line for line in stderr.splitlines() if re.match(r"\[[ID] ", line)]
+    assert not chatter, stderr
+    assert "jupyter-llm: models in" not in stderr and "loading " not in stderr, stderr
+
+
+def runner_processes(models: Path) -> list[int]:
+    """Runners serving ``models`` (they inherit JUPYTER_LLM_MODELS), whoever
+    their parent is now: other tests' runners on this machine do not count."""
     import psutil
 
-    found = set()
+    found = []
     for p in psutil.process_iter(["cmdline"]):
-        if "jupyter_llm.runner" in " ".join(p.info["cmdline"] or []):
-            found.add(p.pid)
+        if "jupyter_llm.runner" not in " ".join(p.info["cmdline"] or []):
+            continue
+        try:
+            if p.environ().get("JUPYTER_LLM_MODELS") == str(models):
+                found.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
     return found
 
 
@@ -126,6 +191,6 @@ def runner_processes() -> set[int]:
 )
 def test_processor_column(size: int, vram: int, shown: str) -> None:
     """The same rule as the sidebar's processor() (labextension/src/format.ts)."""
-    from jupyter_llm.kernel.ps import processor
+    from jupyter_llm.connect.labels import processor_label
 
-    assert processor({"size": size, "size_vram": vram}) == shown
+    assert processor_label({"size": size, "size_vram": vram}) == shown

@@ -9,7 +9,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from live_server import LiveServer
 
-from jupyter_llm.kernel.connection import Engine
+from jupyter_llm.connect import ServerEndpoint
 from jupyter_llm.kernel.magics import (
     LLMMagics,
     MagicUsageError,
@@ -46,7 +46,7 @@ def live(tmp_path_factory, demo_gguf):
 @pytest.fixture
 def shell(live):
     ip = InteractiveShell.instance()
-    magics = LLMMagics(shell=ip, engine=Engine(live.url, live.token, "env"))
+    magics = LLMMagics(shell=ip, endpoint=ServerEndpoint(live.url, live.token, "env"))
     ip.register_magics(magics)
     ip.user_ns.pop("history", None)
     yield ip
@@ -267,9 +267,9 @@ def test_line_commands(shell, capsys, tmp_path, demo_gguf):
 
 
 def test_dashboard_shows_simulated_devices_and_unloads(live, shell):
-    engine = Engine(live.url, live.token, "env")
+    endpoint = ServerEndpoint(live.url, live.token, "env")
     run(shell, "tiny -n 1")
-    dash = DeviceDashboard(engine, start=False)
+    dash = DeviceDashboard(endpoint, start=False)
     dash.refresh()
     rows = [r.value for r in dash.device_rows.children]
     assert "RTX Sim · CUDA" in rows[0] and "tiny:latest weights" in rows[0]
@@ -278,21 +278,21 @@ def test_dashboard_shows_simulated_devices_and_unloads(live, shell):
     button, info = model_row.children
     assert "tiny:latest" in info.value and "unloads in" in info.value
     button.click()  # calls the API
-    assert engine.request("GET", "api/ps")["models"] == []
+    assert endpoint.request("GET", "api/ps")["models"] == []
     assert "No model is loaded" in dash.model_rows.children[0].value
     dash.close()
 
 
 def test_dashboard_thread_stops_when_closed(live):
-    dash = DeviceDashboard(Engine(live.url, live.token, "env"), interval=0.05)
+    dash = DeviceDashboard(ServerEndpoint(live.url, live.token, "env"), interval=0.05)
     assert dash._thread.is_alive()
     dash.close()
-    dash._thread.join(2)
+    dash._thread.join(30)  # a deadline: the thread ends within one interval
     assert not dash._thread.is_alive()
 
 
 def test_embedded_mode(tmp_path, demo_gguf, monkeypatch):
-    from jupyter_llm.kernel import connection
+    from jupyter_llm.connect import embedded
 
     store = ModelStore(tmp_path / "models")
     store.create("tiny", {"t.gguf": store.add_blob_from_file(demo_gguf)})
@@ -305,10 +305,10 @@ def test_embedded_mode(tmp_path, demo_gguf, monkeypatch):
     ip.register_magics(magics)
     try:
         g = ip.run_cell_magic("llm", "tiny -n 3 --no-stream", "hello")
-        assert magics.engine.kind == "embedded" and g.metrics.eval_count == 3
-        assert "tiny:latest" in [m.model for m in magics.engine.ollama_client().list().models]
+        assert magics.endpoint.kind == "embedded" and g.metrics.eval_count == 3
+        assert "tiny:latest" in [m.model for m in magics.endpoint.ollama_client().list().models]
     finally:
-        connection.stop_embedded()
+        embedded.stop_embedded()
 
 
 def test_quickstart_notebook_runs_end_to_end(live, demo_gguf, monkeypatch):
@@ -340,24 +340,120 @@ def test_quickstart_notebook_runs_end_to_end(live, demo_gguf, monkeypatch):
     assert talk["data"]["text/plain"] == "4"
 
 
-def test_interrupt_cancels_generation_on_the_server(shell, live):
-    import os
-    import signal
-    import threading
+# -- the stop button: SIGINT to a real kernel ---------------------------------------------
+LONG_CTX = 1 << 16  # tokens: far more decode steps than any machine does in the test's time
+
+
+@pytest.fixture(scope="module")
+def endless(live, tmp_path_factory):
+    """``long``: the demo model with a 64k-token context, so a generation with
+    ``num_predict -1`` cannot end (at the context limit) before it is
+    interrupted, however fast the machine."""
+    from jupyter_llm.demo import DemoModelSpec, write_demo_model
+
+    path = write_demo_model(
+        tmp_path_factory.mktemp("long") / "long.gguf", DemoModelSpec(context_length=LONG_CTX)
+    )
+    store = ModelStore(live.env["JUPYTER_LLM_MODELS"])
+    store.create("long", {"long.gguf": store.add_blob_from_file(path)})
+    yield "long:latest"
+    live.client.post("api/generate", json={"model": "long", "keep_alive": 0})
+
+
+def wait_until(condition, timeout: float, what: str, poll: float = 0.02):
+    """Return ``condition()``'s first true value; fail after ``timeout`` seconds."""
     import time
 
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
-    started = time.monotonic()
-    g = run(shell, "tiny -n 1000000 -t 0", "go on forever")
-    assert time.monotonic() - started < 30
-    assert g.metrics.done_reason == "cancel" and "interrupted" in g.metrics.footer()
-    for _ in range(50):  # the server notices the closed stream within a token or so
-        first = live.client.get("api/ps").json()["models"][0]["expires_at"]
-        time.sleep(0.1)
-        if live.client.get("api/ps").json()["models"][0]["expires_at"] == first:
-            break  # the keep_alive timer runs: the request was released
-    else:
-        pytest.fail("the runner was not released after the interrupt")
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
+    return value
+
+
+def in_use(live, name: str) -> bool:
+    """The server's own view: a loaded model with a request in flight has no
+    keep_alive timer, so its ``expires_at`` moves with every ``/api/ps``; once
+    released, the timer fixes it."""
+
+    def expires() -> str | None:
+        models = live.client.get("api/ps").json()["models"]
+        return next((m["expires_at"] for m in models if m["name"] == name), None)
+
+    first = expires()
+    return first is not None and expires() != first
+
+
+def interrupt(process) -> None:
+    """SIGINT to ``process`` alone (not a group), only while it is still the
+    child we started: same pid and start time, not reaped, not this runner."""
+    import os
+    import signal
+
+    import psutil
+
+    assert process.pid not in (os.getpid(), os.getpgrp())
+    assert process.is_running(), "the kernel died before the interrupt"  # checks create_time
+    assert process.ppid() == os.getpid()  # our unreaped child: its pid cannot be reused
+    try:
+        process.send_signal(signal.SIGINT)  # psutil re-checks the pid's identity
+    except psutil.NoSuchProcess:
+        pytest.fail("the kernel died before the interrupt")
+
+
+def iopub_until(kc, msg_id: str, match, timeout: float, what: str) -> dict:
+    """The first message of cell ``msg_id`` that ``match``es; fails at the
+    deadline, on an error, or when the cell ends without one."""
+    import queue
+    import time
+
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            msg = kc.get_iopub_msg(timeout=left)
+        except queue.Empty:
+            break
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if match(msg):
+            return msg
+        if msg["msg_type"] == "error":
+            pytest.fail(f"the cell failed while waiting for {what}: {msg['content']}")
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            pytest.fail(f"the cell ended before {what}")
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_interrupt_cancels_generation_on_the_server(live, endless):
+    """The stop button: a kernel interrupted mid-stream closes the connection
+    and the server releases the runner."""
+    import psutil
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60, env=live.client_env)
+    try:
+        kernel = psutil.Process(km.provisioner.process.pid)  # pins pid and create_time
+        reply = kc.execute_interactive("%load_ext jupyter_llm", timeout=60)
+        assert reply["content"]["status"] == "ok"
+        cell = f"%%llm long -n -1 --num-ctx {LONG_CTX} -t 0\ngo on forever"
+        msg_id = kc.execute(cell)
+
+        def tokens_shown(msg: dict) -> bool:
+            text = msg["content"].get("data", {}).get("text/markdown", "")
+            return msg["msg_type"] == "update_display_data" and text not in ("", "…")
+
+        iopub_until(kc, msg_id, tokens_shown, 60, "the first streamed tokens")
+        assert in_use(live, endless), "the generation is not running on the server"
+        interrupt(kernel)
+        result = iopub_until(
+            kc, msg_id, lambda m: m["msg_type"] == "execute_result", 30, "the cell's result"
+        )
+        assert "interrupted" in result["content"]["data"]["text/markdown"]
+        wait_until(lambda: not in_use(live, endless), 20, "the server to release the runner")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
 
 
 def test_pull_line_command_with_progress_bar(shell, capsys, demo_gguf):
@@ -376,47 +472,94 @@ def test_pull_line_command_with_progress_bar(shell, capsys, demo_gguf):
     assert f"{server.host}/library/pulled:latest" in capsys.readouterr().out
 
 
+# -- which server: the discovery order, as a table ---------------------------------------
+NOT_A_PID_A, NOT_A_PID_B = 5_000_001, 5_000_002  # above Linux's pid_max: never our parent
+A = {"pid": NOT_A_PID_A, "url": "http://a/", "token": "x", "root_dir": "/home/a"}
+B = {"pid": NOT_A_PID_B, "url": "http://b/", "token": "y", "root_dir": "/srv/b"}
+PARENT = {"pid": "PPID", "url": "http://p/", "token": "z", "root_dir": "/p"}
+EMBEDDED = ServerEndpoint("http://127.0.0.1:1/", "e", "embedded")
+
+
 @pytest.mark.parametrize(
-    ("env", "servers", "expected"),
+    ("env", "servers", "with_llm", "embedded", "expected"),
     [
-        (
+        pytest.param(
             {"JUPYTER_LLM_URL": "http://h:1/base", "JUPYTER_LLM_TOKEN": "t"},
-            [],
+            [A, B],
+            "ab",
+            True,
             ("http://h:1/base/", "t", "env"),
+            id="the environment wins",
         ),
-        (
-            {"JPY_PARENT_PID": "22"},
-            [
-                {"pid": 11, "url": "http://a/", "token": "x"},
-                {"pid": 22, "url": "http://b/", "token": "y"},
-            ],
+        pytest.param(
+            {"JPY_PARENT_PID": str(NOT_A_PID_B)},
+            [A, B],
+            "ab",
+            True,
             ("http://b/", "y", "server"),
+            id="the kernel's server (JPY_PARENT_PID) among several",
         ),
-        ({}, [{"pid": 11, "url": "http://a/", "token": "x"}], ("http://a/", "x", "server")),
+        pytest.param(
+            {}, [A, PARENT], "ap", True, ("http://p/", "z", "server"), id="the parent process"
+        ),
+        pytest.param({}, [A], "a", False, ("http://a/", "x", "server"), id="the only server"),
+        pytest.param(
+            {},
+            [A, B],
+            "b",
+            True,
+            ("http://b/", "y", "server"),
+            id="the only one with jupyter-llm",
+        ),
+        pytest.param(
+            {}, [A, B], "ab", True, "several", id="several, none the parent: no second engine"
+        ),
+        pytest.param({}, [A, B], "ab", False, "several", id="several, embedding off"),
+        pytest.param(
+            {"JPY_PARENT_PID": str(NOT_A_PID_A)},
+            [B],
+            "b",
+            True,
+            ("http://b/", "y", "server"),
+            id="parent gone, one other server",
+        ),
+        pytest.param({}, [], "", True, ("http://127.0.0.1:1/", "e", "embedded"), id="none runs"),
+        pytest.param(
+            {},
+            [A, B],
+            "",
+            True,
+            ("http://127.0.0.1:1/", "e", "embedded"),
+            id="none has the extension",
+        ),
+        pytest.param({}, [], "", False, "none", id="none runs, embedding off"),
     ],
 )
-def test_find_engine_order(monkeypatch, env, servers, expected):
-    from jupyter_llm.kernel import connection
+def test_find_server(monkeypatch, env, servers, with_llm, embedded, expected):
+    import os
+
+    from jupyter_llm.connect import discovery
+    from jupyter_llm.connect import embedded as embedding
 
     for var in ("JUPYTER_LLM_URL", "JUPYTER_LLM_TOKEN", "JPY_PARENT_PID"):
         monkeypatch.delenv(var, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(connection, "_running_servers", lambda: servers)
-    monkeypatch.setattr(connection, "_has_extension", lambda info: True)
-    engine = connection.find_engine(embedded=False)
-    assert (engine.url, engine.token, engine.kind) == expected
-
-
-def test_find_engine_without_servers_and_embedding_off(monkeypatch):
-    from jupyter_llm.kernel import connection
-
-    monkeypatch.delenv("JUPYTER_LLM_URL", raising=False)
-    monkeypatch.setattr(
-        connection,
-        "_running_servers",
-        lambda: [{"pid": 1, "url": "http://a/"}, {"pid": 2, "url": "http://b/"}],
-    )
-    monkeypatch.setattr(connection, "_has_extension", lambda info: True)
-    with pytest.raises(connection.LLMClientError, match="set JUPYTER_LLM_URL"):
-        connection.find_engine(embedded=False)
+    servers = [{**s, "pid": os.getppid() if s["pid"] == "PPID" else s["pid"]} for s in servers]
+    monkeypatch.setattr(discovery, "_running_servers", lambda: servers)
+    # with_llm: the hosts (a, b, p) whose /llm/api/version answers
+    monkeypatch.setattr(discovery, "_has_extension", lambda info: info["url"][7] in with_llm)
+    monkeypatch.setattr(embedding, "start_embedded", lambda: EMBEDDED)
+    if expected == "several":
+        with pytest.raises(discovery.SeveralServersError) as raised:
+            discovery.find_server(embedded=embedded)
+        message = str(raised.value)
+        for s in servers:
+            assert f"{s['url']}  pid {s['pid']}  root {s['root_dir']}" in message
+        assert "JUPYTER_LLM_URL" in message and "JUPYTER_LLM_TOKEN" in message
+    elif expected == "none":
+        with pytest.raises(discovery.LLMClientError, match="no running Jupyter server"):
+            discovery.find_server(embedded=embedded)
+    else:
+        endpoint = discovery.find_server(embedded=embedded)
+        assert (endpoint.url, endpoint.token, endpoint.kind) == expected

@@ -1,6 +1,3 @@
-"""Client side: finding the engine (a Jupyter server with jupyter-llm, or an
-embedded one), and, in a kernel, the magics and widgets."""
-
-from jupyter_llm.kernel.connection import Engine, LLMClientError, find_engine
-
-__all__ = ["Engine", "LLMClientError", "find_engine"]
+"""Kernel side: the ``%%llm``/``%llm`` magics (``magics``), what they return
+(``results``) and the ``DeviceDashboard`` widget (``widgets``). Finding and
+talking to the server is ``jupyter_llm.connect``, shared with the CLI."""

@@ -1,4 +1,6 @@
-"""``%%llm`` and ``%llm``: parse into a typed value, then execute.
+"""``%%llm`` and ``%llm``: parse into a typed value, then execute. The server,
+the requests and what the line commands print come from ``connect``, shared
+with ``jupyter llm``.
 
 %load_ext jupyter_llm
 %%llm demo -t 0.2
@@ -20,7 +22,9 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import HTML, Markdown, display
 from traitlets import Float, Unicode
 
-from jupyter_llm.kernel.connection import Engine, LLMClientError, find_engine
+from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
+from jupyter_llm.connect.create import create_from_path
+from jupyter_llm.connect.views import loaded_table, model_details, models_table
 from jupyter_llm.kernel.results import Chat, Generation, Metrics
 
 HELP = """%%llm MODEL [options]   (the prompt is the cell body)
@@ -141,15 +145,18 @@ class LLMMagics(Magics):
     default_model = Unicode("", help="Model for %%llm without MODEL.").tag(config=True)
     refresh_interval = Float(0.1, help="Seconds between live display updates.").tag(config=True)
 
-    def __init__(self, shell: Any = None, engine: Engine | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, shell: Any = None, endpoint: ServerEndpoint | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(shell=shell, **kwargs)
-        self._engine = engine
+        self._endpoint = endpoint
 
     @property
-    def engine(self) -> Engine:
-        if self._engine is None:
-            self._engine = find_engine()
-        return self._engine
+    def endpoint(self) -> ServerEndpoint:
+        """The server this kernel talks to, found on first use."""
+        if self._endpoint is None:
+            self._endpoint = find_server()
+        return self._endpoint
 
     # -- %%llm ---------------------------------------------------------------------
     @cell_magic
@@ -209,7 +216,7 @@ class LLMMagics(Magics):
         final: dict[str, Any] = {"done_reason": "cancel"}
         shown = 0.0
         try:
-            for chunk in self.engine.stream("api/chat", body):
+            for chunk in self.endpoint.stream("api/chat", body):
                 if chunk.get("done"):
                     final = chunk
                     break
@@ -244,32 +251,24 @@ class LLMMagics(Magics):
         print(HELP)
 
     def _cmd_models(self, rest: list[str]) -> None:
-        from jupyter_llm.cli import cmd_list
-
-        cmd_list(self.engine, argparse.Namespace())
+        print(models_table(self.endpoint.request("GET", "api/tags")["models"]))
 
     def _cmd_ps(self, rest: list[str]) -> None:
-        from jupyter_llm.cli import cmd_ps
-
-        cmd_ps(self.engine, argparse.Namespace())
+        print(loaded_table(self.endpoint.request("GET", "api/ps")["models"]))
 
     def _cmd_show(self, rest: list[str]) -> None:
-        from jupyter_llm.cli import cmd_show
-
         name = _one(rest, "show NAME")
-        cmd_show(self.engine, argparse.Namespace(name=name, json=False))
+        print(model_details(self.endpoint.request("POST", "api/show", {"model": name})))
 
     def _cmd_rm(self, rest: list[str]) -> None:
         for name in rest or [_one(rest, "rm NAME")]:
-            self.engine.request("DELETE", "api/delete", {"model": name})
+            self.endpoint.request("DELETE", "api/delete", {"model": name})
             print(f"deleted '{name}'")
 
     def _cmd_create(self, rest: list[str]) -> None:
-        from jupyter_llm.cli import create_from_path
-
         if len(rest) != 2:
             raise MagicUsageError("usage: %llm create NAME FILE_OR_MODELFILE")
-        create_from_path(self.engine, *rest)
+        create_from_path(self.endpoint, *rest)
         print(f"created '{rest[0]}'")
 
     def _cmd_pull(self, rest: list[str]) -> None:
@@ -282,7 +281,7 @@ class LLMMagics(Magics):
         )
         label = w.Label("")
         display(w.HBox([bar, label]))
-        for event in self.engine.stream("api/pull", {"model": name, "insecure": insecure}):
+        for event in self.endpoint.stream("api/pull", {"model": name, "insecure": insecure}):
             label.value = event.get("status", "")
             if event.get("total"):
                 bar.value = event.get("completed", 0) / event["total"]
@@ -290,17 +289,17 @@ class LLMMagics(Magics):
 
     def _cmd_unload(self, rest: list[str]) -> None:
         if rest == ["--all"]:
-            names = [m["name"] for m in self.engine.request("GET", "api/ps")["models"]]
+            names = [m["name"] for m in self.endpoint.request("GET", "api/ps")["models"]]
         else:
             names = [_one(rest, "unload NAME|--all")]
         for name in names:
-            self.engine.request("POST", "api/generate", {"model": name, "keep_alive": 0})
+            self.endpoint.request("POST", "api/generate", {"model": name, "keep_alive": 0})
             print(f"unloaded '{name}'")
 
     def _cmd_devices(self, rest: list[str]) -> Any:
         from jupyter_llm.kernel.widgets import DeviceDashboard
 
-        return DeviceDashboard(self.engine)
+        return DeviceDashboard(self.endpoint)
 
 
 def _one(rest: list[str], usage: str) -> str:

@@ -16,8 +16,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from jupyter_llm.kernel.connection import Engine, LLMClientError
-from jupyter_llm.kernel.ps import processor
+from jupyter_llm.connect import LLMClientError, ServerEndpoint
+from jupyter_llm.connect.labels import processor_label
 
 PALETTE = ["#1e88e5", "#8e24aa", "#43a047", "#f4511e", "#00897b", "#6d4c41"]
 SHADES = {"weights": 1.0, "kv_cache": 0.7, "graph": 0.45}
@@ -88,9 +88,9 @@ def countdown(expires_at: str, now: datetime | None = None) -> str:
 
 
 class DeviceDashboard(w.VBox):
-    def __init__(self, engine: Engine, interval: float = 2.0, start: bool = True) -> None:
+    def __init__(self, endpoint: ServerEndpoint, interval: float = 2.0, start: bool = True) -> None:
         super().__init__()
-        self.engine = engine
+        self.endpoint = endpoint
         self.interval = interval
         self.title = w.HTML("<b>Devices</b>")
         self.device_rows = w.VBox()
@@ -123,8 +123,8 @@ class DeviceDashboard(w.VBox):
     def refresh(self) -> None:
         """Fetch /api/devices and /api/ps and set the widgets' values."""
         try:
-            devices = self.engine.request("GET", "api/devices")
-            models = self.engine.request("GET", "api/ps")["models"]
+            devices = self.endpoint.request("GET", "api/devices")
+            models = self.endpoint.request("GET", "api/ps")["models"]
         except LLMClientError as e:
             self.status.value = f'<span style="color:#c62828">{html.escape(str(e))}</span>'
             return
@@ -169,7 +169,7 @@ class DeviceDashboard(w.VBox):
     def _model_row(self, model: dict[str, Any]) -> w.Widget:
         name = model["name"]
         info = w.HTML(
-            f"<b>{html.escape(name)}</b> {_gib(model['size'])} · {processor(model)} · "
+            f"<b>{html.escape(name)}</b> {_gib(model['size'])} · {processor_label(model)} · "
             f"ctx {model.get('context_length', '')} · "
             f"{countdown(model.get('expires_at', ''))}"
         )
@@ -181,7 +181,7 @@ class DeviceDashboard(w.VBox):
 
     def unload(self, name: str) -> None:
         try:
-            self.engine.request("POST", "api/generate", {"model": name, "keep_alive": 0})
+            self.endpoint.request("POST", "api/generate", {"model": name, "keep_alive": 0})
         except LLMClientError as e:
             self.status.value = f'<span style="color:#c62828">{html.escape(str(e))}</span>'
         self.refresh()

@@ -1,0 +1,48 @@
+"""How single values from the API read to a person: sizes, ages, and the
+PROCESSOR label. One rule for ``jupyter llm``, the ``%llm`` commands, the
+notebook's ``DeviceDashboard`` and (in TypeScript, ``labextension/src/format.ts``)
+the JupyterLab sidebar."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+
+def processor_label(model: dict[str, Any]) -> str:
+    """Ollama's PROCESSOR column for an ``/api/ps`` entry: how the model is
+    split between CPU and GPU. A split that rounds to 0% on one side reads as
+    100% on the other (a fully offloaded model keeps its token embeddings in
+    system RAM)."""
+    size, vram = model.get("size") or 0, model.get("size_vram") or 0
+    if not size or vram == 0:
+        return "100% CPU"
+    gpu = round(100 * vram / size)
+    if gpu >= 100:
+        return "100% GPU"
+    if gpu <= 0:
+        return "100% CPU"
+    return f"{100 - gpu}%/{gpu}% CPU/GPU"
+
+
+def human_size(n: float) -> str:
+    """Decimal units, as Ollama's ``list`` shows them."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def ago(iso: str, now: datetime | None = None) -> str:
+    """An ISO timestamp as "3 days ago"; text that is not one is shown as is."""
+    try:
+        then = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except ValueError:
+        return iso
+    seconds = ((now or datetime.now(UTC)) - then).total_seconds()
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n > 1 else ''} ago"
+    return "just now"

@@ -1,0 +1,67 @@
+"""What ``list``, ``ps`` and ``show`` print, as pure functions of the API's
+JSON, shared by ``jupyter llm`` and the ``%llm`` line commands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_llm.connect.labels import ago, human_size, processor_label
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """Left-aligned columns three spaces apart, like Ollama's tables."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "   ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    )
+
+
+def models_table(models: list[dict[str, Any]]) -> str:
+    """``/api/tags`` models."""
+    rows = [
+        [m["name"], m["digest"][:12], human_size(m["size"]), ago(m["modified_at"])] for m in models
+    ]
+    return table(rows, ["NAME", "ID", "SIZE", "MODIFIED"])
+
+
+def loaded_table(models: list[dict[str, Any]]) -> str:
+    """``/api/ps`` models."""
+    rows = [
+        [
+            m["name"],
+            m["digest"][:12],
+            human_size(m["size"]),
+            processor_label(m),
+            str(m.get("context_length", "")),
+            m.get("expires_at", ""),
+        ]
+        for m in models
+    ]
+    return table(rows, ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"])
+
+
+def model_details(info: dict[str, Any]) -> str:
+    """``/api/show``: the model's shape, capabilities, parameters, system prompt
+    and the first line of its license."""
+    d, mi = info["details"], info["model_info"]
+    arch = mi.get("general.architecture", d.get("family", ""))
+    lines = ["  Model"]
+    for label, value in (
+        ("architecture", arch),
+        ("parameters", d.get("parameter_size")),
+        ("context length", mi.get(f"{arch}.context_length")),
+        ("embedding length", mi.get(f"{arch}.embedding_length")),
+        ("quantization", d.get("quantization_level")),
+    ):
+        lines.append(f"    {label:<20}{value}")
+    lines.append("\n  Capabilities")
+    lines.extend(f"    {capability}" for capability in info.get("capabilities", []))
+    if info.get("parameters"):
+        lines.append("\n  Parameters")
+        lines.extend(f"    {line}" for line in info["parameters"].splitlines())
+    if info.get("system"):
+        lines.append("\n  System\n    " + info["system"].strip().replace("\n", "\n    "))
+    if info.get("license"):
+        lines.append("\n  License\n    " + info["license"].strip().splitlines()[0])
+    return "\n".join(lines)
