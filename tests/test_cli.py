@@ -176,21 +176,3 @@ def runner_processes(models: Path) -> list[int]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
-
-
-@pytest.mark.parametrize(
-    ("size", "vram", "shown"),
-    [
-        (1000, 0, "100% CPU"),
-        (1000, 1000, "100% GPU"),
-        (1000, 520, "48%/52% CPU/GPU"),
-        (1000, 996, "100% GPU"),
-        (1000, 4, "100% CPU"),
-        (0, 5, "100% CPU"),
-    ],
-)
-def test_processor_column(size: int, vram: int, shown: str) -> None:
-    """The same rule as the sidebar's processor() (labextension/src/format.ts)."""
-    from jupyter_llm.connect.labels import processor_label
-
-    assert processor_label({"size": size, "size_vram": vram}) == shown

@@ -1,0 +1,82 @@
+"""``jupyter_llm.connect``, the client side shared by the CLI and the kernel:
+its pure labels and views, and the rule that the two never import each other."""
+
+from __future__ import annotations
+
+import ast
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+import jupyter_llm
+from jupyter_llm.connect.labels import ago, human_size, processor_label
+from jupyter_llm.connect.views import loaded_table, table
+
+
+@pytest.mark.parametrize(
+    ("size", "vram", "shown"),
+    [
+        (1000, 0, "100% CPU"),
+        (1000, 1000, "100% GPU"),
+        (1000, 520, "48%/52% CPU/GPU"),
+        (1000, 996, "100% GPU"),
+        (1000, 4, "100% CPU"),
+        (0, 5, "100% CPU"),
+    ],
+)
+def test_processor_label(size: int, vram: int, shown: str) -> None:
+    """The same rule as the sidebar's processor() (labextension/src/format.ts)."""
+    assert processor_label({"size": size, "size_vram": vram}) == shown
+
+
+@pytest.mark.parametrize(
+    ("n", "shown"),
+    [(0, "0 B"), (999, "999 B"), (1000, "1.0 KB"), (438_016, "438.0 KB"), (4.7e9, "4.7 GB")],
+)
+def test_human_size(n: float, shown: str) -> None:
+    assert human_size(n) == shown
+
+
+@pytest.mark.parametrize(
+    ("iso", "shown"),
+    [
+        ("2026-01-01T11:59:30Z", "just now"),
+        ("2026-01-01T11:59:00Z", "1 minute ago"),
+        ("2026-01-01T09:00:00Z", "3 hours ago"),
+        ("2025-12-30T12:00:00Z", "2 days ago"),
+        ("not a time", "not a time"),
+    ],
+)
+def test_ago(iso: str, shown: str) -> None:
+    assert ago(iso, now=datetime(2026, 1, 1, 12, tzinfo=UTC)) == shown
+
+
+def test_tables() -> None:
+    assert table([["a", "bb"]], ["X", "Y"]) == "X   Y\na   bb"
+    ps = {"name": "m:latest", "digest": "0123456789abcdef", "size": 2000, "size_vram": 2000}
+    assert loaded_table([{**ps, "context_length": 4096, "expires_at": "soon"}]).splitlines() == [
+        "NAME       ID             SIZE     PROCESSOR   CONTEXT   UNTIL",
+        "m:latest   0123456789ab   2.0 KB   100% GPU    4096      soon",
+    ]
+
+
+def imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+        elif isinstance(node, ast.Import):
+            modules.update(a.name for a in node.names)
+    return modules
+
+
+def test_cli_and_kernel_import_connect_not_each_other() -> None:
+    package = Path(jupyter_llm.__file__).parent
+    cli = imported_modules(package / "cli.py")
+    kernel = set().union(*(imported_modules(p) for p in (package / "kernel").glob("*.py")))
+    assert not {m for m in cli if m.startswith("jupyter_llm.kernel")}
+    assert not {m for m in kernel if m == "jupyter_llm.cli"}
+    assert "jupyter_llm.connect" in cli and "jupyter_llm.connect" in kernel
+    connect = set().union(*(imported_modules(p) for p in (package / "connect").glob("*.py")))
+    assert not {m for m in connect if m.startswith(("jupyter_llm.kernel", "jupyter_llm.cli"))}
