@@ -38,7 +38,12 @@ def live(tmp_path_factory, demo_gguf):
     models = tmp_path_factory.mktemp("kernel-models")
     store = ModelStore(models)
     store.create("tiny", {"t.gguf": store.add_blob_from_file(demo_gguf)})
-    server = LiveServer(models, models, {"JUPYTER_LLM_SIMULATED_DEVICES": json.dumps(SIMULATED)})
+    env = {
+        "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps(SIMULATED),
+        # its jpserver-<pid>.json stays out of the runtime dir other clients search
+        "JUPYTER_RUNTIME_DIR": str(tmp_path_factory.mktemp("kernel-runtime")),
+    }
+    server = LiveServer(models, models, env)
     yield server
     server.stop()
 
