@@ -1,12 +1,11 @@
-"""The Jupyter server extension: builds Settings, ModelStore, DeviceSource and
-Scheduler once, mounts the handlers, and kills every runner on shutdown."""
+"""The Jupyter server extension: builds the services once (``services.py``,
+where ``LLMServices`` and ``build_services`` moved), mounts the handlers, and
+kills every runner on shutdown."""
 
 from __future__ import annotations
 
 import atexit
 import logging
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 from jupyter_server.extension.application import ExtensionApp
@@ -14,39 +13,7 @@ from traitlets import Bool, Float, Int, Unicode
 
 from jupyter_llm.api import handlers
 from jupyter_llm.config import Settings
-from jupyter_llm.devices import DeviceSource, device_from_raw
-from jupyter_llm.models.pull import Puller
-from jupyter_llm.models.store import ModelStore
-from jupyter_llm.runner.discovery import discover_raw_devices
-from jupyter_llm.runner.model import start_model_runner
-from jupyter_llm.scheduler import Scheduler
-
-
-@dataclass
-class LLMServices:
-    """What the handlers reach through ``self.settings["jupyter_llm"]``."""
-
-    settings: Settings
-    store: ModelStore
-    devices: DeviceSource
-    scheduler: Scheduler
-    puller: Puller
-
-
-def build_services(settings: Settings) -> LLMServices:
-    async def discover() -> list:
-        return [device_from_raw(raw) for raw in await discover_raw_devices(settings.python)]
-
-    devices = DeviceSource(discover)
-    start = partial(start_model_runner, python=settings.python, load_timeout=settings.load_timeout)
-    store = ModelStore(settings.models_dir)
-    return LLMServices(
-        settings=settings,
-        store=store,
-        devices=devices,
-        scheduler=Scheduler(settings, start, devices),
-        puller=Puller(store),
-    )
+from jupyter_llm.services import LLMServices, build_services
 
 
 class LLMExtension(ExtensionApp):

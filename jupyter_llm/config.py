@@ -8,8 +8,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from jupyter_llm.errors import ConfigError, InvalidRequest
-from jupyter_llm.keep_alive import parse_keep_alive
+from jupyter_llm.durations import parse_duration
+from jupyter_llm.errors import ConfigError
 
 DEFAULT_MODELS_DIR = Path("~/.jupyter_llm/models")
 
@@ -42,7 +42,7 @@ class Settings:
                 values[f.name] = _parse(f.name, raw)
         for name, value in overrides.items():
             if value is not None:
-                values[name] = parse_keep_alive(value, name) if name in DURATIONS else value
+                values[name] = parse_duration(value, name) if name in DURATIONS else value
         settings = replace(cls(), **values)
         return replace(settings, models_dir=Path(settings.models_dir).expanduser())
 
@@ -56,7 +56,7 @@ def _parse(name: str, raw: str) -> Any:
     env_name = f"JUPYTER_LLM_{ENV_NAMES.get(name, name.upper())}"
     try:
         if name in DURATIONS:
-            return parse_keep_alive(raw if not _is_number(raw) else float(raw))
+            return parse_duration(raw)
         if kind == "bool":
             if raw.lower() in ("1", "true", "yes", "on"):
                 return True
@@ -70,7 +70,7 @@ def _parse(name: str, raw: str) -> Any:
         if kind == "Path":
             return Path(raw)
         return raw
-    except (ValueError, TypeError, InvalidRequest) as e:
+    except (ValueError, TypeError) as e:
         raise ConfigError(f"{env_name}={raw!r} is not a valid {kind}") from e
 
 

@@ -1,9 +1,10 @@
+"""Durations (keep_alive, load_timeout): a pure parser raising plain ValueError."""
+
 import math
 
 import pytest
 
-from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.keep_alive import FOREVER, parse_keep_alive
+from jupyter_llm.durations import FOREVER, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -25,15 +26,20 @@ from jupyter_llm.keep_alive import FOREVER, parse_keep_alive
     ],
 )
 def test_valid(value, seconds):
-    assert parse_keep_alive(value) == seconds
+    assert parse_duration(value) == seconds
 
 
 @pytest.mark.parametrize("value", [True, False, [], {}, "", "10x", "m", "5 minutes", "1h-3m"])
 def test_invalid(value):
-    with pytest.raises(InvalidRequest, match="keep_alive"):
-        parse_keep_alive(value)
+    with pytest.raises(ValueError, match="keep_alive"):
+        parse_duration(value)
 
 
 def test_nan_refused():
-    with pytest.raises(InvalidRequest):
-        parse_keep_alive(math.nan)
+    with pytest.raises(ValueError):
+        parse_duration(math.nan)
+
+
+def test_error_names_the_field_and_the_value():
+    with pytest.raises(ValueError, match="invalid load_timeout: 'soon'"):
+        parse_duration("soon", "load_timeout")

@@ -1,19 +1,33 @@
-"""Handler base: Jupyter auth, JSON in, ``{"error": ...}`` out, never a traceback."""
+"""Handler base: Jupyter auth, JSON in, ``{"error": ...}`` out, never a traceback.
+
+It also owns streaming (``stream``): the four loops that each handled headers,
+a client gone, ``StreamClosedError``, an error after the first byte and the
+final finish (Ollama NDJSON, pull progress, OpenAI chat and completion SSE)
+now only encode their events. ``error_body`` is the one hook a flavour
+overrides for its error shape; there is one ``write_error``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
+from tornado.iostream import StreamClosedError
 
+from jupyter_llm.api.generation import Finished, Job, collect, complete
 from jupyter_llm.api.requests import parse_json_object
 from jupyter_llm.errors import LLMError
+
+if TYPE_CHECKING:
+    from jupyter_llm.services import LLMServices
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -24,6 +38,25 @@ def now_iso() -> str:
 
 
 MAX_JSON_BODY = 32 << 20  # 32 MiB: far above any real prompt, far below memory trouble
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a stream puts JSON values on the wire."""
+
+    content_type: str
+    frame: Callable[[str], str]  # one JSON text -> what is written
+    trailer: str = ""  # written after the last value (or the in-stream error)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+NDJSON = Framing("application/x-ndjson", lambda text: text + "\n")
+SSE = Framing(
+    "text/event-stream",
+    lambda text: f"data: {text}\n\n",
+    trailer="data: [DONE]\n\n",
+    headers={"Cache-Control": "no-cache"},
+)
 
 
 @web.stream_request_body
@@ -37,7 +70,7 @@ class LLMHandler(APIHandler):
     max_body = MAX_JSON_BODY
     _chunks: list[bytes]
     _received = 0
-    _client_gone = False  # streaming handlers stop (and cancel) once this is set
+    _client_gone = False  # streams stop (and cancel their generation) once this is set
 
     def on_connection_close(self) -> None:
         self._client_gone = True
@@ -57,8 +90,8 @@ class LLMHandler(APIHandler):
             self._chunks.append(chunk)
 
     @property
-    def llm(self) -> Any:
-        """The extension's services (``LLMExtension``), set in the tornado settings."""
+    def llm(self) -> LLMServices:
+        """The extension's services, set in the tornado settings by the app."""
         return self.settings["jupyter_llm"]
 
     def body_json(self) -> dict[str, Any]:
@@ -75,7 +108,74 @@ class LLMHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(value))
 
+    # -- streaming -----------------------------------------------------------------
+    async def connected(self, source: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+        """``source``'s items while the client is still there. However this
+        ends (the client left, the consumer stopped, an error), ``source`` is
+        closed, which cancels a generation and releases its runner. Use it
+        under ``contextlib.aclosing``."""
+        try:
+            async for item in source:
+                if self._client_gone:
+                    return
+                yield item
+        finally:
+            await source.aclose()
+
+    async def stream(self, batches: AsyncGenerator[list[Any], None], framing: Framing) -> None:
+        """Send each batch of JSON values as it comes, flushed.
+
+        An error before the first byte propagates, so the client gets a plain
+        error response with its status; after it, the error is the stream's
+        last value (``{"error": error_body(...)}``) and the stream ends with
+        the trailer. A client that leaves ends the loop and closes ``batches``.
+        """
+        begun = False
+        try:
+            async with aclosing(self.connected(batches)) as items:
+                async for values in items:
+                    if not values:
+                        continue
+                    if not begun:
+                        self._begin(framing)
+                        begun = True
+                    self.write("".join(framing.frame(json.dumps(v)) for v in values))
+                    await self.flush()
+        except StreamClosedError:
+            return  # the client left while we wrote: batches are closed already
+        except Exception as e:
+            if not begun:
+                raise
+            status, message = self._error_of(e)
+            if status >= 500 and not isinstance(e, LLMError):
+                log.exception("%s %s failed mid-stream", self.request.method, self.request.path)
+            self.write(framing.frame(json.dumps({"error": self.error_body(status, message)})))
+        if self._client_gone:
+            return
+        if not begun:
+            self._begin(framing)
+        self.write(framing.trailer)
+        self.finish()
+
+    async def whole_completion(self, job: Job) -> tuple[str, Finished] | None:
+        """A completion not streamed: its text and last event, or ``None`` if
+        the client left (which cancelled the generation)."""
+        async with aclosing(self.connected(complete(self.llm, job))) as batches:
+            result = await collect(batches)
+        if result is None and not self._client_gone:
+            raise LLMError("the runner ended without finishing")
+        return result
+
+    def _begin(self, framing: Framing) -> None:
+        self.set_header("Content-Type", framing.content_type)
+        for name, value in framing.headers.items():
+            self.set_header(name, value)
+
     # -- errors --------------------------------------------------------------------
+    def error_body(self, status: int, message: str) -> Any:
+        """The value of ``"error"`` in an error response: Ollama's is the message."""
+        return message
+
     def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, LLMError):
@@ -90,15 +190,19 @@ class LLMHandler(APIHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        _, message = self._error_of(exc, status_code)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": self.error_body(status_code, message)}))
+
+    def _error_of(self, exc: BaseException | None, status: int = 500) -> tuple[int, str]:
+        """The status and the message a client reads for ``exc``, never a traceback."""
         if isinstance(exc, LLMError):
-            message = str(exc)
-        elif isinstance(exc, web.HTTPError):
+            return exc.status, str(exc)
+        if isinstance(exc, web.HTTPError):
             message = exc.log_message or exc.reason or self._reason
             if exc.args and exc.log_message and "%" in exc.log_message:
                 message = exc.log_message % exc.args
-        elif status_code >= 500:
-            message = f"internal error: {type(exc).__name__}" if exc else self._reason
-        else:
-            message = self._reason
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"error": message}))
+            return exc.status_code, message
+        if status >= 500:
+            return status, f"internal error: {type(exc).__name__}" if exc else self._reason
+        return status, self._reason

@@ -2,7 +2,8 @@
 model, hold a runner through the scheduler, stream what the runner says.
 
 The Ollama and OpenAI handlers only translate requests into a ``Job`` and the
-events back into their wire formats.
+events back into their wire formats. ``load_options`` moved here from
+``api/requests.py``; the services are the typed ``jupyter_llm.services.LLMServices``.
 """
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jupyter_llm.api.requests import load_options, sampling_options
 from jupyter_llm.api.structured import OutputFormat
 from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
+from jupyter_llm.options import sampling_options
+from jupyter_llm.scheduler import LoadOptions
+
+if TYPE_CHECKING:
+    from jupyter_llm.services import LLMServices
 
 
 @dataclass
@@ -49,12 +54,12 @@ class Finished:
 Event = str | Finished
 
 
-async def find_model(services: Any, name: ModelName) -> ModelEntry:
+async def find_model(services: LLMServices, name: ModelName) -> ModelEntry:
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, services.store.get, name)
 
 
-async def complete(services: Any, job: Job) -> AsyncIterator[list[Event]]:
+async def complete(services: LLMServices, job: Job) -> AsyncIterator[list[Event]]:
     """Batches of text pieces, the last batch ending with ``Finished``.
 
     Errors before the first batch (unknown model, bad input, server busy, no
@@ -105,6 +110,31 @@ async def complete(services: Any, job: Job) -> AsyncIterator[list[Event]]:
             await stream.aclose()
 
 
+async def collect(batches: AsyncIterator[list[Event]]) -> tuple[str, Finished] | None:
+    """The whole text and the ``Finished`` event; ``None`` if ``batches`` ended
+    first (the client left)."""
+    parts: list[str] = []
+    async for batch in batches:
+        for event in batch:
+            if isinstance(event, str):
+                parts.append(event)
+            else:
+                return "".join(parts), event
+    return None
+
+
+def load_options(options: dict[str, Any]) -> LoadOptions:
+    """The load-time part of Ollama options."""
+    return LoadOptions(
+        num_ctx=options.get("num_ctx"),
+        num_batch=options.get("num_batch"),
+        num_thread=options.get("num_thread") or None,
+        use_mmap=options.get("use_mmap"),
+        num_gpu=options.get("num_gpu"),
+        main_gpu=options.get("main_gpu"),
+    )
+
+
 def with_model_messages(entry: ModelEntry, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The model's own MESSAGE history and SYSTEM prompt go first, unless the
     request brings its own system message."""
@@ -123,7 +153,7 @@ class Embedded:
 
 
 async def embed(
-    services: Any,
+    services: LLMServices,
     model: ModelName,
     inputs: list[str],
     *,
@@ -149,7 +179,7 @@ async def embed(
 
 
 async def load_only(
-    services: Any, model: ModelName, options: dict[str, Any], keep_alive: float | None
+    services: LLMServices, model: ModelName, options: dict[str, Any], keep_alive: float | None
 ) -> int:
     """Load (or keep) a model without generating; returns the load time."""
     entry = await find_model(services, model)
@@ -158,6 +188,6 @@ async def load_only(
         return lease.load_duration_ns
 
 
-async def unload(services: Any, model: ModelName) -> None:
+async def unload(services: LLMServices, model: ModelName) -> None:
     entry = await find_model(services, model)
     await services.scheduler.unload(entry.name.display)

@@ -1,28 +1,35 @@
-"""Ollama-compatible handlers under ``{base_url}llm/api/``."""
+"""Ollama-compatible handlers under ``{base_url}llm/api/``.
+
+Streaming (headers, a client gone, in-stream errors) lives in
+``LLMHandler.stream``; the handlers here only encode their NDJSON values.
+``/api/create`` validates its messages with ``jupyter_llm.messages`` directly.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from tornado import web
-from tornado.iostream import StreamClosedError
 
 from jupyter_llm import __version__
-from jupyter_llm.api.base import LLMHandler, now_iso
+from jupyter_llm.api.base import NDJSON, LLMHandler, now_iso
 from jupyter_llm.api.generation import Finished, Job, complete, embed, load_only, unload
+from jupyter_llm.api.ps import describe_loaded
 from jupyter_llm.api.requests import (
     ChatRequest,
     CompletionRequest,
     EmbedRequest,
     GenerateRequest,
-    parse_options,
+    messages_field,
+    options_field,
 )
 from jupyter_llm.api.structured import check_output
 from jupyter_llm.api.templates import render_go_template
-from jupyter_llm.errors import InvalidRequest, LLMError
+from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.gguf_info import read_metadata
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry, parse_digest
@@ -61,8 +68,8 @@ class TagsHandler(LLMHandler):
 class PsHandler(LLMHandler):
     @web.authenticated
     async def get(self) -> None:
-        scheduler = self.llm.scheduler
-        self.write_json({"models": [scheduler.describe(m) for m in scheduler.loaded_models()]})
+        loaded = self.llm.scheduler.loaded_models()
+        self.write_json({"models": [describe_loaded(m) for m in loaded]})
 
 
 def model_summary(entry: ModelEntry) -> dict[str, Any]:
@@ -135,10 +142,10 @@ class CreateHandler(LLMHandler):
             source = parse_model_name(source, "from")
         if body.get("files") is None and source is None:
             raise InvalidRequest("files is required (upload a GGUF with /api/blobs first), or from")
-        parameters = parse_options(body.get("parameters"), "parameters")
+        parameters = options_field(body.get("parameters"), "parameters")
         messages = None
         if body.get("messages") is not None:
-            messages = ChatRequest.parse({"model": "x", "messages": body["messages"]}).messages
+            messages = messages_field(body["messages"])
         license_ = body.get("license")
         if license_ is not None and not (
             isinstance(license_, str)
@@ -186,30 +193,21 @@ class PullHandler(LLMHandler):
         if name is not None and not isinstance(name, str):
             raise InvalidRequest("name must be a string")
         events = self.llm.puller.pull(source, insecure=insecure, name=name)
-        begun = False
-        try:
-            async for event in events:
-                if not stream:
-                    continue
-                if self._client_gone:
-                    return  # the download goes on for anyone else waiting on it
-                if not begun:
-                    self.set_header("Content-Type", "application/x-ndjson")
-                    begun = True
-                self.write(json.dumps(event) + "\n")
-                await self.flush()
-        except StreamClosedError:
-            return
-        except LLMError as e:
-            if not begun:
-                raise
-            self.write(json.dumps({"error": str(e)}) + "\n")
-        finally:
-            await events.aclose()
-        if not stream:
+        if not stream:  # the download runs to its end even if the client leaves
+            async with aclosing(events):  # type: ignore[type-var]
+                async for _ in events:
+                    pass
             self.write_json({"status": "success"})
-        elif not self._client_gone:
-            self.finish()
+            return
+
+        async def progress() -> AsyncGenerator[list[Any], None]:
+            async with aclosing(events):  # type: ignore[type-var]
+                async for event in events:
+                    yield [event]
+
+        # a client that leaves stops only its own progress: the download goes
+        # on for anyone else waiting on it
+        await self.stream(progress(), NDJSON)
 
 
 class CompletionHandler(LLMHandler):
@@ -232,48 +230,25 @@ class CompletionHandler(LLMHandler):
                 await load_only(services, req.model, req.options, req.keep_alive)
                 self.write_json({**chunk(""), "done": True, "done_reason": "load"})
             return
-        parts: list[str] = []
-        begun = False
-        events = complete(services, job)
-        try:
-            async for batch in events:
-                lines = []
-                for event in batch:
-                    if isinstance(event, str):
-                        if req.stream:
-                            lines.append(json.dumps({**chunk(event), "done": False}))
-                        else:
-                            parts.append(event)
-                        continue
-                    final = {
-                        **chunk("" if req.stream else "".join(parts)),
-                        **done_fields(event),
-                        **final_extra(event),
-                    }
-                    if not req.stream:
-                        self._check_format(req, "".join(parts), event)
-                        self.write_json(final)
-                        return
-                    lines.append(json.dumps(final))
-                if self._client_gone:
-                    return  # leaving closes the events: the generation is cancelled
-                if not req.stream:
-                    continue
-                if not begun:
-                    self.set_header("Content-Type", "application/x-ndjson")
-                    begun = True
-                self.write("\n".join(lines) + "\n")
-                await self.flush()
-        except StreamClosedError:
-            return  # the client left: closing the events cancels the generation
-        except LLMError as e:
-            if not begun:
-                raise
-            self.write(json.dumps({"error": str(e)}) + "\n")
-        finally:
-            await events.aclose()
-        if not self._client_gone:
-            self.finish()
+        if not req.stream:
+            if (result := await self.whole_completion(job)) is None:
+                return  # the client left
+            text, finished = result
+            self._check_format(req, text, finished)
+            self.write_json({**chunk(text), **done_fields(finished), **final_extra(finished)})
+            return
+
+        async def ndjson() -> AsyncGenerator[list[dict[str, Any]], None]:
+            async with aclosing(complete(services, job)) as events:
+                async for batch in events:
+                    yield [
+                        {**chunk(e), "done": False}
+                        if isinstance(e, str)
+                        else {**chunk(""), **done_fields(e), **final_extra(e)}
+                        for e in batch
+                    ]
+
+        await self.stream(ndjson(), NDJSON)
 
     @staticmethod
     def _check_format(req: CompletionRequest, text: str, finished: Finished) -> None:

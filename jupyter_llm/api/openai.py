@@ -2,27 +2,30 @@
 completions, embeddings and models, streaming as server-sent events.
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``,
-which the ``openai`` client turns into its exceptions.
+which the ``openai`` client turns into its exceptions: ``OpenAIHandler``
+only overrides ``error_body`` (the base's one ``write_error`` and its stream
+use it). Sampling fields are checked against the one option table
+(``jupyter_llm.options.OPENAI_FIELDS``, formerly ``sampling_from`` here) and
+messages by ``jupyter_llm.messages`` (formerly ``chat_messages`` here).
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import struct
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from tornado import web
-from tornado.iostream import StreamClosedError
 
-from jupyter_llm.api.base import LLMHandler
+from jupyter_llm.api.base import SSE, LLMHandler
 from jupyter_llm.api.generation import Finished, Job, complete, embed
-from jupyter_llm.api.requests import ROLES, parse_embed_input
+from jupyter_llm.api.requests import messages_field, openai_options_field, parse_embed_input
 from jupyter_llm.api.structured import invalid_format, parse_format
-from jupyter_llm.errors import InvalidRequest, LLMError
+from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.names import parse_model_name
 
 FINISH = {"stop": "stop", "length": "length", "cancel": "stop"}
@@ -30,14 +33,8 @@ ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "serve
 
 
 class OpenAIHandler(LLMHandler):
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        message = str(exc) if isinstance(exc, LLMError) else None
-        if message is None and isinstance(exc, web.HTTPError):
-            message = exc.log_message or exc.reason
-        message = message or self._reason
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"error": openai_error(status_code, message)}))
+    def error_body(self, status: int, message: str) -> Any:
+        return openai_error(status, message)
 
     async def _stream_sse(
         self,
@@ -45,52 +42,23 @@ class OpenAIHandler(LLMHandler):
         chunk: Callable[[str | None, str | None], dict[str, Any]],
         usage_chunk: Callable[[Finished], dict[str, Any]] | None,
     ) -> None:
-        """Server-sent events: one ``data:`` per batch of text, the finish reason,
-        optional usage, then ``data: [DONE]``."""
-        begun = False
-        events = complete(self.llm, job)
-        try:
-            async for batch in events:
-                out = []
-                for event in batch:
-                    if isinstance(event, str):
-                        out.append(chunk(event, None))
-                    else:
-                        out.append(chunk(None, FINISH.get(event.done_reason, "stop")))
-                        if usage_chunk is not None:
-                            out.append(usage_chunk(event))
-                if self._client_gone:
-                    return
-                if not begun:
-                    self.set_header("Content-Type", "text/event-stream")
-                    self.set_header("Cache-Control", "no-cache")
-                    begun = True
-                self.write("".join(f"data: {json.dumps(c)}\n\n" for c in out))
-                await self.flush()
-        except StreamClosedError:
-            return
-        except LLMError as e:
-            if not begun:
-                raise
-            self.write(f"data: {json.dumps({'error': openai_error(e.status, str(e))})}\n\n")
-        finally:
-            await events.aclose()
-        self.write("data: [DONE]\n\n")
-        self.finish()
+        """Server-sent events: one ``data:`` per piece of text, the finish
+        reason, optional usage, then ``data: [DONE]``."""
 
-    async def _collect(self, job: Job) -> tuple[str, Finished]:
-        parts: list[str] = []
-        events = complete(self.llm, job)
-        try:
-            async for batch in events:
-                for event in batch:
-                    if isinstance(event, str):
-                        parts.append(event)
-                    else:
-                        return "".join(parts), event
-        finally:
-            await events.aclose()
-        raise LLMError("the runner ended without finishing")
+        async def events() -> AsyncGenerator[list[dict[str, Any]], None]:
+            async with aclosing(complete(self.llm, job)) as batches:
+                async for batch in batches:
+                    out = []
+                    for event in batch:
+                        if isinstance(event, str):
+                            out.append(chunk(event, None))
+                        else:
+                            out.append(chunk(None, FINISH.get(event.done_reason, "stop")))
+                            if usage_chunk is not None:
+                                out.append(usage_chunk(event))
+                    yield out
+
+        await self.stream(events(), SSE)
 
 
 def openai_error(status: int, message: str) -> dict[str, Any]:
@@ -108,57 +76,6 @@ def usage(f: Finished) -> dict[str, int]:
         "completion_tokens": f.eval_count,
         "total_tokens": f.prompt_eval_count + f.eval_count,
     }
-
-
-def sampling_from(body: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's sampling fields as Ollama options (type- and range-checked)."""
-    options: dict[str, Any] = {}
-
-    def number(key: str, low: float | None = None, high: float | None = None) -> Any:
-        value = body.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidRequest(f"{key} must be a number")
-        if (low is not None and value < low) or (high is not None and value > high):
-            raise InvalidRequest(f"{key} must be between {low} and {high}, got {value}")
-        return value
-
-    for key, option, low, high in (
-        ("temperature", "temperature", 0, 2),
-        ("top_p", "top_p", 0, 1),
-        ("frequency_penalty", "frequency_penalty", -2, 2),
-        ("presence_penalty", "presence_penalty", -2, 2),
-    ):
-        if (value := number(key, low, high)) is not None:
-            options[option] = value
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = body.get(key)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidRequest(f"{key} must be a positive integer")
-            options["num_predict"] = value
-            break
-    seed = body.get("seed")
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise InvalidRequest("seed must be an integer")
-        options["seed"] = seed
-    stop = body.get("stop")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise InvalidRequest("stop must be a string or a list of strings")
-        options["stop"] = stop
-    n = body.get("n", 1)
-    if n != 1:
-        raise InvalidRequest("n must be 1: one choice per request")
-    if "temperature" not in options:
-        options["temperature"] = 1.0  # OpenAI's default
-    if "frequency_penalty" not in options and "presence_penalty" not in options:
-        options["repeat_penalty"] = 1.0  # OpenAI applies none by default
-    return options
 
 
 def stream_flag(body: dict[str, Any]) -> bool:
@@ -193,32 +110,6 @@ def response_format(body: dict[str, Any]) -> Any:
     return parse_format(spec["schema"])
 
 
-def chat_messages(raw: Any) -> list[dict[str, Any]]:
-    if not isinstance(raw, list) or not raw:
-        raise InvalidRequest("messages must be a non-empty list")
-    messages = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object")
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in ROLES:
-            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}")
-        content = m.get("content") or ""
-        if isinstance(content, list):  # content parts: text only
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text":
-                    raise InvalidRequest(f"messages[{i}].content: only text parts are supported")
-                texts.append(str(part.get("text", "")))
-            content = "".join(texts)
-        if not isinstance(content, str):
-            raise InvalidRequest(f"messages[{i}].content must be a string or a list of parts")
-        messages.append({"role": role, "content": content})
-    return messages
-
-
 class ChatCompletionsHandler(OpenAIHandler):
     @web.authenticated
     async def post(self) -> None:
@@ -226,8 +117,8 @@ class ChatCompletionsHandler(OpenAIHandler):
         model = parse_model_name(body.get("model"))
         job = Job(
             model=model,
-            options=sampling_from(body),
-            messages=chat_messages(body.get("messages")),
+            options=openai_options_field(body),
+            messages=messages_field(body.get("messages"), openai=True),
             tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
             format=response_format(body),
         )
@@ -240,7 +131,9 @@ class ChatCompletionsHandler(OpenAIHandler):
             "system_fingerprint": "fp_jupyter_llm",
         }
         if not stream:
-            text, finished = await self._collect(job)
+            if (result := await self.whole_completion(job)) is None:
+                return  # the client left
+            text, finished = result
             self.write_json(
                 {
                     **base,
@@ -288,7 +181,7 @@ class CompletionsHandler(OpenAIHandler):
         suffix = body.get("suffix")
         if suffix is not None and not isinstance(suffix, str):
             raise InvalidRequest("suffix must be a string")
-        job = Job(model=model, options=sampling_from(body), prompt=prompt, suffix=suffix)
+        job = Job(model=model, options=openai_options_field(body), prompt=prompt, suffix=suffix)
         stream, with_usage = stream_flag(body), include_usage(body)
         ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         base = {
@@ -299,7 +192,9 @@ class CompletionsHandler(OpenAIHandler):
             "object": "text_completion",
         }
         if not stream:
-            text, finished = await self._collect(job)
+            if (result := await self.whole_completion(job)) is None:
+                return  # the client left
+            text, finished = result
             self.write_json(
                 {
                     **base,

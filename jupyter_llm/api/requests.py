@@ -1,72 +1,51 @@
 """Request bodies: typed values out of untrusted JSON, every error naming its field.
 
-Pure functions over parsed JSON; the handlers stay thin.
+Pure functions over parsed JSON; the handlers stay thin. This is the edge
+where the HTTP-agnostic validators (``jupyter_llm.options``,
+``jupyter_llm.messages``, ``jupyter_llm.durations``) meet HTTP: their
+``ValueError`` becomes an ``InvalidRequest`` (400) in ``checked``. The option
+table and the roles moved out of this module into those; ``load_options``
+moved to ``api/generation.py``.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from jupyter_llm.api.structured import OutputFormat, parse_format
+from jupyter_llm.durations import parse_duration
 from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.keep_alive import parse_keep_alive
+from jupyter_llm.messages import parse_messages
 from jupyter_llm.models.names import ModelName, parse_model_name
-from jupyter_llm.scheduler import LoadOptions
+from jupyter_llm.options import OPTION_TYPES as OPTION_TYPES  # re-exported for the fuzz test
+from jupyter_llm.options import openai_options, parse_options
 
-MAX_CONTEXT = 1 << 20
+T = TypeVar("T")
 
-# Ollama's Options: name -> (type, lowest, highest). Known but unused ones are
-# accepted, as Ollama does, so existing clients keep working.
-_NUM = (int, float)
-OPTION_TYPES: dict[str, tuple[Any, float | None, float | None]] = {
-    "num_predict": (int, -2, None),
-    "temperature": (_NUM, 0, None),
-    "seed": (int, None, None),
-    "top_k": (int, 0, None),
-    "top_p": (_NUM, 0, 1),
-    "min_p": (_NUM, 0, 1),
-    "typical_p": (_NUM, 0, 1),
-    "repeat_penalty": (_NUM, 0, None),
-    "repeat_last_n": (int, -1, None),
-    "presence_penalty": (_NUM, None, None),
-    "frequency_penalty": (_NUM, None, None),
-    "stop": ((str, list), None, None),
-    "num_ctx": (int, 1, MAX_CONTEXT),
-    "num_batch": (int, 1, MAX_CONTEXT),
-    "num_thread": (int, 0, 1024),
-    "num_gpu": (int, -1, None),
-    "main_gpu": (int, 0, None),
-    "use_mmap": (bool, None, None),
-    "num_keep": (int, -1, None),
-    "penalize_newline": (bool, None, None),
-    "numa": (bool, None, None),
-    "low_vram": (bool, None, None),
-    "use_mlock": (bool, None, None),
-    "vocab_only": (bool, None, None),
-    "tfs_z": (_NUM, None, None),
-    "mirostat": (int, 0, 2),
-    "mirostat_tau": (_NUM, None, None),
-    "mirostat_eta": (_NUM, None, None),
-}
-SAMPLING_OPTIONS = (
-    "typical_p",
-    "mirostat",
-    "mirostat_tau",
-    "mirostat_eta",
-    "num_predict",
-    "temperature",
-    "seed",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repeat_penalty",
-    "repeat_last_n",
-    "presence_penalty",
-    "frequency_penalty",
-    "stop",
-)
+
+def checked(validate: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a pure validator; its ``ValueError`` is the 400 the client reads."""
+    try:
+        return validate(*args, **kwargs)
+    except ValueError as e:
+        raise InvalidRequest(str(e)) from None
+
+
+def options_field(raw: Any, field: str = "options") -> dict[str, Any]:
+    """Ollama ``options`` (or ``/api/create``'s ``parameters``)."""
+    return checked(parse_options, raw, field)
+
+
+def openai_options_field(body: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's sampling fields, as Ollama options."""
+    return checked(openai_options, body)
+
+
+def messages_field(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
+    return checked(parse_messages, raw, openai=openai)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -96,55 +75,6 @@ def _as_tuple(kind: Any) -> tuple[Any, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
-def parse_options(raw: Any, field: str = "options") -> dict[str, Any]:
-    """Ollama ``options``: known names type- and range-checked, unknown names refused."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise InvalidRequest(f"{field} must be an object")
-    options: dict[str, Any] = {}
-    for name, value in raw.items():
-        if name not in OPTION_TYPES:
-            raise InvalidRequest(f"{field}.{name} is not a known option")
-        if value is None:
-            continue
-        kind, low, high = OPTION_TYPES[name]
-        if isinstance(value, bool) and kind is not bool:
-            raise InvalidRequest(f"{field}.{name} must be a number")
-        if not isinstance(value, kind):
-            want = {bool: "a boolean", int: "an integer"}.get(kind, "a number")
-            if name == "stop":
-                want = "a string or a list of strings"
-            raise InvalidRequest(f"{field}.{name} must be {want}")
-        if name == "stop":
-            if isinstance(value, list) and not all(isinstance(s, str) for s in value):
-                raise InvalidRequest(f"{field}.stop must be a string or a list of strings")
-        elif kind is not bool and (
-            (low is not None and value < low) or (high is not None and value > high)
-        ):
-            bounds = f"at least {low:g}" if high is None else f"between {low:g} and {high:g}"
-            raise InvalidRequest(f"{field}.{name} must be {bounds}, got {value!r}")
-        options[name] = value
-    return options
-
-
-def load_options(options: dict[str, Any]) -> LoadOptions:
-    """The load-time part of Ollama options."""
-    return LoadOptions(
-        num_ctx=options.get("num_ctx"),
-        num_batch=options.get("num_batch"),
-        num_thread=options.get("num_thread") or None,
-        use_mmap=options.get("use_mmap"),
-        num_gpu=options.get("num_gpu"),
-        main_gpu=options.get("main_gpu"),
-    )
-
-
-def sampling_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The per-request part of Ollama options, as the runner takes them."""
-    return {k: options[k] for k in SAMPLING_OPTIONS if k in options}
-
-
 @dataclass
 class CompletionRequest:
     """What /api/generate and /api/chat share."""
@@ -156,9 +86,9 @@ class CompletionRequest:
     format: OutputFormat | None = None
 
 
-def parse_keep_alive_field(body: dict[str, Any]) -> float | None:
+def keep_alive_field(body: dict[str, Any]) -> float | None:
     value = body.get("keep_alive")
-    return None if value is None else parse_keep_alive(value)
+    return None if value is None else checked(parse_duration, value, "keep_alive")
 
 
 def _common(body: dict[str, Any]) -> dict[str, Any]:
@@ -167,8 +97,8 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
     return {
         "model": parse_model_name(body.get("model")),
         "stream": _typed(body, "stream", bool, "a boolean", True),
-        "options": parse_options(body.get("options")),
-        "keep_alive": parse_keep_alive_field(body),
+        "options": options_field(body.get("options")),
+        "keep_alive": keep_alive_field(body),
         "format": parse_format(body.get("format")),
     }
 
@@ -200,9 +130,6 @@ class GenerateRequest(CompletionRequest):
         )
 
 
-ROLES = ("system", "user", "assistant", "tool")
-
-
 @dataclass
 class ChatRequest(CompletionRequest):
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -210,26 +137,9 @@ class ChatRequest(CompletionRequest):
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> ChatRequest:
-        raw_messages = _typed(body, "messages", list, "a list of messages", [])
-        messages = []
-        for i, m in enumerate(raw_messages):
-            if not isinstance(m, dict):
-                raise InvalidRequest(f"messages[{i}] must be an object")
-            role = m.get("role")
-            if role not in ROLES:
-                raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}")
-            content = m.get("content", "")
-            if content is None:
-                content = ""
-            if not isinstance(content, str):
-                raise InvalidRequest(f"messages[{i}].content must be a string")
-            message = {"role": role, "content": content}
-            if "tool_calls" in m:
-                message["tool_calls"] = m["tool_calls"]
-            messages.append(message)
         return cls(
             **_common(body),
-            messages=messages,
+            messages=messages_field(body.get("messages")),
             tools=_typed(body, "tools", list, "a list"),
         )
 
@@ -263,6 +173,6 @@ class EmbedRequest:
             inputs=[] if raw_input is None else parse_embed_input(raw_input, input_field),
             truncate=_typed(body, "truncate", bool, "a boolean", True),
             dimensions=dimensions,
-            options=parse_options(body.get("options")),
-            keep_alive=parse_keep_alive_field(body),
+            options=options_field(body.get("options")),
+            keep_alive=keep_alive_field(body),
         )

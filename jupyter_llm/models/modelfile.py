@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.options import OPTION_TYPES
 
 COMMANDS = ("from", "parameter", "template", "system", "message", "license", "adapter")
 ROLES = ("system", "user", "assistant")
@@ -46,8 +47,6 @@ class Modelfile:
 
 
 def parse_modelfile(text: str) -> Modelfile:
-    from jupyter_llm.api.requests import OPTION_TYPES
-
     source = None
     out = Modelfile(source="")
     for lineno, command, args in _commands(text):

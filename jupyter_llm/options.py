@@ -1,0 +1,182 @@
+"""Ollama's options, the one table both APIs validate against.
+
+Moved here from ``api/requests.py`` (``OPTION_TYPES``, ``SAMPLING_OPTIONS``,
+the option check) and ``api/openai.py`` (``sampling_from``'s hand-coded ranges,
+now ``OPENAI_FIELDS``), so that the Modelfile parser, the Ollama handlers and
+the OpenAI handlers share them without importing HTTP code. Errors are plain
+``ValueError``s whose message names the field; ``api/requests.py`` turns them
+into 400s.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+MAX_CONTEXT = 1 << 20
+_NUM = (int, float)
+
+
+class Option(NamedTuple):
+    """An option's JSON type(s) and inclusive range (``None``: unbounded)."""
+
+    kind: Any
+    low: float | None = None
+    high: float | None = None
+
+
+# Ollama's Options. Known but unused ones are accepted, as Ollama does, so
+# existing clients keep working.
+OPTION_TYPES: dict[str, Option] = {
+    "num_predict": Option(int, -2),
+    "temperature": Option(_NUM, 0),
+    "seed": Option(int),
+    "top_k": Option(int, 0),
+    "top_p": Option(_NUM, 0, 1),
+    "min_p": Option(_NUM, 0, 1),
+    "typical_p": Option(_NUM, 0, 1),
+    "repeat_penalty": Option(_NUM, 0),
+    "repeat_last_n": Option(int, -1),
+    "presence_penalty": Option(_NUM),
+    "frequency_penalty": Option(_NUM),
+    "stop": Option((str, list)),
+    "num_ctx": Option(int, 1, MAX_CONTEXT),
+    "num_batch": Option(int, 1, MAX_CONTEXT),
+    "num_thread": Option(int, 0, 1024),
+    "num_gpu": Option(int, -1),
+    "main_gpu": Option(int, 0),
+    "use_mmap": Option(bool),
+    "num_keep": Option(int, -1),
+    "penalize_newline": Option(bool),
+    "numa": Option(bool),
+    "low_vram": Option(bool),
+    "use_mlock": Option(bool),
+    "vocab_only": Option(bool),
+    "tfs_z": Option(_NUM),
+    "mirostat": Option(int, 0, 2),
+    "mirostat_tau": Option(_NUM),
+    "mirostat_eta": Option(_NUM),
+}
+
+# The per-request part, as the runner takes it (the rest are load options).
+SAMPLING_OPTIONS = (
+    "typical_p",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "num_predict",
+    "temperature",
+    "seed",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop",
+)
+
+
+class OpenAIField(NamedTuple):
+    """An OpenAI request field: the Ollama option it sets and OpenAI's own
+    range, which replaces the option's where given."""
+
+    option: str
+    low: float | None = None
+    high: float | None = None
+
+
+# In order of precedence: the first of two fields for one option wins.
+OPENAI_FIELDS: dict[str, OpenAIField] = {
+    "temperature": OpenAIField("temperature", 0, 2),
+    "top_p": OpenAIField("top_p"),
+    "frequency_penalty": OpenAIField("frequency_penalty", -2, 2),
+    "presence_penalty": OpenAIField("presence_penalty", -2, 2),
+    "max_completion_tokens": OpenAIField("num_predict", 1),
+    "max_tokens": OpenAIField("num_predict", 1),
+    "seed": OpenAIField("seed"),
+    "stop": OpenAIField("stop"),
+}
+
+
+def check_option(label: str, spec: Option, value: Any) -> Any:
+    """``value`` if it has the type and range of ``spec``; else a ``ValueError``
+    whose message starts with ``label`` (the field as the client wrote it)."""
+    kind, low, high = spec
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise ValueError(f"{label} must be {_want(kind)}")
+    if not isinstance(value, kind):
+        raise ValueError(f"{label} must be {_want(kind)}")
+    if isinstance(value, list):
+        if not all(isinstance(s, str) for s in value):
+            raise ValueError(f"{label} must be {_want(kind)}")
+        return value
+    if isinstance(value, bool | str):
+        return value
+    if math.isnan(value):
+        raise ValueError(f"{label} must be a number, got NaN")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{label} must be {_bounds(low, high)}, got {value!r}")
+    return value
+
+
+def _want(kind: Any) -> str:
+    if kind == (str, list):
+        return "a string or a list of strings"
+    return {bool: "a boolean", int: "an integer"}.get(kind, "a number")
+
+
+def _bounds(low: float | None, high: float | None) -> str:
+    if high is None:
+        return f"at least {_number(low)}"
+    if low is None:
+        return f"at most {_number(high)}"
+    return f"between {_number(low)} and {_number(high)}"
+
+
+def _number(x: float | None) -> str:
+    return str(int(x)) if x is not None and float(x).is_integer() else f"{x:g}"
+
+
+def parse_options(raw: Any, field: str = "options") -> dict[str, Any]:
+    """Ollama ``options`` (or ``parameters``): known names type- and
+    range-checked, unknown names refused, ``null`` values left out."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{field} must be an object")
+    options: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name not in OPTION_TYPES:
+            raise ValueError(f"{field}.{name} is not a known option")
+        if value is not None:
+            options[name] = check_option(f"{field}.{name}", OPTION_TYPES[name], value)
+    return options
+
+
+def openai_options(body: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's sampling fields of ``body`` as Ollama options, checked against
+    the same table, with OpenAI's defaults where the request sets none."""
+    options: dict[str, Any] = {}
+    for key, (option, low, high) in OPENAI_FIELDS.items():
+        value = body.get(key)
+        if value is None or option in options:
+            continue
+        spec = OPTION_TYPES[option]
+        if low is not None or high is not None:
+            spec = spec._replace(low=low, high=high)
+        value = check_option(key, spec, value)
+        options[option] = [value] if option == "stop" and isinstance(value, str) else value
+    if body.get("n", 1) != 1:
+        raise ValueError("n must be 1: one choice per request")
+    options.setdefault("temperature", 1.0)  # OpenAI's default
+    if "frequency_penalty" not in options and "presence_penalty" not in options:
+        options["repeat_penalty"] = 1.0  # OpenAI applies none by default
+    return options
+
+
+def sampling_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The per-request part of Ollama options, as the runner takes them."""
+    return {k: options[k] for k in SAMPLING_OPTIONS if k in options}

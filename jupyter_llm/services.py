@@ -1,0 +1,51 @@
+"""The services the handlers share: one value built once by the app.
+
+Moved from ``app.py`` (``LLMServices``, ``build_services``) so that the API
+layer can type what it reaches through ``self.llm`` without importing the
+Jupyter extension.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from jupyter_llm.config import Settings
+from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw
+from jupyter_llm.models.pull import Puller
+from jupyter_llm.models.store import ModelStore
+from jupyter_llm.runner.discovery import discover_raw_devices
+from jupyter_llm.runner.proxy import start_serving_runner
+from jupyter_llm.scheduler import Scheduler
+
+
+@dataclass
+class LLMServices:
+    """What the handlers reach through ``self.settings["jupyter_llm"]``."""
+
+    settings: Settings
+    store: ModelStore
+    devices: DeviceSource
+    scheduler: Scheduler
+    puller: Puller
+
+
+def build_services(settings: Settings) -> LLMServices:
+    """The real thing: devices found by a discovery runner, models served by
+    runner processes started with ``settings.python``."""
+
+    async def discover() -> list[DeviceInfo]:
+        return [device_from_raw(raw) for raw in await discover_raw_devices(settings.python)]
+
+    devices = DeviceSource(discover)
+    start = partial(
+        start_serving_runner, python=settings.python, load_timeout=settings.load_timeout
+    )
+    store = ModelStore(settings.models_dir)
+    return LLMServices(
+        settings=settings,
+        store=store,
+        devices=devices,
+        scheduler=Scheduler(settings, start, devices),
+        puller=Puller(store),
+    )
