@@ -1,19 +1,45 @@
 """The Jupyter server extension: builds the services once (``services.py``,
 where ``LLMServices`` and ``build_services`` moved), mounts the handlers, and
-kills every runner on shutdown."""
+kills every runner on shutdown.
+
+A bad configuration value (a trait or a ``JUPYTER_LLM_*`` variable) stops the
+server with a message naming it: jupyter_server's extension manager would
+otherwise log a warning and run on without jupyter-llm.
+"""
 
 from __future__ import annotations
 
 import atexit
 import logging
 from pathlib import Path
+from typing import Any, NoReturn
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Float, Int, Unicode
+from traitlets import Bool, Float, Int, TraitError, Unicode, Union, validate
 
 from jupyter_llm.api import handlers
 from jupyter_llm.config import Settings
+from jupyter_llm.durations import parse_duration
+from jupyter_llm.errors import ConfigError
 from jupyter_llm.services import LLMServices, build_services
+
+SETTINGS_TRAITS = (
+    "keep_alive",
+    "context_length",
+    "max_loaded_models",
+    "num_parallel",
+    "max_queue",
+    "gpu_overhead",
+    "new_estimates",
+    "load_timeout",
+    "stream_interval",
+    "num_threads",
+)
+
+
+def _duration(help: str) -> Union:
+    """Seconds (a number) or a duration string like "10m", checked by ``_valid_duration``."""
+    return Union([Float(), Unicode()], default_value=None, allow_none=True, config=True, help=help)
 
 
 class LLMExtension(ExtensionApp):
@@ -23,43 +49,65 @@ class LLMExtension(ExtensionApp):
     load_other_extensions = True
 
     models_dir = Unicode(None, allow_none=True, config=True, help="Model store directory.")
-    keep_alive = Float(None, allow_none=True, config=True, help="Seconds a model stays loaded.")
+    keep_alive = _duration("How long an idle model stays loaded: seconds, or '10m'; -1: forever.")
     context_length = Int(None, allow_none=True, config=True, help="Default num_ctx.")
     max_loaded_models = Int(None, allow_none=True, config=True, help="0: 3 x GPUs (min 3).")
     num_parallel = Int(None, allow_none=True, config=True, help="Parallel requests per model.")
     max_queue = Int(None, allow_none=True, config=True, help="Bound of the pending queue.")
     gpu_overhead = Int(None, allow_none=True, config=True, help="Bytes reserved per GPU.")
     new_estimates = Bool(None, allow_none=True, config=True, help="Use measured allocations.")
-    load_timeout = Float(None, allow_none=True, config=True, help="Load stall timeout (s).")
+    load_timeout = _duration("Give up on a model load after this: seconds, or '5m'.")
     num_threads = Int(None, allow_none=True, config=True, help="CPU threads; 0: automatic.")
     stream_interval = Float(None, allow_none=True, config=True, help="Token grouping (s).")
 
     services: LLMServices
 
-    def initialize_settings(self) -> None:
-        overrides = {
-            name: getattr(self, name)
-            for name in (
-                "keep_alive",
-                "context_length",
-                "max_loaded_models",
-                "num_parallel",
-                "max_queue",
-                "gpu_overhead",
-                "new_estimates",
-                "load_timeout",
-                "stream_interval",
-                "num_threads",
-            )
-        }
+    @validate("keep_alive", "load_timeout")
+    def _valid_duration(self, proposal: Any) -> Any:
+        value = proposal["value"]
+        if value is not None:
+            try:
+                parse_duration(value, f"LLMExtension.{proposal['trait'].name}")
+            except ValueError as e:
+                raise TraitError(str(e)) from None
+        return value
+
+    def _link_jupyter_server_extension(self, serverapp: Any) -> None:
+        """The server's config reaches the traits here: a bad value stops the server."""
+        try:
+            super()._link_jupyter_server_extension(serverapp)
+        except TraitError as e:
+            self._refuse(serverapp, str(e))
+
+    def build_settings(self) -> Settings:
+        """The traits over the JUPYTER_LLM_* variables; ``ConfigError`` if a value is bad."""
+        overrides = {name: getattr(self, name) for name in SETTINGS_TRAITS}
         if self.models_dir:
             overrides["models_dir"] = Path(self.models_dir)
-        settings = Settings.from_env(**overrides)
+        return Settings.from_env(**overrides)
+
+    def initialize_settings(self) -> None:
+        try:
+            settings = self.build_settings()
+        except ConfigError as e:
+            self._refuse(self.serverapp, str(e))
         self.services = build_services(settings)
         self.settings.update({"jupyter_llm": self.services})
         atexit.register(self.services.scheduler.kill_all)
         self._share_log_config()
         self.log.info("jupyter-llm: models in %s", settings.models_dir)
+
+    @staticmethod
+    def _refuse(serverapp: Any, message: str) -> NoReturn:
+        """Exit rather than raise: the extension manager catches every
+        ``Exception`` of an extension, logs a warning and starts the server
+        without it. ``SystemExit`` passes through and stops the server."""
+        serverapp.log.critical(
+            "jupyter-llm: bad configuration: %s. The server does not start; fix the value "
+            "(or disable the extension: jupyter server extension disable jupyter_llm).",
+            message,
+        )
+        raise SystemExit(1)
 
     def _share_log_config(self) -> None:
         """Our modules log through the server's handlers at its level, so

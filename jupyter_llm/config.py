@@ -1,5 +1,10 @@
 """The one settings object: built once (from traitlets config and JUPYTER_LLM_* env
-vars) and passed to everything that needs it."""
+vars) and passed to everything that needs it.
+
+Durations are parsed by ``jupyter_llm.durations`` (formerly ``keep_alive.py``);
+its ``ValueError`` becomes a ``ConfigError`` here that names the variable and
+its value, and the app refuses to start with it.
+"""
 
 from __future__ import annotations
 
@@ -33,36 +38,50 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
-        """Defaults, then JUPYTER_LLM_* environment variables, then explicit overrides."""
+        """Defaults, then JUPYTER_LLM_* environment variables, then explicit
+        overrides (``None``: not set). A bad value is a ``ConfigError`` naming
+        the variable and the value."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for f in fields(cls):
-            raw = env.get(f"JUPYTER_LLM_{ENV_NAMES.get(f.name, f.name.upper())}")
+            name = env_name(f.name)
+            raw = env.get(name)
             if raw is not None and raw != "":
-                values[f.name] = _parse(f.name, raw)
+                values[f.name] = _parse(f.name, raw, name)
         for name, value in overrides.items():
             if value is not None:
-                values[name] = parse_duration(value, name) if name in DURATIONS else value
+                values[name] = _parse(name, value, name) if name in DURATIONS else value
         settings = replace(cls(), **values)
         return replace(settings, models_dir=Path(settings.models_dir).expanduser())
 
 
 ENV_NAMES = {"models_dir": "MODELS"}
 DURATIONS = ("keep_alive", "load_timeout")  # seconds or "5m"; negative: forever
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True}
+_BOOLS |= {"0": False, "false": False, "no": False, "off": False}
+_EXPECTED = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean (1/0, true/false, yes/no, on/off)",
+}
 
 
-def _parse(name: str, raw: str) -> Any:
+def env_name(field: str) -> str:
+    """The environment variable of a ``Settings`` field."""
+    return f"JUPYTER_LLM_{ENV_NAMES.get(field, field.upper())}"
+
+
+def _parse(name: str, raw: Any, label: str) -> Any:
+    """``raw`` as the type of field ``name``; ``label`` is how the user wrote it."""
     kind = {f.name: f.type for f in fields(Settings)}[name]
-    env_name = f"JUPYTER_LLM_{ENV_NAMES.get(name, name.upper())}"
     try:
         if name in DURATIONS:
-            return parse_duration(raw)
+            return parse_duration(raw, label)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    try:
         if kind == "bool":
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
+            return _BOOLS[raw.lower()]
         if kind == "int":
             return int(raw)
         if kind == "float":
@@ -70,13 +89,5 @@ def _parse(name: str, raw: str) -> Any:
         if kind == "Path":
             return Path(raw)
         return raw
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"{env_name}={raw!r} is not a valid {kind}") from e
-
-
-def _is_number(raw: str) -> bool:
-    try:
-        float(raw)
-    except ValueError:
-        return False
-    return True
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"invalid {label}: {raw!r}; expected {_EXPECTED[kind]}") from None

@@ -20,6 +20,17 @@ from jupyter_llm.errors import ConfigError
         ({"JUPYTER_LLM_MODELS": "/tmp/m"}, "models_dir", Path("/tmp/m")),
         ({"JUPYTER_LLM_MAX_QUEUE": "7"}, "max_queue", 7),
         ({"JUPYTER_LLM_MAX_QUEUE": ""}, "max_queue", 512),
+        # the README's table, as written
+        ({"JUPYTER_LLM_KEEP_ALIVE": "1h30m"}, "keep_alive", 5400.0),
+        ({"JUPYTER_LLM_LOAD_TIMEOUT": "5m"}, "load_timeout", 300.0),
+        ({"JUPYTER_LLM_MODELS": "~/.ollama/models"}, "models_dir", Path.home() / ".ollama/models"),
+        ({"JUPYTER_LLM_MAX_LOADED_MODELS": "0"}, "max_loaded_models", 0),
+        ({"JUPYTER_LLM_NUM_PARALLEL": "1"}, "num_parallel", 1),
+        ({"JUPYTER_LLM_NUM_THREADS": "0"}, "num_threads", 0),
+        ({"JUPYTER_LLM_STREAM_INTERVAL": "0.1"}, "stream_interval", 0.1),
+        ({"JUPYTER_LLM_GPU_OVERHEAD": "0"}, "gpu_overhead", 0),
+        ({"JUPYTER_LLM_NEW_ESTIMATES": "0"}, "new_estimates", False),
+        ({"JUPYTER_LLM_PYTHON": "/usr/bin/python3"}, "python", "/usr/bin/python3"),
     ],
 )
 def test_from_env(env, field, value):
@@ -43,9 +54,15 @@ def test_models_dir_expands_user():
         {"JUPYTER_LLM_KEEP_ALIVE": "soon"},
     ],
 )
-def test_bad_env_names_the_variable(env):
-    with pytest.raises(ConfigError, match=next(iter(env))):
+def test_bad_env_names_the_variable_and_the_value(env):
+    name, value = next(iter(env.items()))
+    with pytest.raises(ConfigError, match=f"{name}: '{value}'"):
         Settings.from_env(env)
+
+
+def test_bad_override_names_the_value():
+    with pytest.raises(ConfigError, match="load_timeout: 'banana'"):
+        Settings.from_env({}, load_timeout="banana")
 
 
 @pytest.mark.parametrize(("value", "expected"), [(-1, math.inf), ("10m", 600.0), (30, 30.0)])
