@@ -1,4 +1,10 @@
-"""What the estimate needs to know about a model, read from its GGUF."""
+"""What the estimate needs to know about a model, read from its GGUF.
+
+The header is read with the bounded reader the store uses (not the ``gguf``
+package's GGUFReader), and every count the estimate sizes a list or a sum by
+(blocks, heads, embedding, vocabulary) is capped, so a hostile header is an
+``InvalidRequest`` ("invalid model file: ...") rather than an exhausted server.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from jupyter_llm.models.gguf_header import array_length
+from jupyter_llm.models.gguf_info import MAX_BLOCK_COUNT, integer, load_header, text
+
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+# Far above real models (embedding 16k, 128 heads, head size 576, 262k tokens).
+MAX_EMBEDDING = 1 << 20
+MAX_HEADS = 1 << 14
+MAX_HEAD_DIM = 1 << 16
+MAX_VOCAB = 1 << 24
+MAX_CONTEXT = 1 << 32
 
 
 @dataclass(frozen=True)
@@ -32,32 +48,26 @@ class ModelInfo:
 
 def read_model_info(path: Path) -> ModelInfo:
     """Blocking (parses the GGUF header and tensor table): call from an executor."""
-    import gguf
+    # per-block arrays are kept (at most MAX_BLOCK_COUNT items), the tokenizer's skipped
+    header = load_header(path, array_limit=MAX_BLOCK_COUNT)
+    meta = header.metadata
 
-    reader = gguf.GGUFReader(str(path))
+    def value(key: str, default: int, cap: int) -> int:
+        return integer(meta, key, default, cap, per_layer=True)
 
-    def value(key: str, default: object) -> object:
-        field = reader.get_field(key)
-        if field is None:
-            return default
-        v = field.contents()
-        if isinstance(v, list):  # per-layer arrays (some models): the largest value
-            return max(v) if v else default
-        return v
-
-    arch = str(value("general.architecture", "llama"))
-    n_layer = int(value(f"{arch}.block_count", 0))
-    n_embd = int(value(f"{arch}.embedding_length", 0))
-    n_head = int(value(f"{arch}.attention.head_count", 1)) or 1
-    n_head_kv = int(value(f"{arch}.attention.head_count_kv", n_head)) or n_head
-    head_dim = n_embd // n_head if n_head else 0
-    tokens = reader.get_field("tokenizer.ggml.tokens")
-    n_vocab = int(value(f"{arch}.vocab_size", len(tokens.data) if tokens else 0))
+    arch = text(meta, "general.architecture", "llama")
+    n_layer = value(f"{arch}.block_count", 0, MAX_BLOCK_COUNT)
+    n_embd = value(f"{arch}.embedding_length", 0, MAX_EMBEDDING)
+    n_head = value(f"{arch}.attention.head_count", 1, MAX_HEADS) or 1
+    n_head_kv = value(f"{arch}.attention.head_count_kv", n_head, MAX_HEADS) or n_head
+    head_dim = n_embd // n_head
+    n_tokens = array_length(meta.get("tokenizer.ggml.tokens")) or 0
+    n_vocab = value(f"{arch}.vocab_size", n_tokens, MAX_VOCAB)
 
     layers = [0] * n_layer
     output = output_norm = token_embd = 0
-    for t in reader.tensors:
-        size = int(t.n_bytes)
+    for t in header.tensors:
+        size = t.n_bytes
         if m := _BLOCK.match(t.name):
             i = int(m.group(1))
             if i < n_layer:
@@ -74,12 +84,12 @@ def read_model_info(path: Path) -> ModelInfo:
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=n_head_kv,
-        head_dim_k=int(value(f"{arch}.attention.key_length", head_dim)),
-        head_dim_v=int(value(f"{arch}.attention.value_length", head_dim)),
+        head_dim_k=value(f"{arch}.attention.key_length", head_dim, MAX_HEAD_DIM),
+        head_dim_v=value(f"{arch}.attention.value_length", head_dim, MAX_HEAD_DIM),
         n_vocab=n_vocab,
-        context_length=int(value(f"{arch}.context_length", 0)),
+        context_length=value(f"{arch}.context_length", 0, MAX_CONTEXT),
         layer_bytes=tuple(layers),
         output_bytes=(output or token_embd) + output_norm,
         input_bytes=token_embd,
-        embedding_only=bool(value(f"{arch}.pooling_type", 0)) and not output,
+        embedding_only=bool(value(f"{arch}.pooling_type", 0, 1 << 31)) and not output,
     )

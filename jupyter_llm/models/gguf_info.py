@@ -1,4 +1,11 @@
-"""GGUF metadata the store and API report (read with the ``gguf`` package)."""
+"""GGUF metadata the store and API report.
+
+Headers come from uploads and pulls, so they are read with our own bounded
+reader (``gguf_header``), never with the ``gguf`` package's GGUFReader (it
+memory-maps the file and builds an object per item, so a 49-byte header that
+claims a 2^63-item array exhausts the server's memory). A header this server
+refuses is an ``InvalidRequest`` ("invalid model file: ..."), a 400.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.models.gguf_header import (
+    MAGIC,
+    GGUFFormatError,
+    GGUFHeader,
+    LongArray,
+    read_header,
+)
 
-GGUF_MAGIC = b"GGUF"
+GGUF_MAGIC = MAGIC
+# llama.cpp models have at most a few hundred blocks; the estimate keeps a
+# list per block, so the count is bounded before anything is sized by it.
+MAX_BLOCK_COUNT = 4096
+SHOW_ARRAY_LIMIT = 32  # longer arrays are null in a non-verbose /api/show
 
 # llama.cpp's LLAMA_FTYPE values, as Ollama names them in "quantization_level".
 FILE_TYPES = {
@@ -70,55 +88,70 @@ def is_gguf(path: Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
+def load_header(path: Path, array_limit: int | None) -> GGUFHeader:
+    """``read_header`` with a refused file as an ``InvalidRequest``. Blocking."""
+    try:
+        return read_header(path, array_limit)
+    except GGUFFormatError as e:
+        raise InvalidRequest(f"invalid model file: {e}") from None
+
+
+def integer(
+    metadata: dict[str, object], key: str, default: int, cap: int, per_layer: bool = False
+) -> int:
+    """An integer key in ``0..cap``; ``per_layer`` also takes an array (some
+    models give a value per block) and answers its largest item."""
+    value = metadata.get(key, default)
+    if per_layer and isinstance(value, list | LongArray):
+        if isinstance(value, LongArray) or len(value) > MAX_BLOCK_COUNT:
+            raise InvalidRequest(f"invalid model file: {key} has {len(value)} values")
+        if not all(isinstance(v, int) for v in value):
+            raise InvalidRequest(f"invalid model file: {key} must hold integers")
+        value = max(value) if value else default
+    if not isinstance(value, int):
+        raise InvalidRequest(f"invalid model file: {key} must be an integer")
+    if not 0 <= value <= cap:
+        raise InvalidRequest(f"invalid model file: {key} is {value}, outside 0..{cap}")
+    return int(value)
+
+
+def text(metadata: dict[str, object], key: str, default: str) -> str:
+    value = metadata.get(key, default)
+    if not isinstance(value, str):
+        raise InvalidRequest(f"invalid model file: {key} must be a string")
+    return value
+
+
 def read_gguf_info(path: Path) -> GGUFInfo:
     """Parse the header and tensor table; blocking, call it in an executor."""
-    import gguf
-
     if not is_gguf(path):
         raise InvalidRequest("invalid model file: not a GGUF file")
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # the gguf package raises assorted errors on corrupt files
-        raise InvalidRequest(f"invalid model file: {e}") from e
-
-    def value(key: str, default: object = None) -> object:
-        field = reader.get_field(key)
-        if field is None:
-            return default
-        try:
-            return field.contents()
-        except Exception:
-            return default
-
-    arch = str(value("general.architecture", "unknown"))
+    header = load_header(path, array_limit=0)  # no array is needed here
+    meta = header.metadata
+    arch = text(meta, "general.architecture", "unknown")
+    file_type = (
+        integer(meta, "general.file_type", 0, 1 << 31) if "general.file_type" in meta else -1
+    )
     return GGUFInfo(
         architecture=arch,
-        name=str(value("general.name", "")),
-        file_type=FILE_TYPES.get(int(value("general.file_type", -1)), "unknown"),
-        parameter_count=sum(int(t.n_elements) for t in reader.tensors),
-        context_length=int(value(f"{arch}.context_length", 0)),
-        embedding_length=int(value(f"{arch}.embedding_length", 0)),
-        block_count=int(value(f"{arch}.block_count", 0)),
-        chat_template=str(value("tokenizer.chat_template", "")),
+        name=text(meta, "general.name", ""),
+        file_type=FILE_TYPES.get(file_type, "unknown"),
+        parameter_count=sum(t.n_elements for t in header.tensors),
+        context_length=integer(meta, f"{arch}.context_length", 0, 1 << 63),
+        embedding_length=integer(meta, f"{arch}.embedding_length", 0, 1 << 63),
+        block_count=integer(meta, f"{arch}.block_count", 0, MAX_BLOCK_COUNT),
+        chat_template=text(meta, "tokenizer.chat_template", ""),
     )
 
 
 def read_metadata(path: Path, verbose: bool = False) -> dict[str, object]:
     """All GGUF key/values, as Ollama's ``model_info``: long arrays (the
-    tokenizer's) are None unless ``verbose``. Blocking."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    info: dict[str, object] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            value = field.contents()
-        except Exception:
-            continue
-        if isinstance(value, list) and len(value) > 32 and not verbose:
-            value = None
-        info[key] = value
-    info["general.parameter_count"] = sum(int(t.n_elements) for t in reader.tensors)
+    tokenizer's) are None unless ``verbose`` (then they are read, within the
+    reader's memory cap). Blocking."""
+    header = load_header(path, None if verbose else SHOW_ARRAY_LIMIT)
+    info: dict[str, object] = {
+        key: None if isinstance(value, LongArray) else value
+        for key, value in header.metadata.items()
+    }
+    info["general.parameter_count"] = sum(t.n_elements for t in header.tensors)
     return info
