@@ -37,12 +37,14 @@ MAX_TENSORS = 1 << 16
 MAX_KV = 1 << 16
 MAX_STRING = 16 << 20  # bytes in one string
 MAX_NAME = 64  # ggml's GGML_MAX_NAME: a tensor name is shorter than this
-MAX_ARRAY = 1 << 22  # items in one array
-MAX_ITEMS = 1 << 23  # array items in the whole header, kept or skipped
-MAX_NESTING = 3  # arrays of arrays of arrays
+MAX_ARRAY = 1 << 21  # items in one array
+MAX_ITEMS = 1 << 22  # array items in the whole header, kept or skipped
+MAX_ARRAYS = 1 << 16  # array values in the whole header, nested ones included
+MAX_NESTING = 3  # arrays of arrays of arrays (llama.cpp itself loads none)
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
-MAX_KEPT = 64 << 20  # bytes of values kept in memory (see _OVERHEAD)
-_OVERHEAD = 16  # rough Python cost of one kept value beyond its raw bytes
+MAX_KEPT = 96 << 20  # bytes of values kept in memory, as charged below
+_OVERHEAD = 32  # Python's cost of one kept value beyond its raw bytes (measured)
+_LIST = 64  # and of one kept list
 _CHUNK = 1 << 20
 
 # GGUF value types
@@ -169,11 +171,14 @@ class _Parser:
         self.array_limit = array_limit
         self.kept = 0  # bytes charged to MAX_KEPT
         self.items = 0  # array items seen, against MAX_ITEMS
+        self.arrays = 0  # array values seen, against MAX_ARRAYS
 
     def charge(self, n: int) -> None:
         self.kept += n
         if self.kept > MAX_KEPT:
-            raise GGUFFormatError(f"metadata is larger than the {MAX_KEPT >> 20} MiB read")
+            raise GGUFFormatError(
+                f"the metadata is larger than the {MAX_KEPT / (1 << 20):g} MiB this server reads"
+            )
 
     def length(self, what: str, cap: int, item_size: int) -> int:
         """A u64 count of ``item_size``-byte items, checked against ``cap``
@@ -213,12 +218,17 @@ class _Parser:
     def array(self, what: str, depth: int, keep: bool) -> object:
         if depth > MAX_NESTING:
             raise GGUFFormatError(f"{what} nests arrays deeper than {MAX_NESTING}")
+        self.arrays += 1
+        if self.arrays > MAX_ARRAYS:
+            raise GGUFFormatError(f"the header has more than {MAX_ARRAYS} arrays")
         t = self.value_type(f"the items of {what}")
         n = self.length(what, MAX_ARRAY, _SCALARS[t].size if t in _SCALARS else _MIN_ITEM[t])
         self.items += n
         if self.items > MAX_ITEMS:
             raise GGUFFormatError(f"the header has more than {MAX_ITEMS} array items")
         keep = keep and (self.array_limit is None or n <= self.array_limit)
+        if keep:
+            self.charge(_LIST + 8 * n)
         if t in _SCALARS:
             size = _SCALARS[t].size * n
             if not keep:
