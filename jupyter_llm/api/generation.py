@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +59,7 @@ async def find_model(services: LLMServices, name: ModelName) -> ModelEntry:
     return await loop.run_in_executor(None, services.store.get, name)
 
 
-async def complete(services: LLMServices, job: Job) -> AsyncIterator[list[Event]]:
+async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event], None]:
     """Batches of text pieces, the last batch ending with ``Finished``.
 
     Errors before the first batch (unknown model, bad input, server busy, no

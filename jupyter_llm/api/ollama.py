@@ -169,10 +169,11 @@ class CreateHandler(LLMHandler):
             )
         )
         if stream:
-            self.set_header("Content-Type", "application/x-ndjson")
-            for status in ("parsing GGUF", "writing manifest", "success"):
-                self.write(json.dumps({"status": status}) + "\n")
-            self.finish()
+
+            async def statuses() -> AsyncGenerator[list[Any], None]:
+                yield [{"status": s} for s in ("parsing GGUF", "writing manifest", "success")]
+
+            await self.stream(statuses(), NDJSON)
         else:
             self.write_json({"status": "success"})
 
