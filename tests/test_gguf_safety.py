@@ -123,6 +123,10 @@ ATTACKS = {  # name: (file, what the error says)
         header([], [gguf_string("t") + struct.pack("<I", (1 << 32) - 1) + bytes(64)]),
         "tensor 't' has 4294967295 dimensions, more than 4",
     ),
+    "architecture of 1 MiB": (
+        header([kv_str("general.architecture", "x" * (1 << 20))]),
+        "general.architecture is too long",
+    ),
     "block_count 2^31": (huge_blocks(), "llama.block_count is 2147483648, outside 0..4096"),
 }
 
@@ -228,7 +232,7 @@ def test_metadata_kept_in_memory_is_capped(demo_gguf, monkeypatch):
     data = demo_gguf.read_bytes()
     monkeypatch.setattr(gguf_header, "MAX_KEPT", 8 << 10)
     assert parse(data, array_limit=32).metadata["tokenizer.ggml.tokens"] == LongArray(STRING, 265)
-    with pytest.raises(GGUFFormatError, match="metadata is larger than the 0.0078125 MiB"):
+    with pytest.raises(GGUFFormatError, match=r"metadata is larger than the 0\.0078125 MiB"):
         parse(data)  # every token kept: more than 8 KiB
 
 

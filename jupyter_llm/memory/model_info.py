@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jupyter_llm.models.gguf_header import array_length
-from jupyter_llm.models.gguf_info import MAX_BLOCK_COUNT, integer, load_header, text
+from jupyter_llm.models.gguf_info import MAX_BLOCK_COUNT, architecture, integer, load_header
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
@@ -55,7 +55,7 @@ def read_model_info(path: Path) -> ModelInfo:
     def value(key: str, default: int, cap: int) -> int:
         return integer(meta, key, default, cap, per_layer=True)
 
-    arch = text(meta, "general.architecture", "llama")
+    arch = architecture(meta, "llama")
     n_layer = value(f"{arch}.block_count", 0, MAX_BLOCK_COUNT)
     n_embd = value(f"{arch}.embedding_length", 0, MAX_EMBEDDING)
     n_head = value(f"{arch}.attention.head_count", 1, MAX_HEADS) or 1

@@ -24,7 +24,6 @@ import functools
 import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 MAGIC = b"GGUF"
@@ -189,11 +188,8 @@ class _Parser:
         self.src.need(n * item_size, f"{what} (length {n})")
         return n
 
-    def string(self, what: str, cap: int = MAX_STRING, keep: bool = True) -> str:
+    def string(self, what: str, cap: int = MAX_STRING) -> str:
         n = self.length(what, cap, 1)
-        if not keep:
-            self.src.skip(n, what)
-            return ""
         self.charge(n + _OVERHEAD)
         return self.src.take(n, what).decode("utf-8", errors="replace")
 
@@ -203,15 +199,13 @@ class _Parser:
             raise GGUFFormatError(f"{what} has unknown value type {t}")
         return t
 
-    def value(self, t: int, what: str, depth: int = 0, keep: bool = True) -> object:
+    def value(self, t: int, what: str) -> object:
+        """A key's value (kept, unless it is an array past ``array_limit``)."""
         if t == STRING:
-            return self.string(what, keep=keep)
+            return self.string(what)
         if t == ARRAY:
-            return self.array(what, depth + 1, keep)
+            return self.array(what, 1, True)
         s = _SCALARS[t]
-        if not keep:
-            self.src.skip(s.size, what)
-            return None
         self.charge(s.size + _OVERHEAD)
         return s.unpack(self.src.take(s.size, what))[0]
 
@@ -270,22 +264,29 @@ class _Parser:
     def metadata(self, count: int) -> dict[str, object]:
         out: dict[str, object] = {}
         for i in range(count):
-            key = self.string(f"key {i}", MAX_STRING)
+            key = self.string(f"key {i}")
+            what = f"key {_quote(key)}"
             if key in out:
-                raise GGUFFormatError(f"key {key!r} appears twice")
-            out[key] = self.value(self.value_type(f"key {key!r}"), f"key {key!r}")
+                raise GGUFFormatError(f"{what} appears twice")
+            out[key] = self.value(self.value_type(what), what)
         return out
 
     def tensor(self, i: int) -> tuple[str, tuple[int, ...], int, int]:
         name = self.string(f"the name of tensor {i}", MAX_NAME - 1)
-        n_dims = self.src.u32(f"the n_dims of tensor {name!r}")
+        what = f"tensor {name!r}"
+        n_dims = self.src.u32(f"the n_dims of {what}")
         if n_dims > MAX_DIMS:
-            raise GGUFFormatError(f"tensor {name!r} has {n_dims} dimensions, more than {MAX_DIMS}")
-        self.src.need(8 * n_dims + 12, f"tensor {name!r}")
-        dims = struct.unpack(f"<{n_dims}Q", self.src.take(8 * n_dims, f"tensor {name!r}"))
-        ggml_type = self.src.u32(f"the type of tensor {name!r}")
-        offset = self.src.u64(f"the offset of tensor {name!r}")
+            raise GGUFFormatError(f"{what} has {n_dims} dimensions, more than {MAX_DIMS}")
+        self.src.need(8 * n_dims + 12, what)
+        dims = struct.unpack(f"<{n_dims}Q", self.src.take(8 * n_dims, what))
+        ggml_type = self.src.u32(f"the type of {what}")
+        offset = self.src.u64(f"the offset of {what}")
         return name, dims, ggml_type, offset
+
+
+def _quote(key: str) -> str:
+    """A key for an error message (keys may be megabytes long)."""
+    return repr(key) if len(key) <= 80 else repr(key[:80]) + "..."
 
 
 def _tensor_info(
@@ -357,7 +358,7 @@ def parse_header(f: BinaryIO, size: int, array_limit: int | None = None) -> GGUF
 
 def read_header(path: str | os.PathLike[str], array_limit: int | None = None) -> GGUFHeader:
     """``parse_header`` on a file on disk. Blocking: call it in an executor."""
-    with open(Path(path), "rb") as f:
+    with open(path, "rb") as f:
         return parse_header(f, os.fstat(f.fileno()).st_size, array_limit)
 
 

@@ -26,6 +26,7 @@ GGUF_MAGIC = MAGIC
 # list per block, so the count is bounded before anything is sized by it.
 MAX_BLOCK_COUNT = 4096
 SHOW_ARRAY_LIMIT = 32  # longer arrays are null in a non-verbose /api/show
+MAX_ARCHITECTURE = 64  # llama.cpp's names are short: "llama", "qwen3moe"
 
 # llama.cpp's LLAMA_FTYPE values, as Ollama names them in "quantization_level".
 FILE_TYPES = {
@@ -122,13 +123,19 @@ def text(metadata: dict[str, object], key: str, default: str) -> str:
     return value
 
 
+def architecture(metadata: dict[str, object], default: str) -> str:
+    """``general.architecture``, which prefixes every other key we read."""
+    arch = text(metadata, "general.architecture", default)
+    if len(arch) > MAX_ARCHITECTURE:
+        raise InvalidRequest("invalid model file: general.architecture is too long")
+    return arch
+
+
 def read_gguf_info(path: Path) -> GGUFInfo:
     """Parse the header and tensor table; blocking, call it in an executor."""
-    if not is_gguf(path):
-        raise InvalidRequest("invalid model file: not a GGUF file")
     header = load_header(path, array_limit=0)  # no array is needed here
     meta = header.metadata
-    arch = text(meta, "general.architecture", "unknown")
+    arch = architecture(meta, "unknown")
     file_type = (
         integer(meta, "general.file_type", 0, 1 << 31) if "general.file_type" in meta else -1
     )
