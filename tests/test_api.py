@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-import os
 import signal
 
 import psutil
@@ -259,27 +258,37 @@ async def test_unauthenticated_requests_refused(jp_base_url, http_server, http_s
         assert info.value.code == 403, path
 
 
-async def test_runner_killed_mid_stream_then_recovers(jp_fetch, jp_serverapp, installed_model):
+async def test_runner_killed_mid_stream_then_recovers(
+    jp_fetch, jp_serverapp, jp_base_url, http_server_port, installed_model
+):
     await post(jp_fetch, "api/generate", {"model": "tiny"})  # load
     scheduler = jp_serverapp.web_app.settings["jupyter_llm"].scheduler
     pid = scheduler.loaded_models()[0].runner.pid
+    runner = psutil.Process(pid)  # psutil refuses to signal a pid that was reused
 
-    # the generation in flight when the runner dies ends with an error line naming the cause
-    import asyncio
+    # the generation in flight when the runner dies ends with an error line naming
+    # the cause; the kill follows the first streamed token
+    chunks: list[bytes] = []
 
-    async def kill_soon():
-        await asyncio.sleep(0.3)
-        os.kill(pid, signal.SIGKILL)
+    def on_chunk(data: bytes) -> None:
+        chunks.append(data)
+        if runner.is_running():
+            runner.send_signal(signal.SIGKILL)
 
-    killer = asyncio.ensure_future(kill_soon())
-    r = await post(
-        jp_fetch,
-        "api/generate",
-        {"model": "tiny", "prompt": "go", "options": {**GREEDY, "num_predict": 1_000_000}},
+    client = AsyncHTTPClient(force_instance=True)
+    token = jp_serverapp.identity_provider.token
+    body = {"model": "tiny", "prompt": "go", "options": {**GREEDY, "num_predict": 1_000_000}}
+    await client.fetch(
+        f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/generate",
+        method="POST",
+        body=json.dumps(body),
+        headers={"Authorization": f"token {token}"},
+        streaming_callback=on_chunk,
+        request_timeout=120,
     )
-    await killer
-    last = lines(r)[-1]
-    assert "SIGKILL" in last["error"]
+    streamed = [json.loads(x) for x in b"".join(chunks).decode().splitlines() if x.strip()]
+    assert streamed[0]["done"] is False  # the kill came after the first token
+    assert "SIGKILL" in streamed[-1]["error"]
 
     # the next request gets a fresh runner
     r = await post(
@@ -337,21 +346,18 @@ async def test_client_disconnect_cancels_generation(
     assert loaded.refcount == 1
     writer.close()
 
-    for _ in range(100):  # released within a few tokens
-        if loaded.refcount == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert loaded.refcount == 0 and loaded.expires_at is not None
+    async with asyncio.timeout(30):  # released within a few tokens
+        while loaded.refcount != 0:
+            await asyncio.sleep(0.02)
+    assert loaded.expires_at is not None
     # seen through /api/ps: the keep_alive timer runs (expires_at no longer moves)
     first = json.loads((await jp_fetch("llm", "api", "ps")).body)["models"][0]["expires_at"]
     await asyncio.sleep(0.05)
     again = json.loads((await jp_fetch("llm", "api", "ps")).body)["models"][0]["expires_at"]
     assert first == again
-    for _ in range(50):  # the runner stops within a token or so
-        if (await loaded.runner.process.call("health"))["busy"] is None:
-            break
-        await asyncio.sleep(0.01)
-    assert (await loaded.runner.process.call("health"))["busy"] is None
+    async with asyncio.timeout(30):  # the runner stops within a token or so
+        while (await loaded.runner.process.call("health"))["busy"] is not None:
+            await asyncio.sleep(0.01)
 
 
 async def test_generate_context_continues_a_conversation(jp_fetch, installed_model):
