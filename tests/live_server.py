@@ -83,7 +83,7 @@ class LiveServer:
             children = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
-        return [c for c in children if "jupyter_llm.runner" in " ".join(c.cmdline())]
+        return [c for c in children if _is_live_runner(c)]
 
     def stop(self) -> None:
         self.client.close()
@@ -95,3 +95,11 @@ class LiveServer:
                 self.proc.kill()
         if self._log:
             self._log.close()
+
+
+def _is_live_runner(process: psutil.Process) -> bool:
+    """A runner that has not exited (an exited one not yet reaped is a zombie)."""
+    try:
+        return "jupyter_llm.runner" in " ".join(process.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return False
