@@ -114,7 +114,7 @@ class Loaded:
     slots: asyncio.Semaphore
     refcount: int = 0
     waiting: int = 0
-    draining: bool = False  # an eviction or reload waits for its requests to end
+    drainers: int = 0  # loads waiting (without the load lock) for its requests to end
     last_used: float = field(default_factory=time.monotonic)
     expires_at: float | None = None  # wall clock, while idle
     timer: asyncio.TimerHandle | None = None
@@ -122,6 +122,21 @@ class Loaded:
     @property
     def key(self) -> str:
         return self.entry.name.display
+
+    @property
+    def draining(self) -> bool:
+        """An eviction or reload waits for it: new requests wait too, so the
+        drain ends."""
+        return self.drainers > 0
+
+
+class MustDrain(Exception):
+    """The plan needs ``victim`` gone, but it is busy: wait without the load
+    lock until its requests end, then plan again."""
+
+    def __init__(self, victim: Loaded) -> None:
+        super().__init__(victim.key)
+        self.victim = victim
 
 
 class Lease:
@@ -291,21 +306,48 @@ class Scheduler:
     async def _get_loaded(
         self, entry: ModelEntry, options: LoadOptions, keep_alive: float | None
     ) -> tuple[Loaded, int]:
+        """A loaded runner for ``entry``. Loads hold the load lock (one at a
+        time); waiting for a busy model to drain never does, so requests,
+        unloads and expiries of other models go on meanwhile."""
         info = await self._model_info(entry.model_path)
         wanted = self._wanted(options, info)
         key = entry.name.display
-        current = self._loaded.get(key)
-        if current and await self._reusable(current, entry, wanted):
-            return current, 0
-        async with self._load_lock:
-            current = self._loaded.get(key)
-            if current and await self._reusable(current, entry, wanted):
-                return current, 0
-            if current is not None:
-                await self._drain_and_unload(current)
-            loaded = await self._load(entry, info, wanted, keep_alive)
-            self._loaded[key] = loaded
-            return loaded, loaded.runner.load_duration_ns
+        victim: Loaded | None = None  # marked draining by this request
+        try:
+            while True:
+                current = self._loaded.get(key)
+                if current is not None and current.draining and current is not victim:
+                    await self._until(
+                        lambda c=current: self._loaded.get(key) is not c or not c.draining
+                    )
+                    continue
+                if current and await self._reusable(current, entry, wanted):
+                    return current, 0
+                async with self._load_lock:
+                    if victim is not None:  # plan afresh: it may not be needed now
+                        victim.drainers -= 1
+                        victim = None
+                        await self._notify()
+                    current = self._loaded.get(key)
+                    if current is not None and current.draining:
+                        continue  # another load drains it: wait above, without the lock
+                    if current and await self._reusable(current, entry, wanted):
+                        return current, 0
+                    try:
+                        if current is not None:
+                            await self._evict(current)
+                        loaded = await self._load(entry, info, wanted, keep_alive)
+                    except MustDrain as busy:
+                        victim = busy.victim
+                        victim.drainers += 1
+                    else:
+                        self._loaded[key] = loaded
+                        return loaded, loaded.runner.load_duration_ns
+                await self._until(lambda v=victim: self._drained(v))
+        finally:
+            if victim is not None:  # cancelled (the client left) or failed while waiting
+                victim.drainers -= 1
+                self._spawn(self._notify())
 
     async def _model_info(self, path: Path) -> ModelInfo:
         """GGUF facts, parsed once per file (blobs are content-addressed)."""
@@ -352,7 +394,7 @@ class Scheduler:
                 )
             except LayoutFailure as failure:
                 if others:
-                    await self._evict_one(others)
+                    await self._evict(choose_victim(others))
                     continue
                 raise InsufficientMemory(str(failure)) from None
             request = self._load_request(entry, wanted, parallel, placement, devices)
@@ -435,23 +477,33 @@ class Scheduler:
             changed = True
         gpus = sum(1 for d in devices if d.is_gpu)
         while len(self.loaded_models()) >= max_loaded(self.settings, gpus):
-            await self._evict_one(self.loaded_models())
+            await self._evict(choose_victim(self.loaded_models()))
             changed = True
         return changed
 
-    async def _evict_one(self, candidates: list[Loaded]) -> None:
-        victim = choose_victim(candidates)
+    async def _evict(self, victim: Loaded | None) -> None:
+        """Unload ``victim`` now if it is idle (or dead); if it is busy, raise
+        ``MustDrain`` so that the caller waits for it outside the load lock."""
         if victim is None:
             return
+        if not self._drained(victim):
+            raise MustDrain(victim)
         log.info("evicting %s to make room", victim.key)
-        await self._drain_and_unload(victim)
+        await self._unload(victim)
 
-    async def _drain_and_unload(self, loaded: Loaded) -> None:
-        loaded.draining = True
-        while loaded.refcount > 0 and loaded.runner.alive:
-            async with self._changed:
-                await self._changed.wait()
-        await self._unload(loaded)
+    def _drained(self, loaded: Loaded) -> bool:
+        """No request holds it any more (or it is gone, or dead)."""
+        return (
+            loaded.refcount == 0
+            or not loaded.runner.alive
+            or self._loaded.get(loaded.key) is not loaded
+        )
+
+    async def _until(self, condition: Callable[[], bool]) -> None:
+        """Wait until ``condition()`` holds; it is checked whenever the
+        scheduler's state changes (a release, an unload)."""
+        async with self._changed:
+            await self._changed.wait_for(condition)
 
     async def _unload(self, loaded: Loaded) -> None:
         self._stop_timer(loaded)

@@ -422,3 +422,72 @@ async def test_seed4_backoff_shrinks_the_layout():
     layers = [spec.n_gpu_layers for spec in f.specs]
     assert len(layers) == 5 and layers[-1] < layers[0]
     assert all(b <= a for a, b in itertools.pairwise(layers))
+
+
+# -- a busy model never holds the others hostage --------------------------------------
+async def test_waiting_for_a_drain_blocks_no_other_model():
+    # 16 GiB: a (8.5 GiB with its KV cache) and two small ones (2 GiB each) fit
+    # together; b (8.5 GiB) does not fit beside a
+    s, f = make(simulated([("gpu0", 16 * GiB, False)]), max_loaded_models=4, num_parallel=2)
+    a, b, c, d = entry("a"), entry("b"), entry("c", info(10)), entry("d", info(10))
+    lease_a = await s.acquire(a, LoadOptions(), 1.0)  # the shortest keep_alive: b's victim
+    lease_c = await s.acquire(c, LoadOptions(), None)  # busy too, so it is not evicted first
+    load_b = asyncio.ensure_future(use(s, b))
+    await until(lambda: lease_a.loaded.draining)  # b's load waits for a's request to end
+    # meanwhile: a request for loaded c, a cheap load of d that evicts nothing and
+    # expires at once, and an unload of c all complete
+    await asyncio.wait_for(use(s, c), 10)
+    assert (await asyncio.wait_for(use(s, d, keep_alive=0), 10)).key == "d:latest"
+    await until(lambda: "d:latest" not in {m.key for m in s.loaded_models()})
+    assert len(f.runners) == 3  # d evicted nothing
+    lease_c.release()
+    assert await asyncio.wait_for(s.unload("c:latest"), 10)
+    assert [m.key for m in s.loaded_models()] == ["a:latest"] and not load_b.done()
+    lease_a.release()
+    assert (await asyncio.wait_for(load_b, 10)).key == "b:latest"
+    assert [m.key for m in s.loaded_models()] == ["b:latest"]
+    assert sum(r.alive for r in f.runners) == 1
+
+
+async def test_a_draining_model_takes_no_new_requests():
+    s, _f = make(simulated([("gpu0", 12 * GiB, False)]), num_parallel=2)
+    a, b = entry("a"), entry("b")
+    lease = await s.acquire(a, LoadOptions(), None)
+    load_b = asyncio.ensure_future(use(s, b))
+    await until(lambda: lease.loaded.draining)
+    again = asyncio.ensure_future(use(s, a))  # a has a free slot, but it is being drained
+    await until(lambda: s.pending == 2)  # it waits rather than keep the drain going
+    assert lease.loaded.refcount == 1
+    lease.release()
+    assert (await asyncio.wait_for(load_b, 10)).key == "b:latest"
+    reloaded = await asyncio.wait_for(again, 10)  # then a comes back
+    assert reloaded.key == "a:latest" and reloaded.runner is not lease.runner
+
+
+async def test_a_load_that_stops_waiting_unmarks_its_victim():
+    s, _f = make(simulated([("gpu0", 12 * GiB, False)]), num_parallel=2)
+    a, b = entry("a"), entry("b")
+    lease = await s.acquire(a, LoadOptions(), None)
+    load_b = asyncio.ensure_future(use(s, b))
+    await until(lambda: lease.loaded.draining)
+    load_b.cancel()  # the client of b left
+    with pytest.raises(asyncio.CancelledError):
+        await load_b
+    assert not lease.loaded.draining
+    second = await asyncio.wait_for(s.acquire(a, LoadOptions(), None), 10)
+    assert second.runner is lease.runner  # a serves again from its free slot
+    lease.release(), second.release()
+
+
+async def test_reload_of_a_busy_model_waits_without_the_lock():
+    s, f = make(ONE_GPU)
+    a, c = entry("a"), entry("c", info(10))
+    await use(s, c)
+    lease = await s.acquire(a, LoadOptions(num_ctx=2048), None)
+    bigger = asyncio.ensure_future(use(s, a, num_ctx=8192))
+    await until(lambda: lease.loaded.draining)
+    assert await asyncio.wait_for(s.unload("c:latest"), 10)  # not stuck behind the reload
+    lease.release()
+    reloaded = await asyncio.wait_for(bigger, 10)
+    assert reloaded.wanted.num_ctx == 8192 and not lease.runner.alive
+    assert [m.key for m in s.loaded_models()] == ["a:latest"] and len(f.specs) == 3
