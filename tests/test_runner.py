@@ -267,3 +267,49 @@ async def test_sampling_options_change_the_output(runner, extra):
     assert plain == again  # seeded: reproducible
     varied, done = await collect(runner, prompt="hello", options={**base, **extra})
     assert done["eval_count"] == 24 and varied != plain
+
+
+# -- a client that leaves during a long prompt -----------------------------------------
+def test_prompt_evaluation_checks_for_cancel_between_batches(demo_gguf):
+    from jupyter_llm.runner.engine import Engine, LoadParams
+
+    engine = Engine(LoadParams(path=str(demo_gguf), n_ctx=2048, n_batch=16, n_threads=2))
+    try:
+        prompt = "x" * 1000
+        checks = []
+
+        def cancelled() -> bool:  # the client leaves after three checks
+            checks.append(True)
+            return len(checks) > 3
+
+        done = engine.complete(prompt, GREEDY, emit=lambda text: None, cancelled=cancelled)
+        assert done.done_reason == "cancel" and done.eval_count == 0
+        assert 0 < done.prompt_eval_count <= 3 * 16 < len(engine.tokenize(prompt))
+        assert len(engine.cached) == done.prompt_eval_count  # what the cache really holds
+    finally:
+        engine.close()
+
+
+async def test_a_cancel_stops_a_long_prompt_in_the_runner(tmp_path, demo_gguf):
+    script = Path(__file__).with_name("gated_runner.py")
+    gated = wrapper(tmp_path, "gated-python", f'exec {sys.executable} {script} "$@"')
+    spec = LoadSpec(path=str(demo_gguf), n_ctx=2048, n_batch=16, n_threads=2)
+    runner = await start_runner_with(spec, python=gated, load_timeout=60)
+    try:
+        stream = runner.complete(prompt="x" * 1600, options={**GREEDY, "num_predict": 1})
+        first = asyncio.ensure_future(anext(stream))  # sends the request: 100 chunks
+        async with asyncio.timeout(60):
+            while (health := await runner.process.call("health"))["busy"] is None:
+                pass
+        first.cancel()  # the client leaves: closing the stream sends cancel
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        async with asyncio.timeout(60):
+            while (after := await runner.process.call("health"))["busy"] is not None:
+                pass
+        # the gate held the prompt at its third chunk: one more at most, not 97
+        assert after["progress"] - health["progress"] < 10
+        _, done = await collect(runner, prompt="x", options={**GREEDY, "num_predict": 2})
+        assert done["eval_count"] == 2
+    finally:
+        await runner.close()

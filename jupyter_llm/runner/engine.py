@@ -294,10 +294,14 @@ class Engine:
         return out, counted
 
     # -- decoding --------------------------------------------------------------------
-    def _evaluate(self, tokens: list[int]) -> None:
-        """Decode ``tokens`` after the cached ones; logits only for the last."""
+    def _evaluate(self, tokens: list[int], cancelled: Cancelled = lambda: False) -> bool:
+        """Decode ``tokens`` after the cached ones; logits only for the last.
+        ``cancelled`` is checked before every chunk, so a client that leaves
+        during a long prompt frees the runner within one chunk; False if it did."""
         b = self.batch
         for start in range(0, len(tokens), self.n_batch):
+            if cancelled():
+                return False
             chunk = tokens[start : start + self.n_batch]
             pos0 = len(self.cached)
             for i, token in enumerate(chunk):
@@ -313,18 +317,20 @@ class Engine:
                 raise EngineError(f"llama_decode failed with status {rc}")
             self.cached.extend(chunk)
             self.beat()
+        return True
 
-    def _prepare_prompt(self, tokens: list[int]) -> None:
+    def _prepare_prompt(self, tokens: list[int], cancelled: Cancelled = lambda: False) -> bool:
         """Evaluate what the cache does not already hold, reusing the longest
         cached prefix. When the whole prompt is cached and the last decode left
-        its logits, nothing is evaluated at all."""
+        its logits, nothing is evaluated at all. False if cancelled part-way
+        (the cache then holds the chunks evaluated so far, without logits)."""
         common = 0
         for a, b in zip(self.cached, tokens, strict=False):
             if a != b:
                 break
             common += 1
         if common == len(tokens) == len(self.cached) and self._logits_ready:
-            return
+            return True
         common = min(common, len(tokens) - 1)  # re-evaluate one token for fresh logits
         if common < len(self.cached):
             if not llama_cpp.llama_memory_seq_rm(self.memory, 0, common, -1):
@@ -332,8 +338,10 @@ class Engine:
                 common = 0
             del self.cached[common:]
         self._logits_ready = False
-        self._evaluate(tokens[common:])
+        if not self._evaluate(tokens[common:], cancelled):
+            return False
         self._logits_ready = True
+        return True
 
     def _sampler(self, opts: dict[str, Any], grammar: str | None) -> Any:
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -413,9 +421,14 @@ class Engine:
         result = Completion(prompt_eval_count=len(tokens))
 
         t0 = time.perf_counter_ns()
-        self._prepare_prompt(tokens)
+        evaluated = self._prepare_prompt(tokens, cancelled)
         t1 = time.perf_counter_ns()
         result.prompt_eval_duration = t1 - t0
+        if not evaluated:  # the client left during the prompt: report what was done
+            result.done_reason = "cancel"
+            result.prompt_eval_count = len(self.cached)
+            result.context = list(self.cached)
+            return result
 
         chain = self._sampler(opts, grammar)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
