@@ -1,7 +1,8 @@
 """A loopback HTTP server speaking the protocols ``pull`` uses: an Ollama/Docker
 registry (with token auth and CDN redirects), Hugging Face's model API and
 file downloads, and plain file URLs, all with Range support and switches to
-misbehave (drop the connection mid-blob, serve the wrong bytes)."""
+misbehave (drop the connection mid-blob, serve the wrong bytes, pause a
+download at a known byte until the test lets it go on)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,20 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+DEADLINE = 60.0  # no handler waits longer than this for a test
+
 
 def sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class Pause:
+    """Send ``at`` bytes of a body, set ``reached``, wait for ``go``, send the rest."""
+
+    at: int
+    reached: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -26,6 +38,7 @@ class Remote:
     token: str | None = None  # require Bearer auth on the registry
     drop_after: int | None = None  # send this many bytes of the next blob, then close
     corrupt: set[str] = field(default_factory=set)  # digests served with wrong bytes
+    pauses: dict[str, Pause] = field(default_factory=dict)  # request path -> pause
     ranges: list[str] = field(default_factory=list)  # Range headers seen
     requests: list[str] = field(default_factory=list)
 
@@ -123,6 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, b"{}")
 
     def _content(self, data: bytes | None, head: bool = False) -> None:
+        pause = self.remote.pauses.pop(self.path.split("?")[0], None) if not head else None
         r = self.remote
         if data is None:
             return self._send(404, b"{}")
@@ -151,6 +165,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
+        if pause is not None:
+            self.wfile.write(body[: pause.at])
+            self.wfile.flush()
+            pause.reached.set()
+            pause.go.wait(DEADLINE)
+            body = body[pause.at :]
         self.wfile.write(body)
 
     def _json(self, value: object) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from loopback import LoopbackServer, Remote, sha
+from loopback import DEADLINE, LoopbackServer, Pause, Remote, sha
 from tornado.httpclient import HTTPClientError
 
 from jupyter_llm.errors import PullFailed
 from jupyter_llm.models.pull import pick_gguf, url_model_name, validate_manifest
+from jupyter_llm.models.store import MEDIA_SYSTEM
 
 
 @pytest.fixture
@@ -258,3 +259,37 @@ async def test_not_enough_disk_space_fails_before_downloading(
     assert info.value.code == 507
     assert "not enough disk space" in json.loads(info.value.response.body)["error"]
     assert not any(r.startswith("GET /cdn/") for r in remote.requests)
+
+
+async def test_rm_during_a_pull_keeps_the_blobs_the_pull_reuses(
+    jp_fetch, server, remote, demo_gguf, models_dir
+):
+    """A pull that found the GGUF already in the store must not lose it to an rm
+    of the model that brought it, while the pull downloads its other layers."""
+    import asyncio
+
+    gguf = demo_gguf.read_bytes()
+    remote.add_model("library", "base", "latest", gguf)
+    system = b"a system prompt, downloaded slowly"
+    variant = remote.add_model("library", "variant", "latest", gguf, extra=[(MEDIA_SYSTEM, system)])
+    assert (await pull(jp_fetch, {"model": f"{server.host}/library/base", "insecure": True}))[
+        -1
+    ] == {"status": "success"}
+    pause = remote.pauses[f"/cdn/{sha(system)}"] = Pause(at=5)
+    task = asyncio.ensure_future(
+        pull(jp_fetch, {"model": f"{server.host}/library/variant", "insecure": True})
+    )
+    try:
+        assert await asyncio.to_thread(pause.reached.wait, DEADLINE)
+        body = json.dumps({"model": f"{server.host}/library/base"})
+        await jp_fetch(
+            "llm", "api", "delete", method="DELETE", body=body, allow_nonstandard_methods=True
+        )
+        model_blob = models_dir / "blobs" / variant["layers"][0]["digest"].replace(":", "-")
+        assert model_blob.exists()
+    finally:
+        pause.go.set()
+    events = await asyncio.wait_for(task, DEADLINE)
+    assert events[-1] == {"status": "success"}
+    assert await tags(jp_fetch) == [f"{server.host}/library/variant:latest"]
+    assert (await generate(jp_fetch, f"{server.host}/library/variant"))["eval_count"] == 2

@@ -4,20 +4,23 @@ Every blob downloads to ``blobs/sha256-<hex>-partial`` (or a URL-keyed partial
 when the digest is not known up front), resumes with HTTP Range after an
 interruption, and becomes a blob only once its sha256 matches. The manifest is
 written last, so a killed server never leaves a model listed that cannot load.
-Concurrent pulls of one blob share one download. Proxies come from the usual
+Until then the pull holds every blob it reuses or fetches (``ModelStore.hold``),
+so a concurrent delete of another model cannot free them. Concurrent pulls of
+one blob share one download. Proxies come from the usual
 environment variables (httpx's ``trust_env``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -25,6 +28,7 @@ from urllib.parse import urlparse
 import httpx
 
 from jupyter_llm.errors import InsufficientStorage, InvalidRequest, PullFailed
+from jupyter_llm.models.holds import Hold
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store import (
     MEDIA_CONFIG,
@@ -51,6 +55,7 @@ class Download:
     total: int
     completed: int = 0
     task: asyncio.Task[str] | None = None
+    holds: list[Hold] = field(default_factory=list)  # of the pulls waiting on it
 
 
 class Puller:
@@ -101,19 +106,20 @@ class Puller:
         if len(raw) > MAX_MANIFEST:
             raise PullFailed("pull model manifest: the manifest is too large")
         layers, config = validate_manifest(raw)
-        await self._check_disk(
-            [la["size"] for la in [*layers, config] if not self.store.has_blob(la["digest"])]
-        )
-        for layer in [*layers, config]:
-            digest, size = layer["digest"], layer["size"]
-            url = f"{base}/blobs/{digest}"
-            async for event in self._fetch_blob(client, url, digest, size):
-                yield event
-        yield {"status": "verifying sha256 digest"}
-        yield {"status": "writing manifest"}
-        await asyncio.get_running_loop().run_in_executor(
-            None, self.store.write_manifest, model, raw
-        )
+        async with self._hold([la["digest"] for la in [*layers, config]]) as hold:
+            await self._check_disk(
+                [la["size"] for la in [*layers, config] if not self.store.has_blob(la["digest"])]
+            )
+            for layer in [*layers, config]:
+                digest, size = layer["digest"], layer["size"]
+                url = f"{base}/blobs/{digest}"
+                async for event in self._fetch_blob(client, url, digest, size, hold):
+                    yield event
+            yield {"status": "verifying sha256 digest"}
+            yield {"status": "writing manifest"}
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.store.write_manifest, model, raw
+            )
         yield {"status": "success"}
 
     # -- Hugging Face --------------------------------------------------------------
@@ -133,15 +139,16 @@ class Puller:
         except ValueError:
             raise PullFailed("pull model manifest: Hugging Face sent invalid JSON") from None
         file, digest, size = pick_gguf(siblings, quant)
-        await self._check_disk([size] if not (digest and self.store.has_blob(digest)) else [])
-        url = f"{self.hf_endpoint}/{repo}/resolve/main/{file}"
-        async for event in self._fetch_blob(client, url, digest, size):
-            if event.get("digest"):
-                digest = event["digest"]
-            yield event
-        named = ModelName("hf.co", model.namespace, model.name, quant)
-        async for event in self._finish_gguf(named, digest, file):
-            yield event
+        async with self._hold([digest] if digest else []) as hold:
+            await self._check_disk([size] if not (digest and self.store.has_blob(digest)) else [])
+            url = f"{self.hf_endpoint}/{repo}/resolve/main/{file}"
+            async for event in self._fetch_blob(client, url, digest, size, hold):
+                if event.get("digest"):
+                    digest = event["digest"]
+                yield event
+            named = ModelName("hf.co", model.namespace, model.name, quant)
+            async for event in self._finish_gguf(named, digest, file):
+                yield event
 
     # -- direct URL ----------------------------------------------------------------
     async def _pull_url(
@@ -159,11 +166,12 @@ class Puller:
         size = int(head.headers.get("content-length") or 0)
         await self._check_disk([size])
         digest = None
-        async for event in self._fetch_blob(client, url, None, size):
-            digest = event.get("digest") or digest
-            yield event
-        async for event in self._finish_gguf(model, digest, file):
-            yield event
+        async with self._hold([]) as hold:
+            async for event in self._fetch_blob(client, url, None, size, hold):
+                digest = event.get("digest") or digest
+                yield event
+            async for event in self._finish_gguf(model, digest, file):
+                yield event
 
     async def _finish_gguf(
         self, model: ModelName, digest: str | None, file: str
@@ -178,10 +186,21 @@ class Puller:
         yield {"status": "success"}
 
     # -- blobs ---------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _hold(self, digests: list[str]) -> AsyncIterator[Hold]:
+        """Keep these blobs (and those the pull adds) until its manifest is written."""
+        loop = asyncio.get_running_loop()
+        hold = await loop.run_in_executor(None, self.store.hold, digests)
+        try:
+            yield hold
+        finally:
+            await loop.run_in_executor(None, hold.release)
+
     async def _fetch_blob(
-        self, client: httpx.AsyncClient, url: str, digest: str | None, size: int
+        self, client: httpx.AsyncClient, url: str, digest: str | None, size: int, hold: Hold
     ) -> AsyncIterator[Progress]:
-        """Download (or join the download of) one blob, reporting progress."""
+        """Download (or join the download of) one blob, reporting progress. The
+        blob joins ``hold`` in the same step that moves it into the store."""
         if digest is not None and self.store.has_blob(digest):
             yield {
                 "status": f"pulling {digest[7:19]}",
@@ -196,6 +215,7 @@ class Puller:
             download = Download(digest=digest, total=size)
             download.task = asyncio.ensure_future(self._download(client, url, download))
             self._downloads[key] = download
+        download.holds.append(hold)
         label = digest[7:19] if digest else Path(urlparse(url).path).name[:24]
         try:
             while not download.task.done():
@@ -207,6 +227,7 @@ class Puller:
                 }
                 await asyncio.wait({download.task}, timeout=0.5)
             final = download.task.result()
+            await asyncio.get_running_loop().run_in_executor(None, self._keep, hold, final)
         finally:
             if download.task.done() and self._downloads.get(key) is download:
                 del self._downloads[key]
@@ -268,9 +289,17 @@ class Puller:
             raise PullFailed(
                 f"digest mismatch, file must be downloaded again: want {d.digest}, got {actual}"
             )
-        await loop.run_in_executor(None, os.replace, partial, self.store.blob_path(actual))
+        await loop.run_in_executor(None, self.store.adopt_blob, partial, actual, list(d.holds))
         d.total = d.completed = max(d.completed, d.total)
         return actual
+
+    def _keep(self, hold: Hold, digest: str) -> None:
+        """Make sure a shared download's blob is in this pull's hold (a pull that
+        joined after the blob was moved into place adds it here)."""
+        with self.store.lock:
+            if not self.store.has_blob(digest):
+                raise PullFailed(f"blob {digest} was deleted during the pull: pull again")
+            hold.add(digest)
 
     async def _get(
         self, client: httpx.AsyncClient, url: str, method: str = "GET", **kwargs: Any

@@ -3,16 +3,21 @@
 
 Every write goes to a temporary file first and is renamed into place only when
 complete, so a crash never leaves a half-written blob or manifest behind.
-All methods block: call them from an executor in the server.
+Manifest writes (with the blobs they reference) and blob collection happen
+under the store lock, shared by every thread and process using the directory;
+collection also spares the blobs a pull holds, and stops at any manifest it
+cannot read. All methods block: call them from an executor in the server.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +25,11 @@ from typing import Any, BinaryIO
 
 from jupyter_llm.errors import InvalidRequest, ModelNotFound
 from jupyter_llm.models.gguf_info import GGUFInfo, read_gguf_info
+from jupyter_llm.models.holds import BlobHolds, Hold, HoldUnreadable
 from jupyter_llm.models.names import ModelName, parse_model_name
+from jupyter_llm.models.store_lock import store_lock
+
+log = logging.getLogger(__name__)
 
 MEDIA_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MEDIA_CONFIG = "application/vnd.docker.container.image.v1+json"
@@ -34,6 +43,7 @@ REPLACEABLE = (MEDIA_TEMPLATE, MEDIA_SYSTEM, MEDIA_PARAMS, MEDIA_MESSAGES, MEDIA
 
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
 CHUNK = 1 << 20
+STATE_DIR = ".jupyter-llm"  # the lock and the holds; Ollama ignores it
 
 
 def parse_digest(digest: object, field: str = "digest") -> str:
@@ -114,6 +124,8 @@ class ModelStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.blobs_dir = self.root / "blobs"
         self.manifests_dir = self.root / "manifests"
+        self.lock = store_lock(self.root / STATE_DIR / "lock")
+        self._holds = BlobHolds(self.root / STATE_DIR / "holds", self.lock)
 
     # -- blobs ---------------------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
@@ -124,6 +136,19 @@ class ModelStore:
 
     def blob_writer(self) -> BlobWriter:
         return BlobWriter(self)
+
+    def hold(self, digests: Iterable[str] = ()) -> Hold:
+        """Keep these blobs from collection until the hold is released: a pull
+        holds what it reuses and downloads until its manifest is written."""
+        return self._holds.hold(parse_digest(d) for d in digests)
+
+    def adopt_blob(self, partial: Path, digest: str, holds: Iterable[Hold] = ()) -> None:
+        """Move a verified download into place and into ``holds`` in one step
+        under the lock, so no collection can fall between the two."""
+        with self.lock:
+            os.replace(partial, self.blob_path(digest))
+            for hold in holds:
+                hold.add(parse_digest(digest))
 
     def add_blob_from_file(self, path: Path) -> str:
         """Copy a local file into the store; returns its digest."""
@@ -166,61 +191,72 @@ class ModelStore:
         name = model if isinstance(model, ModelName) else parse_model_name(model)
         if files and from_model:
             raise InvalidRequest("give either files or from, not both")
-        if from_model:
-            base = self.get(from_model)
-            base_manifest = json.loads(self.manifest_path(base.name).read_bytes())
-            layers = [la for la in base_manifest["layers"] if la["mediaType"] not in REPLACEABLE]
-            kept = {
-                la["mediaType"]: la
-                for la in base_manifest["layers"]
-                if la["mediaType"] in REPLACEABLE
-            }
-            config = base.config
-        elif files:
-            if not isinstance(files, dict):
-                raise InvalidRequest("files must be an object mapping file names to digests")
-            ggufs = [(f, parse_digest(d, f"files[{f!r}]")) for f, d in files.items()]
-            if len(ggufs) != 1:
-                raise InvalidRequest("files must name exactly one GGUF model file")
-            fname, digest = ggufs[0]
-            if not self.has_blob(digest):
-                raise InvalidRequest(f"blob {digest} for {fname!r} has not been uploaded")
-            info = read_gguf_info(self.blob_path(digest))
-            layers, kept, config = [self._layer(MEDIA_MODEL, digest)], {}, self._config_for(info)
-        else:
+        if not files and not from_model:
             raise InvalidRequest("files or from is required: upload a GGUF with /api/blobs first")
+        info = None if from_model else read_gguf_info(self.blob_path(self._one_gguf(files)))
         texts = {
             MEDIA_TEMPLATE: template,
             MEDIA_SYSTEM: system,
             MEDIA_PARAMS: json.dumps(parameters) if parameters else None,
             MEDIA_MESSAGES: json.dumps(messages) if messages else None,
         }
-        for media in REPLACEABLE:
-            if media == MEDIA_LICENSE:
-                continue
-            if texts.get(media):
-                layers.append(self._layer(media, self.add_blob_bytes(texts[media].encode())))
-            elif media in kept:
-                layers.append(kept[media])
         licenses = [license] if isinstance(license, str) else list(license or [])
-        for text in licenses:
-            layers.append(self._layer(MEDIA_LICENSE, self.add_blob_bytes(str(text).encode())))
-        if not licenses and MEDIA_LICENSE in kept:
-            layers.append(kept[MEDIA_LICENSE])
-        config_bytes = json.dumps(config).encode()
-        config_digest = self.add_blob_bytes(config_bytes)
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": MEDIA_MANIFEST,
-            "config": {
-                "mediaType": MEDIA_CONFIG,
-                "digest": config_digest,
-                "size": len(config_bytes),
-            },
-            "layers": layers,
+        with self.lock:  # from the base's layers until the manifest is written
+            if from_model:
+                layers, kept, config = self._base_layers(from_model)
+            else:
+                assert info is not None
+                digest = self._one_gguf(files)  # again: it may have gone meanwhile
+                layers, kept = [self._layer(MEDIA_MODEL, digest)], {}
+                config = self._config_for(info)
+            for media in REPLACEABLE:
+                if media == MEDIA_LICENSE:
+                    continue
+                if text := texts.get(media):
+                    layers.append(self._layer(media, self.add_blob_bytes(text.encode())))
+                elif media in kept:
+                    layers.append(kept[media])
+            for text in licenses:
+                layers.append(self._layer(MEDIA_LICENSE, self.add_blob_bytes(str(text).encode())))
+            if not licenses and MEDIA_LICENSE in kept:
+                layers.append(kept[MEDIA_LICENSE])
+            config_bytes = json.dumps(config).encode()
+            manifest = {
+                "schemaVersion": 2,
+                "mediaType": MEDIA_MANIFEST,
+                "config": {
+                    "mediaType": MEDIA_CONFIG,
+                    "digest": self.add_blob_bytes(config_bytes),
+                    "size": len(config_bytes),
+                },
+                "layers": layers,
+            }
+            self._replace_manifest(name, json.dumps(manifest, indent=2).encode())
+            return self.get(name)
+
+    def _one_gguf(self, files: object) -> str:
+        """The digest of the one uploaded GGUF that ``files`` names."""
+        if not isinstance(files, dict):
+            raise InvalidRequest("files must be an object mapping file names to digests")
+        ggufs = [(f, parse_digest(d, f"files[{f!r}]")) for f, d in files.items()]
+        if len(ggufs) != 1:
+            raise InvalidRequest("files must name exactly one GGUF model file")
+        fname, digest = ggufs[0]
+        if not self.has_blob(digest):
+            raise InvalidRequest(f"blob {digest} for {fname!r} has not been uploaded")
+        return digest
+
+    def _base_layers(
+        self, from_model: str | ModelName
+    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], dict[str, Any]]:
+        """A base model's fixed layers, its replaceable ones by media type, its config."""
+        base = self.get(from_model)
+        base_manifest = json.loads(self.manifest_path(base.name).read_bytes())
+        layers = [la for la in base_manifest["layers"] if la["mediaType"] not in REPLACEABLE]
+        kept = {
+            la["mediaType"]: la for la in base_manifest["layers"] if la["mediaType"] in REPLACEABLE
         }
-        self._write_atomic(self.manifest_path(name), json.dumps(manifest, indent=2).encode())
-        return self.get(name)
+        return layers, kept, base.config
 
     def get(self, model: str | ModelName) -> ModelEntry:
         name = model if isinstance(model, ModelName) else parse_model_name(model)
@@ -248,11 +284,12 @@ class ModelStore:
 
     def write_manifest(self, model: ModelName, raw: bytes) -> ModelEntry:
         """Record a pulled manifest, once all its blobs are in place."""
-        for digest in self._digests(json.loads(raw)):
-            if not self.has_blob(digest):
-                raise InvalidRequest(f"blob {digest} is missing: the pull is incomplete")
-        self._write_atomic(self.manifest_path(model), raw)
-        return self.get(model)
+        with self.lock:
+            for digest in self._references(raw):
+                if not self.has_blob(digest):
+                    raise InvalidRequest(f"blob {digest} is missing: the pull is incomplete")
+            self._replace_manifest(model, raw)
+            return self.get(model)
 
     def copy(self, source: str | ModelName, destination: str | ModelName) -> ModelEntry:
         """A second name for the same blobs (only the manifest is written)."""
@@ -262,49 +299,102 @@ class ModelStore:
             if isinstance(destination, ModelName)
             else parse_model_name(destination, "destination")
         )
-        path = self.manifest_path(src)
-        try:
-            raw = path.read_bytes()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise ModelNotFound(src.display) from None
-        self._write_atomic(self.manifest_path(dst), raw)
-        return self.get(dst)
+        with self.lock:
+            try:
+                raw = self.manifest_path(src).read_bytes()
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                raise ModelNotFound(src.display) from None
+            self._replace_manifest(dst, raw)
+            return self.get(dst)
 
     def delete(self, model: str | ModelName) -> list[str]:
-        """Remove the manifest, then the blobs no other manifest references.
-        Returns the digests of the blobs removed."""
+        """Remove the manifest, then the blobs nothing else references (no other
+        manifest, no pull's hold). Returns the digests of the blobs removed."""
         name = model if isinstance(model, ModelName) else parse_model_name(model)
         path = self.manifest_path(name)
-        try:
-            own = self._digests(json.loads(path.read_bytes()))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise ModelNotFound(name.display) from None
-        except ValueError:
-            own = set()
-        path.unlink()
-        for parent in path.parents:  # tidy empty name/namespace/host folders
-            if parent == self.manifests_dir or any(parent.iterdir()):
-                break
-            parent.rmdir()
-        still_used: set[str] = set()
-        for other in self.manifests_dir.glob("*/*/*/*"):
+        with self.lock:
             try:
-                still_used |= self._digests(json.loads(other.read_bytes()))
-            except (OSError, ValueError):
-                continue
+                raw = path.read_bytes()
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                raise ModelNotFound(name.display) from None
+            own = self._references_or_none(path, raw) or set()
+            path.unlink()
+            for parent in path.parents:  # tidy empty name/namespace/host folders
+                if parent == self.manifests_dir or any(parent.iterdir()):
+                    break
+                parent.rmdir()
+            return self._collect(own)
+
+    # -- collection (under the lock) --------------------------------------------------
+    def _replace_manifest(self, name: ModelName, raw: bytes) -> None:
+        """Write a manifest; the blobs only the one it replaces used are freed."""
+        path = self.manifest_path(name)
+        try:
+            old = self._references_or_none(path, path.read_bytes())
+        except (FileNotFoundError, NotADirectoryError):
+            old = None
+        self._write_atomic(path, raw)
+        if old:
+            self._collect(old)
+
+    def _collect(self, candidates: set[str]) -> list[str]:
+        """Delete the candidates no manifest and no hold references. Deletes
+        nothing when a manifest or hold cannot be read: its references are unknown."""
+        if not candidates:
+            return []
+        used: set[str] = set()
+        unreadable: list[str] = []
+        if self.manifests_dir.is_dir():
+            for path in self.manifests_dir.glob("*/*/*/*"):
+                if path.name.startswith(".") or not path.is_file():
+                    continue  # a temporary file of a write, or not a manifest
+                try:
+                    used |= self._references(path.read_bytes())
+                except FileNotFoundError:
+                    continue
+                except (OSError, ValueError) as e:
+                    unreadable.append(f"{path} ({e})")
+        try:
+            used |= self._holds.held()
+        except HoldUnreadable as e:
+            unreadable.append(str(e))
+        if unreadable:
+            log.warning(
+                "no blobs freed: cannot tell which blobs these use: %s", "; ".join(unreadable)
+            )
+            return []
         removed = []
-        for digest in sorted(own - still_used):
+        for digest in sorted(candidates - used):
             try:
                 self.blob_path(digest).unlink()
                 removed.append(digest)
-            except (FileNotFoundError, InvalidRequest):
+            except FileNotFoundError:
                 pass
         return removed
 
+    def _references_or_none(self, path: Path, raw: bytes) -> set[str] | None:
+        try:
+            return self._references(raw)
+        except ValueError as e:
+            log.warning("%s cannot be read (%s): the blobs it uses are left in place", path, e)
+            return None
+
     @staticmethod
-    def _digests(manifest: dict[str, Any]) -> set[str]:
-        layers = [*manifest.get("layers", []), manifest.get("config") or {}]
-        return {la["digest"] for la in layers if isinstance(la.get("digest"), str)}
+    def _references(raw: bytes) -> set[str]:
+        """Every digest a manifest names; ``ValueError`` unless it is clearly one."""
+        manifest = json.loads(raw)
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("layers"), list):
+            raise ValueError("not a manifest: no list of layers")
+        config = manifest.get("config")
+        refs = set()
+        for layer in [*manifest["layers"], *([config] if config is not None else [])]:
+            if not isinstance(layer, dict):
+                raise ValueError("a layer is not an object")
+            try:
+                refs.add(parse_digest(layer.get("digest")))
+            except InvalidRequest as e:
+                raise ValueError(str(e)) from None
+        return refs
 
     # -- helpers -------------------------------------------------------------------
     def _entry(self, name: ModelName, path: Path, raw: bytes) -> ModelEntry:
