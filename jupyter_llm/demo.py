@@ -42,6 +42,7 @@ class DemoModelSpec:
     context_length: int = 2048
     seed: int = 0
     name: str = "jupyter-llm-demo"
+    chat_template: str = CHAT_TEMPLATE  # tests give hostile ones
 
 
 def byte_to_unicode() -> dict[int, str]:
@@ -115,7 +116,7 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
     writer.add_bos_token_id(tokens.index(BOS))
     writer.add_eos_token_id(tokens.index(IM_END))
     writer.add_add_bos_token(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    writer.add_chat_template(spec.chat_template)
     for key, special in (("pre", FIM_PRE), ("suf", FIM_SUF), ("mid", FIM_MID)):
         writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(special))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jupyter_llm.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
+from jupyter_llm.errors import AllocationFailed, InvalidRequest, ModelLoadFailed, RunnerFailed
 from jupyter_llm.runner.discovery import discover_raw_devices
 from jupyter_llm.runner.engine import split_at_stop
 from jupyter_llm.runner.launch import LoadSpec
@@ -309,6 +309,33 @@ async def test_a_cancel_stops_a_long_prompt_in_the_runner(tmp_path, demo_gguf):
                 pass
         # the gate held the prompt at its third chunk: one more at most, not 97
         assert after["progress"] - health["progress"] < 10
+        _, done = await collect(runner, prompt="x", options={**GREEDY, "num_predict": 2})
+        assert done["eval_count"] == 2
+    finally:
+        await runner.close()
+
+
+# -- a chat template that never ends ---------------------------------------------------
+ENDLESS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def endless_template_gguf(tmp_path_factory):
+    """The demo model with a chat template of 10^10 loop steps."""
+    from jupyter_llm.demo import CHAT_TEMPLATE, DemoModelSpec, write_demo_model
+
+    spec = DemoModelSpec(chat_template=ENDLESS + CHAT_TEMPLATE)
+    return write_demo_model(tmp_path_factory.mktemp("endless") / "endless.gguf", spec)
+
+
+async def test_a_chat_template_that_never_ends_is_refused(endless_template_gguf):
+    spec = LoadSpec(path=str(endless_template_gguf), n_ctx=512, n_threads=2)
+    runner = await start_runner_with(spec, load_timeout=60)
+    try:
+        chat = {"messages": [{"role": "user", "content": "hi"}], "options": GREEDY}
+        with pytest.raises(InvalidRequest, match="chat template took"):
+            await asyncio.wait_for(collect(runner, **chat), 120)
+        assert runner.alive  # the runner goes on: a plain prompt is served at once
         _, done = await collect(runner, prompt="x", options={**GREEDY, "num_predict": 2})
         assert done["eval_count"] == 2
     finally:

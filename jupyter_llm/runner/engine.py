@@ -19,6 +19,7 @@ from typing import Any
 import llama_cpp
 
 from jupyter_llm.memory.measured import AllocationLog
+from jupyter_llm.runner.chat_template import ChatTemplate
 from jupyter_llm.runner.protocol import EngineError, InputError
 
 Emit = Callable[[str], None]
@@ -147,6 +148,7 @@ class Engine:
         self._logits_ready = False  # do the current logits belong to cached[-1]?
         self._piece = ctypes.create_string_buffer(256)
         self.chat_template = self.metadata("tokenizer.chat_template")
+        self._chat: ChatTemplate | None = None
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self._n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
         self._embed_ctx: Any = None
@@ -166,8 +168,13 @@ class Engine:
 
     # -- model facts -----------------------------------------------------------------
     def metadata(self, key: str) -> str:
+        """A metadata value as text; a long one (a chat template over 64 KiB)
+        is read again whole rather than cut."""
         buf = ctypes.create_string_buffer(1 << 16)
         n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode(errors="replace") if n >= 0 else ""
 
     def token_text(self, token: int, special: bool = True) -> str:
@@ -200,24 +207,20 @@ class Engine:
 
     # -- prompts ---------------------------------------------------------------------
     def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
-        """The model's chat template (Jinja2, as transformers renders it)."""
+        """The model's chat template (Jinja2, as transformers renders it), with
+        its work bounded (``chat_template``: a hostile template is a 400)."""
         if not self.chat_template:
             lines = [f"{m.get('role', 'user')}: {m.get('content', '')}" for m in messages]
             return "\n".join([*lines, "assistant: "])
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        bos = llama_cpp.llama_vocab_bos(self.vocab)
-        eos = llama_cpp.llama_vocab_eos(self.vocab)
-        formatter = Jinja2ChatFormatter(
-            template=self.chat_template,
-            bos_token=self.token_text(bos) if bos >= 0 else "",
-            eos_token=self.token_text(eos) if eos >= 0 else "",
-            add_generation_prompt=True,
-        )
-        try:
-            return formatter(messages=messages, tools=tools).prompt
-        except Exception as e:  # template errors are the user's input problem
-            raise InputError(f"chat template failed: {e}") from e
+        if self._chat is None:
+            bos = llama_cpp.llama_vocab_bos(self.vocab)
+            eos = llama_cpp.llama_vocab_eos(self.vocab)
+            self._chat = ChatTemplate(
+                self.chat_template,
+                bos_token=self.token_text(bos) if bos >= 0 else "",
+                eos_token=self.token_text(eos) if eos >= 0 else "",
+            )
+        return self._chat.render(messages, tools)
 
     def fill_in_the_middle(self, prefix: str, suffix: str) -> list[int]:
         ids = (
