@@ -6,6 +6,8 @@ embedded engine when none runs).
 
 Finding the server, the requests and what they print live in ``connect``,
 shared with the ``%llm`` magics; this module parses arguments and prints.
+Whatever came from the server (model text, progress, errors) is printed
+through ``terminal_text``, so it cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
 from jupyter_llm.connect.create import create_from_path
+from jupyter_llm.connect.terminal import terminal_text
 from jupyter_llm.connect.views import loaded_table, model_details, models_table
 
 Command = Callable[[ServerEndpoint, argparse.Namespace], int]
@@ -48,7 +51,7 @@ def cmd_pull(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
                 if bar is None:
                     bar = bars[key] = tqdm(
                         total=total,
-                        desc=event["status"],
+                        desc=terminal_text(str(event["status"])),
                         unit="B",
                         unit_scale=True,
                         unit_divisor=1024,
@@ -58,7 +61,7 @@ def cmd_pull(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
                 bar.update(event.get("completed", 0) - bar.n)
             elif event.get("status") != status:
                 status = event["status"]
-                tqdm.write(status)
+                tqdm.write(terminal_text(str(status)))
     finally:
         for bar in bars.values():
             bar.close()
@@ -101,7 +104,7 @@ def cmd_run(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
         ):
             text = chunk.get("message", {}).get("content", "")
             parts.append(text)
-            sys.stdout.write(text)
+            sys.stdout.write(terminal_text(text))
             sys.stdout.flush()
         sys.stdout.write("\n")
         return "".join(parts)
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(find_server(), args)
     except LLMClientError as e:
-        print(f"Error: {e}", file=sys.stderr)
+        print(f"Error: {terminal_text(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -1,15 +1,19 @@
 """What ``list``, ``ps`` and ``show`` print, as pure functions of the API's
-JSON, shared by ``jupyter llm`` and the ``%llm`` line commands."""
+JSON, shared by ``jupyter llm`` and the ``%llm`` line commands. Every value
+passes through ``terminal_text``: names, system prompts and licenses come
+from registries and may carry escape sequences."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from jupyter_llm.connect.labels import ago, human_size, processor_label
+from jupyter_llm.connect.terminal import terminal_text
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
     """Left-aligned columns three spaces apart, like Ollama's tables."""
+    rows = [[terminal_text(str(c)) for c in r] for r in rows]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     return "\n".join(
         "   ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
@@ -64,4 +68,4 @@ def model_details(info: dict[str, Any]) -> str:
         lines.append("\n  System\n    " + info["system"].strip().replace("\n", "\n    "))
     if info.get("license"):
         lines.append("\n  License\n    " + info["license"].strip().splitlines()[0])
-    return "\n".join(lines)
+    return terminal_text("\n".join(str(line) for line in lines))

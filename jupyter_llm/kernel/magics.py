@@ -25,6 +25,7 @@ from traitlets import Float, Unicode
 from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
 from jupyter_llm.connect.create import create_from_path
 from jupyter_llm.connect.views import loaded_table, model_details, models_table
+from jupyter_llm.kernel.markdown import safe_markdown
 from jupyter_llm.kernel.results import Chat, Generation, Metrics
 
 HELP = """%%llm MODEL [options]   (the prompt is the cell body)
@@ -223,7 +224,7 @@ class LLMMagics(Magics):
                 parts.append(chunk.get("message", {}).get("content", ""))
                 now = time.monotonic()
                 if handle is not None and now - shown >= self.refresh_interval:
-                    handle.update(Markdown("".join(parts)))
+                    handle.update(Markdown(safe_markdown("".join(parts))))
                     shown = now
         except KeyboardInterrupt:
             pass  # leaving the stream closes the connection: the server cancels

@@ -1,5 +1,8 @@
 """What the magic returns: a ``Generation`` (text, parsed data, metrics) with
-rich reprs, and ``Chat``, the history a ``--chat NAME`` conversation keeps."""
+rich reprs, and ``Chat``, the history a ``--chat NAME`` conversation keeps.
+
+The Markdown reprs show model text through ``safe_markdown`` (it may carry
+HTML a prompt injection asked for); ``text/plain`` is the text as generated."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import html
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from jupyter_llm.kernel.markdown import safe_markdown
 
 
 @dataclass
@@ -59,7 +64,7 @@ class Generation:
         body = self.text
         if self.data is not None:
             body = f"```json\n{json.dumps(_plain(self.data), indent=2)}\n```"
-        return f"{body}\n\n<sub>{html.escape(self.metrics.footer())}</sub>"
+        return f"{safe_markdown(body)}\n\n<sub>{html.escape(self.metrics.footer())}</sub>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return {
@@ -76,7 +81,10 @@ class Chat:
     messages: list[dict[str, str]] = field(default_factory=list)
 
     def _repr_markdown_(self) -> str:
-        lines = [f"**{m['role']}**: {m['content']}" for m in self.messages]
+        lines = [
+            f"**{html.escape(str(m['role']))}**\n\n{safe_markdown(str(m['content']))}"
+            for m in self.messages
+        ]
         return "\n\n".join(lines) or "*(empty chat)*"
 
     def clear(self) -> None:

@@ -3,7 +3,9 @@ loaded model: weights, KV cache, graph; then other use and free), and the
 loaded models with an expiry countdown and an Unload button.
 
 A background thread refreshes it; that thread only sets widget values (no
-output), never blocks the kernel, and stops when the widget is closed.
+output), never blocks the kernel, and stops when the widget is closed. Every
+string from the server is escaped before it goes into an HTML widget: model
+names and device names come from registries and drivers, not from us.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def bar_html(segments: list[Segment], total: int) -> str:
 
 
 def countdown(expires_at: str, now: datetime | None = None) -> str:
+    if not isinstance(expires_at, str):
+        return ""
     try:
         then = datetime.fromisoformat(expires_at.replace("Z", "+00:00"))
     except ValueError:
@@ -169,9 +173,10 @@ class DeviceDashboard(w.VBox):
     def _model_row(self, model: dict[str, Any]) -> w.Widget:
         name = model["name"]
         info = w.HTML(
-            f"<b>{html.escape(name)}</b> {_gib(model['size'])} · {processor_label(model)} · "
-            f"ctx {model.get('context_length', '')} · "
-            f"{countdown(model.get('expires_at', ''))}"
+            f"<b>{html.escape(str(name))}</b> {_gib(model['size'])} · "
+            f"{html.escape(processor_label(model))} · "
+            f"ctx {html.escape(str(model.get('context_length', '')))} · "
+            f"{html.escape(countdown(model.get('expires_at', '')))}"
         )
         button = w.Button(
             description="Unload", button_style="warning", layout=w.Layout(width="90px")
