@@ -11,13 +11,18 @@ import math
 import re
 
 FOREVER = math.inf
+# Longer than this is forever. A finite keep_alive becomes an expiry date in
+# /api/ps (and the sidebar); one past the year 9999 cannot be written, and no
+# one waits a century for a model to unload.
+LONGEST = 100 * 365.25 * 86400
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
 def parse_duration(value: object, field: str = "keep_alive") -> float:
-    """Seconds (``keep_alive``, ``load_timeout``); ``FOREVER`` for negative values.
+    """Seconds (``keep_alive``, ``load_timeout``); ``FOREVER`` for negative
+    values and for anything longer than ``LONGEST``.
 
     Numbers are seconds; strings are Go-style durations ("5m", "1h30m", "500ms",
     "-1s") or plain numbers of seconds. Anything else is a ``ValueError`` naming
@@ -25,14 +30,22 @@ def parse_duration(value: object, field: str = "keep_alive") -> float:
     """
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError(_invalid(field, value))
-    seconds = _parse_text(value.strip(), field) if isinstance(value, str) else float(value)
+    if isinstance(value, str):
+        seconds = _parse_text(value.strip(), field)
+    else:
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer beyond any float: forever, either way
+            return FOREVER
     if math.isnan(seconds):
         raise ValueError(f"invalid {field}: {value!r}")
-    return FOREVER if seconds < 0 else seconds
+    return FOREVER if seconds < 0 or seconds > LONGEST else seconds
 
 
 def _invalid(field: str, value: object) -> str:
-    return f"invalid {field}: {value!r}; expected a number of seconds or a duration like '5m'"
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return f"invalid {field}: {shown}; expected a number of seconds or a duration like '5m'"
 
 
 def _parse_text(text: str, field: str) -> float:

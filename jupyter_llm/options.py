@@ -6,14 +6,23 @@ now ``OPENAI_FIELDS``), so that the Modelfile parser, the Ollama handlers and
 the OpenAI handlers share them without importing HTTP code. Errors are plain
 ``ValueError``s whose message names the field; ``api/requests.py`` turns them
 into 400s.
+
+A model's own parameters (a pulled manifest's params layer) pass the same
+checks through ``model_params``, which drops what a request would have
+refused instead of failing, so a hostile registry cannot make a model
+unusable.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, NamedTuple
 
+log = logging.getLogger(__name__)
+
 MAX_CONTEXT = 1 << 20
+INT_LIMIT = 1 << 63  # integers are 64-bit signed at most; Python's are not bounded
 _NUM = (int, float)
 
 
@@ -115,8 +124,12 @@ def check_option(label: str, spec: Option, value: Any) -> Any:
         return value
     if isinstance(value, bool | str):
         return value
-    if math.isnan(value):
+    if isinstance(value, int) and not -INT_LIMIT <= value < INT_LIMIT:
+        raise ValueError(f"{label} must be between -2^63 and 2^63-1")
+    if isinstance(value, float) and math.isnan(value):
         raise ValueError(f"{label} must be a number, got NaN")
+    if isinstance(value, float) and math.isinf(value):
+        raise ValueError(f"{label} must be a finite number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         raise ValueError(f"{label} must be {_bounds(low, high)}, got {value!r}")
     return value
@@ -154,6 +167,37 @@ def parse_options(raw: Any, field: str = "options") -> dict[str, Any]:
         if value is not None:
             options[name] = check_option(f"{field}.{name}", OPTION_TYPES[name], value)
     return options
+
+
+def model_params(raw: Any, model: str) -> dict[str, Any]:
+    """A model's parameters (from its manifest) as options: each one checked
+    like a request's; unknown names and bad values dropped with a warning
+    naming ``model``. Integral floats count as integers, as Ollama writes
+    them, and a ``stop`` string becomes a list."""
+    if not isinstance(raw, dict):
+        log.warning("model %s: its parameters are not an object; all ignored", model)
+        return {}
+    params: dict[str, Any] = {}
+    for name, value in raw.items():
+        if value is None:
+            continue
+        spec = OPTION_TYPES.get(name)
+        if spec is None:
+            log.warning("model %s: unknown parameter %r dropped", model, name)
+            continue
+        try:
+            params[name] = _param_value(name, spec, value)
+        except ValueError as e:
+            log.warning("model %s: parameter %s dropped: %s", model, name, e)
+    return params
+
+
+def _param_value(name: str, spec: Option, value: Any) -> Any:
+    if spec.kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if name == "stop" and isinstance(value, str):
+        value = [value]
+    return check_option(name, spec, value)
 
 
 def openai_options(body: dict[str, Any]) -> dict[str, Any]:

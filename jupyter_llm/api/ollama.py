@@ -274,7 +274,7 @@ def done_fields(f: Finished) -> dict[str, Any]:
 class GenerateHandler(CompletionHandler):
     @web.authenticated
     async def post(self) -> None:
-        req = GenerateRequest.parse(self.body_json())
+        req = await self.blocking(lambda: GenerateRequest.parse(self.body_json()))
         name = req.model.display
         job = Job(
             model=req.model,
@@ -305,7 +305,7 @@ class GenerateHandler(CompletionHandler):
 class ChatHandler(CompletionHandler):
     @web.authenticated
     async def post(self) -> None:
-        req = ChatRequest.parse(self.body_json())
+        req = await self.blocking(lambda: ChatRequest.parse(self.body_json()))
         name = req.model.display
         job = Job(
             model=req.model,

@@ -120,7 +120,7 @@ class ChatCompletionsHandler(OpenAIHandler):
             options=openai_options_field(body),
             messages=messages_field(body.get("messages"), openai=True),
             tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
-            format=response_format(body),
+            format=await self.blocking(response_format, body),
         )
         stream, with_usage = stream_flag(body), include_usage(body)
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())

@@ -1,16 +1,19 @@
 """Ollama's per-request ``template`` is a Go template. We render the subset that
 prompt templates use: ``{{ .System }}``, ``{{ .Prompt }}``, ``{{ .Response }}``,
 ``{{ if .X }}...{{ else }}...{{ end }}`` and the ``{{-``/``-}}`` trim markers.
-Anything else is refused with the construct named, never mis-rendered."""
+Anything else is refused with the construct named, never mis-rendered.
+
+The template comes from the request, so reading it is bounded by its shape:
+actions are found with a left-to-right scan (each character looked at a
+fixed number of times, whatever the braces), an unclosed ``{{`` is an error,
+and ``if`` blocks nest at most ``MAX_NESTING`` deep."""
 
 from __future__ import annotations
 
-import re
-
 from jupyter_llm.errors import InvalidRequest
 
-_ACTION = re.compile(r"\{\{(-?)\s*(.*?)\s*(-?)\}\}", re.S)
 _FIELDS = ("System", "Prompt", "Response")
+MAX_NESTING = 32
 
 
 def render_go_template(template: str, values: dict[str, str]) -> str:
@@ -23,16 +26,20 @@ def _tokenize(template: str) -> list[tuple[str, str]]:
     """("text", s) and ("action", s) pieces, with trim markers applied."""
     pieces: list[tuple[str, str]] = []
     pos = 0
-    for m in _ACTION.finditer(template):
-        text = template[pos : m.start()]
-        if m.group(1):
-            text = text.rstrip()
-        pieces.append(("text", text))
-        pieces.append(("action", m.group(2)))
-        pos = m.end()
-        if m.group(3):
-            rest = template[pos:]
-            pos += len(rest) - len(rest.lstrip())
+    while (start := template.find("{{", pos)) >= 0:
+        end = template.find("}}", start + 2)
+        if end < 0:
+            raise InvalidRequest(f"template has an unclosed {{{{ at character {start}")
+        text, body = template[pos:start], template[start + 2 : end]
+        trim_left = body.startswith("-")
+        trim_right = body.endswith("-") and len(body) > (1 if trim_left else 0)
+        body = body[1 if trim_left else 0 : len(body) - 1 if trim_right else len(body)]
+        pieces.append(("text", text.rstrip() if trim_left else text))
+        pieces.append(("action", body.strip()))
+        pos = end + 2
+        if trim_right:
+            while pos < len(template) and template[pos].isspace():
+                pos += 1
     pieces.append(("text", template[pos:]))
     return pieces
 
@@ -48,9 +55,11 @@ def _field(expr: str) -> str:
 
 
 def _render(
-    tokens: list[tuple[str, str]], i: int, values: dict[str, str], top: bool = False
+    tokens: list[tuple[str, str]], i: int, values: dict[str, str], top: bool = False, depth: int = 0
 ) -> tuple[str, int]:
     """Render from ``i`` until an ``else``/``end`` at this level (or the end)."""
+    if depth > MAX_NESTING:
+        raise InvalidRequest(f"template has if blocks nested more than {MAX_NESTING} deep")
     out: list[str] = []
     while i < len(tokens):
         kind, body = tokens[i]
@@ -64,10 +73,10 @@ def _render(
             return "".join(out), i
         if body.startswith("if "):
             cond = bool(values.get(_field(body[3:].strip()), ""))
-            then, i = _render(tokens, i + 1, values)
+            then, i = _render(tokens, i + 1, values, depth=depth + 1)
             other = ""
             if i < len(tokens) and tokens[i][1] == "else":
-                other, i = _render(tokens, i + 1, values)
+                other, i = _render(tokens, i + 1, values, depth=depth + 1)
             if i >= len(tokens) or tokens[i][1] != "end":
                 raise InvalidRequest("template has an {{ if }} without {{ end }}")
             out.append(then if cond else other)

@@ -1,5 +1,9 @@
 """Ollama's Modelfile: ``FROM``, ``PARAMETER``, ``TEMPLATE``, ``SYSTEM``,
-``MESSAGE``, ``LICENSE``, parsed into the fields of an ``/api/create`` request."""
+``MESSAGE``, ``LICENSE``, parsed into the fields of an ``/api/create`` request.
+
+A ``PARAMETER`` is checked here against the option table, types and ranges
+as a request's options are, so a bad one is refused with its line number.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.options import OPTION_TYPES
+from jupyter_llm.options import OPTION_TYPES, check_option
 
 COMMANDS = ("from", "parameter", "template", "system", "message", "license", "adapter")
 ROLES = ("system", "user", "assistant")
@@ -57,7 +61,7 @@ def parse_modelfile(text: str) -> Modelfile:
             name, value = name.lower(), value.strip()
             if name not in OPTION_TYPES:
                 raise InvalidRequest(f"Modelfile line {lineno}: unknown parameter {name!r}")
-            typed = _typed_value(name, value, OPTION_TYPES[name][0], lineno)
+            typed = _checked(name, _typed_value(name, value, OPTION_TYPES[name][0], lineno), lineno)
             if name == "stop":
                 out.parameters.setdefault("stop", []).append(typed)
             else:
@@ -135,6 +139,13 @@ def _typed_value(name: str, value: str, kind: Any, lineno: int) -> Any:
         raise InvalidRequest(
             f"Modelfile line {lineno}: PARAMETER {name} {value!r} is not a valid value"
         ) from None
+
+
+def _checked(name: str, typed: Any, lineno: int) -> Any:
+    try:
+        return check_option(f"PARAMETER {name}", OPTION_TYPES[name], typed)
+    except ValueError as e:
+        raise InvalidRequest(f"Modelfile line {lineno}: {e}") from None
 
 
 def _as_tuple(kind: Any) -> tuple[Any, ...]:

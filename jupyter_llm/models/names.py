@@ -1,6 +1,8 @@
 """Model names as Ollama spells them: ``[host/][namespace/]name[:tag]``.
 
-Validation is strict because names become paths under the models directory.
+Validation is strict because names become paths under the models directory,
+and are printed in terminals and notebooks: no control character anywhere
+(newlines included), and each part matched whole.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ DEFAULT_NAMESPACE = "library"
 DEFAULT_TAG = "latest"
 MAX_NAME_LENGTH = 350
 
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
-_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,253}(:[0-9]{1,5})?$")
-_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}$")
+# matched with fullmatch: "$" alone also matches before a final newline
+_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,253}(:[0-9]{1,5})?")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,12 @@ def parse_model_name(text: object, field: str = "model") -> ModelName:
     """Parse and validate; anything that could escape the store is an InvalidRequest."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidRequest(f"{field} is required and must be a non-empty string")
+    if len(text) > MAX_NAME_LENGTH:
+        raise InvalidRequest(f"invalid {field} name: longer than {MAX_NAME_LENGTH} characters")
+    if _CONTROL.search(text):
+        raise InvalidRequest(f"invalid {field} name {text!r}: it has a control character")
     raw = text.strip()
-    if len(raw) > MAX_NAME_LENGTH or "\x00" in raw or ".." in raw or "\\" in raw:
+    if ".." in raw or "\\" in raw:
         raise InvalidRequest(f"invalid model name: {text!r}")
     rest, tag = raw, DEFAULT_TAG
     last = raw.rsplit("/", 1)[-1]
@@ -61,6 +69,11 @@ def parse_model_name(text: object, field: str = "model") -> ModelName:
         host, namespace, name = parts
     else:
         raise InvalidRequest(f"invalid model name: {text!r}")
-    if not (_HOST.match(host) and _PART.match(namespace) and _PART.match(name) and _TAG.match(tag)):
+    if not (
+        _HOST.fullmatch(host)
+        and _PART.fullmatch(namespace)
+        and _PART.fullmatch(name)
+        and _TAG.fullmatch(tag)
+    ):
         raise InvalidRequest(f"invalid model name: {text!r}")
     return ModelName(host, namespace, name, tag)
