@@ -392,16 +392,36 @@ ESCAPES = [
 ]
 
 
-@pytest.mark.parametrize("template", ESCAPES)
-def test_chat_templates_cannot_leave_the_sandbox(template):
-    from jinja2.exceptions import SecurityError, UndefinedError
+def llama_cpp_formatter(template: str) -> str:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     formatter = Jinja2ChatFormatter(template=template, eos_token="</s>", bos_token="<s>")
     assert isinstance(formatter._environment.environment, ImmutableSandboxedEnvironment)
+    return formatter(messages=[{"role": "user", "content": "hi"}]).prompt
+
+
+def runner_template(template: str) -> str:
+    """What the runner renders GGUF chat templates with (the same sandbox, bounded)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from jupyter_llm.runner.chat_template import ChatTemplate, _environment
+    from jupyter_llm.runner.protocol import InputError
+
+    assert isinstance(_environment(), ImmutableSandboxedEnvironment)
     try:
-        prompt = formatter(messages=[{"role": "user", "content": "hi"}]).prompt
+        return ChatTemplate(template, "<s>", "</s>").render([{"role": "user", "content": "hi"}])
+    except InputError as e:  # a template error is the request's 400; keep what it was
+        raise e.__cause__ or e from None
+
+
+@pytest.mark.parametrize("render", [llama_cpp_formatter, runner_template])
+@pytest.mark.parametrize("template", ESCAPES)
+def test_chat_templates_cannot_leave_the_sandbox(template, render):
+    from jinja2.exceptions import SecurityError, UndefinedError
+
+    try:
+        prompt = render(template)
     except (SecurityError, UndefinedError):
         return
     for leak in ("<class", "<function", "<module", "subprocess", "uid="):
