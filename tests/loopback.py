@@ -1,8 +1,10 @@
 """A loopback HTTP server speaking the protocols ``pull`` uses: an Ollama/Docker
 registry (with token auth and CDN redirects), Hugging Face's model API and
 file downloads, and plain file URLs, all with Range support and switches to
-misbehave (drop the connection mid-blob, serve the wrong bytes, pause a
-download at a known byte until the test lets it go on)."""
+misbehave: drop the connection mid-blob, serve the wrong bytes, pause a
+download at a known byte until the test lets it go on, send more than a
+body's declared size (``Trick``), answer a resume with the wrong range.
+File downloads carry an ETag and honour If-Range unless told not to."""
 
 from __future__ import annotations
 
@@ -30,6 +32,22 @@ class Pause:
 
 
 @dataclass
+class Trick:
+    """How to misanswer one path: ``extra`` bytes after the real body, a claimed
+    Content-Length (``declared``) or none at all (``chunked``), and ``hang``:
+    keep the connection open afterwards instead of ending the body."""
+
+    extra: bytes = b""
+    declared: int | None = None
+    chunked: bool = False
+    hang: bool = False
+
+
+def etag(data: bytes) -> str:
+    return '"' + hashlib.sha256(data).hexdigest()[:16] + '"'
+
+
+@dataclass
 class Remote:
     blobs: dict[str, bytes] = field(default_factory=dict)  # digest -> content
     manifests: dict[str, bytes] = field(default_factory=dict)  # "ns/name/tag" -> JSON
@@ -39,6 +57,10 @@ class Remote:
     drop_after: int | None = None  # send this many bytes of the next blob, then close
     corrupt: set[str] = field(default_factory=set)  # digests served with wrong bytes
     pauses: dict[str, Pause] = field(default_factory=dict)  # request path -> pause
+    tricks: dict[str, Trick] = field(default_factory=dict)  # request path -> misanswer
+    if_range: bool = True  # honour If-Range (a changed file is sent whole)
+    wrong_range_start: bool = False  # answer any Range with 206 from byte 0
+    if_ranges: list[str] = field(default_factory=list)  # If-Range headers seen
     ranges: list[str] = field(default_factory=list)  # Range headers seen
     requests: list[str] = field(default_factory=list)
 
@@ -69,10 +91,12 @@ class LoopbackServer:
         self.port = self.httpd.server_address[1]
         self.base = f"http://127.0.0.1:{self.port}"
         self.host = f"127.0.0.1:{self.port}"
+        self.closing = threading.Event()  # releases handlers told to hang
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
     def close(self) -> None:
+        self.closing.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -89,6 +113,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET(head=True)
 
     def do_GET(self, head: bool = False) -> None:
+        try:
+            self._get(head)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client stopped reading, as a careful client should
+
+    def _get(self, head: bool) -> None:
         r = self.remote
         path = self.path.split("?")[0]
         r.requests.append(f"{self.command} {self.path}")
@@ -136,51 +166,87 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, b"{}")
 
     def _content(self, data: bytes | None, head: bool = False) -> None:
-        pause = self.remote.pauses.pop(self.path.split("?")[0], None) if not head else None
         r = self.remote
+        pause = r.pauses.pop(self.path.split("?")[0], None) if not head else None
         if data is None:
             return self._send(404, b"{}")
         start = 0
         status = 200
-        if rng := self.headers.get("Range"):
+        headers = {"Accept-Ranges": "bytes", "ETag": etag(data)}
+        if if_range := self.headers.get("If-Range"):
+            r.if_ranges.append(if_range)
+        rng = self.headers.get("Range")
+        if rng and r.if_range and if_range and if_range != headers["ETag"]:
+            rng = None  # RFC 9110: a changed representation is sent whole
+        if rng:
             r.ranges.append(rng)
             start = int(re.match(r"bytes=(\d+)-", rng).group(1))
             if start >= len(data):
                 return self._send(416, b"")
             status = 206
-        body = data[start:]
-        headers = {"Content-Length": str(len(body)), "Accept-Ranges": "bytes"}
-        if status == 206:
+            if r.wrong_range_start:
+                start = 0
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        self.send_response(status)
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.end_headers()
+        body = data[start:]
         if head:
+            headers["Content-Length"] = str(len(body))
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
             return
         if r.drop_after is not None:
             cut, r.drop_after = r.drop_after, None
+            self._start(status, len(body), headers)
             self.wfile.write(body[:cut])
             self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(2)
             return
         if pause is not None:
+            self._start(status, len(body), headers)
             self.wfile.write(body[: pause.at])
             self.wfile.flush()
             pause.reached.set()
             pause.go.wait(DEADLINE)
-            body = body[pause.at :]
-        self.wfile.write(body)
+            self.wfile.write(body[pause.at :])
+            return
+        self._send(status, body, headers)
 
     def _json(self, value: object) -> None:
         self._send(200, json.dumps(value).encode(), {"Content-Type": "application/json"})
 
-    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+    def _start(self, status: int, length: int | None, headers: dict[str, str]) -> None:
         self.send_response(status)
-        for k, v in (headers or {}).items():
+        for k, v in headers.items():
             self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
+        if length is None:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(length))
         self.end_headers()
-        if self.command != "HEAD":
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        trick = self.remote.tricks.get(self.path.split("?")[0])
+        if trick is None:
+            self._start(status, len(body), headers or {})
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            return
+        body += trick.extra
+        declared = None if trick.chunked else trick.declared or len(body)
+        self._start(status, declared, headers or {})
+        if self.command == "HEAD":
+            return
+        if trick.chunked:
+            for i in range(0, len(body), 1 << 16):
+                piece = body[i : i + (1 << 16)]
+                self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        else:
             self.wfile.write(body)
+        self.wfile.flush()
+        if trick.hang:
+            self.server_ref.closing.wait(DEADLINE)
+            self.close_connection = True
+        elif trick.chunked:
+            self.wfile.write(b"0\r\n\r\n")

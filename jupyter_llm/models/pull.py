@@ -2,7 +2,9 @@
 
 Every blob downloads to ``blobs/sha256-<hex>-partial`` (or a URL-keyed partial
 when the digest is not known up front), resumes with HTTP Range after an
-interruption, and becomes a blob only once its sha256 matches. The manifest is
+interruption only when the server proves it is the same file, never past its
+declared size, and becomes a blob only once its sha256 matches (``download``).
+Manifests and API answers are read with a size cap (``fetch``). The manifest is
 written last, so a killed server never leaves a model listed that cannot load.
 Until then the pull holds every blob it reuses or fetches (``ModelStore.hold``),
 so a concurrent delete of another model cannot free them. Concurrent pulls of
@@ -14,13 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import re
 import shutil
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -28,6 +28,9 @@ from urllib.parse import urlparse
 import httpx
 
 from jupyter_llm.errors import InsufficientStorage, InvalidRequest, PullFailed
+from jupyter_llm.models import download as _download
+from jupyter_llm.models.download import Download
+from jupyter_llm.models.fetch import MAX_HF_API, MAX_MANIFEST, MAX_TOKEN, Answer, read_capped
 from jupyter_llm.models.holds import Hold
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store import (
@@ -38,24 +41,11 @@ from jupyter_llm.models.store import (
     parse_digest,
 )
 
-CHUNK = 1 << 20
 DEFAULT_QUANT = "Q4_K_M"
 HF_HOSTS = ("hf.co", "huggingface.co")
 MANIFEST_ACCEPT = f"{MEDIA_MANIFEST}, application/vnd.oci.image.manifest.v1+json"
-MAX_MANIFEST = 4 << 20
 
 Progress = dict[str, Any]
-
-
-@dataclass
-class Download:
-    """One blob being fetched; shared by every pull that needs it."""
-
-    digest: str | None
-    total: int
-    completed: int = 0
-    task: asyncio.Task[str] | None = None
-    holds: list[Hold] = field(default_factory=list)  # of the pulls waiting on it
 
 
 class Puller:
@@ -98,13 +88,14 @@ class Puller:
         base = f"{scheme}://{model.host}/v2/{model.namespace}/{model.name}"
         yield {"status": "pulling manifest"}
         response = await self._get(
-            client, f"{base}/manifests/{model.tag}", headers={"Accept": MANIFEST_ACCEPT}
+            client,
+            f"{base}/manifests/{model.tag}",
+            MAX_MANIFEST,
+            headers={"Accept": MANIFEST_ACCEPT},
         )
         if response.status_code == 404:
             raise PullFailed(f"pull model manifest: file does not exist: {model.display}", 404)
         raw = response.content
-        if len(raw) > MAX_MANIFEST:
-            raise PullFailed("pull model manifest: the manifest is too large")
         layers, config = validate_manifest(raw)
         async with self._hold([la["digest"] for la in [*layers, config]]) as hold:
             await self._check_disk(
@@ -130,7 +121,7 @@ class Puller:
         quant = DEFAULT_QUANT if model.tag == "latest" else model.tag
         yield {"status": "pulling manifest"}
         response = await self._get(
-            client, f"{self.hf_endpoint}/api/models/{repo}", params={"blobs": "true"}
+            client, f"{self.hf_endpoint}/api/models/{repo}", MAX_HF_API, params={"blobs": "true"}
         )
         if response.status_code in (401, 404):
             raise PullFailed(f"pull model manifest: no such Hugging Face repo: {repo}", 404)
@@ -162,8 +153,9 @@ class Puller:
             raise InvalidRequest("a URL pull must name a .gguf file")
         model = parse_model_name(name or url_model_name(file), "name")
         yield {"status": "pulling manifest"}
-        head = await self._get(client, url, method="HEAD")
-        size = int(head.headers.get("content-length") or 0)
+        head = await self._get(client, url, 0, method="HEAD")
+        length = head.headers.get("content-length", "")
+        size = int(length) if length.isdigit() else 0  # 0: unknown until the GET
         await self._check_disk([size])
         digest = None
         async with self._hold([]) as hold:
@@ -213,7 +205,9 @@ class Puller:
         download = self._downloads.get(key)
         if download is None or download.task is None or download.task.done():
             download = Download(digest=digest, total=size)
-            download.task = asyncio.ensure_future(self._download(client, url, download))
+            download.task = asyncio.ensure_future(
+                _download.fetch(client, url, self.store, download)
+            )
             self._downloads[key] = download
         download.holds.append(hold)
         label = digest[7:19] if digest else Path(urlparse(url).path).name[:24]
@@ -238,61 +232,6 @@ class Puller:
             "completed": download.total,
         }
 
-    async def _download(self, client: httpx.AsyncClient, url: str, d: Download) -> str:
-        """Fetch to a partial file (resuming it), verify, move into the store."""
-        loop = asyncio.get_running_loop()
-        self.store.blobs_dir.mkdir(parents=True, exist_ok=True)
-        partial = self.store.blobs_dir / (
-            f"{d.digest.replace(':', '-')}-partial"
-            if d.digest
-            else f"url-{hashlib.sha256(url.encode()).hexdigest()[:32]}-partial"
-        )
-        hasher = hashlib.sha256()
-        have = await loop.run_in_executor(None, _hash_existing, partial, hasher)
-        headers = {"Range": f"bytes={have}-"} if have else {}
-        try:
-            async with client.stream("GET", url, headers=headers) as response:
-                if response.status_code == 416 and have:  # already complete
-                    pass
-                elif response.status_code not in (200, 206):
-                    raise PullFailed(f"download {url}: HTTP {response.status_code}")
-                else:
-                    if response.status_code == 200 and have:  # the server ignored Range
-                        have, hasher = 0, hashlib.sha256()
-                        await loop.run_in_executor(None, partial.write_bytes, b"")
-                    length = int(response.headers.get("content-length") or 0)
-                    d.total = max(d.total, have + length)
-                    d.completed = have
-                    with open(partial, "ab") as out:
-                        pending: list[bytes] = []  # written in ~1 MiB steps, off the loop
-                        try:
-                            async for chunk in response.aiter_bytes():
-                                pending.append(chunk)
-                                d.completed += len(chunk)
-                                if sum(map(len, pending)) >= CHUNK:
-                                    data, pending = b"".join(pending), []
-                                    await loop.run_in_executor(
-                                        None, _write_and_hash, out, hasher, data
-                                    )
-                        finally:  # keep what arrived, so that a retry resumes after it
-                            if pending:
-                                await loop.run_in_executor(
-                                    None, _write_and_hash, out, hasher, b"".join(pending)
-                                )
-        except httpx.HTTPError as e:
-            raise PullFailed(
-                f"download interrupted ({type(e).__name__}): pull again to resume where it stopped"
-            ) from e
-        actual = f"sha256:{hasher.hexdigest()}"
-        if d.digest is not None and actual != d.digest:
-            partial.unlink(missing_ok=True)
-            raise PullFailed(
-                f"digest mismatch, file must be downloaded again: want {d.digest}, got {actual}"
-            )
-        await loop.run_in_executor(None, self.store.adopt_blob, partial, actual, list(d.holds))
-        d.total = d.completed = max(d.completed, d.total)
-        return actual
-
     def _keep(self, hold: Hold, digest: str) -> None:
         """Make sure a shared download's blob is in this pull's hold (a pull that
         joined after the blob was moved into place adds it here)."""
@@ -302,13 +241,22 @@ class Puller:
             hold.add(digest)
 
     async def _get(
-        self, client: httpx.AsyncClient, url: str, method: str = "GET", **kwargs: Any
-    ) -> httpx.Response:
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        cap: int,
+        method: str = "GET",
+        **kwargs: Any,
+    ) -> Answer:
+        """A small answer (at most ``cap`` bytes), with registry token auth."""
+        what = f"pull {url}"
         try:
-            response = await client.request(method, url, **kwargs)
+            response = await read_capped(client, method, url, cap, what, **kwargs)
             if response.status_code == 401 and (token := await _bearer_token(client, response)):
                 headers = {**kwargs.pop("headers", {}), "Authorization": f"Bearer {token}"}
-                response = await client.request(method, url, headers=headers, **kwargs)
+                response = await read_capped(
+                    client, method, url, cap, what, headers=headers, **kwargs
+                )
         except httpx.HTTPError as e:
             raise PullFailed(f"pull {url}: {type(e).__name__}: {e}") from e
         if response.status_code >= 400 and response.status_code not in (401, 404):
@@ -393,23 +341,7 @@ def _is_loopback(host: str | None) -> bool:
     return host in ("localhost", "127.0.0.1", "::1") or bool(host and host.startswith("127."))
 
 
-def _hash_existing(partial: Path, hasher: Any) -> int:
-    if not partial.exists():
-        return 0
-    size = 0
-    with open(partial, "rb") as f:
-        while chunk := f.read(CHUNK):
-            hasher.update(chunk)
-            size += len(chunk)
-    return size
-
-
-def _write_and_hash(out: Any, hasher: Any, chunk: bytes) -> None:
-    out.write(chunk)
-    hasher.update(chunk)
-
-
-async def _bearer_token(client: httpx.AsyncClient, response: httpx.Response) -> str | None:
+async def _bearer_token(client: httpx.AsyncClient, response: Answer) -> str | None:
     """Docker-registry token auth: follow WWW-Authenticate's realm for a token."""
     challenge = response.headers.get("www-authenticate", "")
     if not challenge.lower().startswith("bearer "):
@@ -419,10 +351,14 @@ async def _bearer_token(client: httpx.AsyncClient, response: httpx.Response) -> 
     if not realm:
         return None
     try:
-        reply = await client.get(realm, params=params)
-        return reply.json().get("token") or reply.json().get("access_token")
+        reply = await read_capped(client, "GET", realm, MAX_TOKEN, "registry token", params=params)
+        answer = reply.json()
     except (httpx.HTTPError, ValueError):
         return None
+    if not isinstance(answer, dict):
+        return None
+    token = answer.get("token") or answer.get("access_token")
+    return token if isinstance(token, str) else None
 
 
 def _gib(n: int) -> str:

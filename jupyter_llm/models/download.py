@@ -1,0 +1,279 @@
+"""One blob download into the store, careful of the server and of the disk.
+
+The bytes go to ``blobs/<key>-partial``; beside it ``<key>-partial.meta`` keeps
+the validator (ETag or Last-Modified) of the file being fetched. A resume asks
+for the rest with ``Range`` and ``If-Range: <validator>``, and is accepted only
+as a 206 whose ``Content-Range`` starts where the partial ends and whose
+validator is unchanged; anything else starts again from byte 0, so two
+different files are never spliced together. A body never grows past its
+declared size (the manifest's, Hugging Face's or the HEAD's), and a full disk
+removes the partial rather than keeping a full disk for a resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import httpx
+
+from jupyter_llm.errors import InsufficientStorage, PullFailed
+from jupyter_llm.models.holds import Hold
+from jupyter_llm.models.store import ModelStore
+
+CHUNK = 1 << 20
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+_FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+
+
+@dataclass
+class Download:
+    """One blob being fetched; shared by every pull that needs it. ``total`` is
+    its declared size (0: unknown until the server says)."""
+
+    digest: str | None
+    total: int
+    completed: int = 0
+    task: asyncio.Task[str] | None = None
+    holds: list[Hold] = field(default_factory=list)  # of the pulls waiting on it
+
+
+class _Restart(Exception):
+    """The partial cannot be continued: start again from byte 0."""
+
+
+def write_chunk(out: BinaryIO, hasher: Any, data: bytes) -> None:
+    """The file-write boundary (tests replace it to fill the disk)."""
+    out.write(data)
+    hasher.update(data)
+
+
+class Partial:
+    """The partial file of one download and its validator."""
+
+    def __init__(self, blobs_dir: Path, key: str) -> None:
+        self.path = blobs_dir / f"{key}-partial"
+        self.meta = blobs_dir / f"{key}-partial.meta"
+
+    def resume_point(self, hasher: Any, need_validator: bool) -> tuple[int, str | None]:
+        """Bytes already here (hashed into ``hasher``) and their validator. With
+        ``need_validator`` a partial of unknown provenance is thrown away."""
+        validator = self._validator()
+        if not self.path.exists() or (need_validator and validator is None):
+            self.discard()
+            return 0, None
+        size = 0
+        with open(self.path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                hasher.update(chunk)
+                size += len(chunk)
+        return size, validator
+
+    def begin(self, validator: str | None) -> BinaryIO:
+        """Empty the partial for a new file, recording its validator first."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.meta.unlink(missing_ok=True)
+        out = open(self.path, "wb")
+        if validator is not None:
+            self.meta.write_text(json.dumps({"validator": validator}))
+        return out
+
+    def append(self) -> BinaryIO:
+        return open(self.path, "ab")
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.meta.unlink(missing_ok=True)
+
+    def _validator(self) -> str | None:
+        try:
+            value = json.loads(self.meta.read_text()).get("validator")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) and value else None
+
+
+async def fetch(client: httpx.AsyncClient, url: str, store: ModelStore, d: Download) -> str:
+    """Fetch ``url`` for ``d``; returns the verified digest once the blob is in
+    the store (and in every waiting pull's hold)."""
+    loop = asyncio.get_running_loop()
+    key = (
+        d.digest.replace(":", "-")
+        if d.digest
+        else f"url-{hashlib.sha256(url.encode()).hexdigest()[:32]}"
+    )
+    partial = Partial(store.blobs_dir, key)
+    hasher = hashlib.sha256()
+    # a known digest proves the result anyway; a URL's bytes need their validator
+    have, validator = await loop.run_in_executor(
+        None, partial.resume_point, hasher, d.digest is None
+    )
+    try:
+        try:
+            hasher = await _transfer(client, url, partial, d, hasher, have, validator)
+        except _Restart:
+            await loop.run_in_executor(None, partial.discard)
+            hasher = await _transfer(client, url, partial, d, hashlib.sha256(), 0, None)
+    except httpx.HTTPError as e:
+        raise PullFailed(
+            f"download interrupted ({type(e).__name__}): pull again to resume where it stopped"
+        ) from e
+    except _Restart:
+        await loop.run_in_executor(None, partial.discard)
+        raise PullFailed(f"download {url}: the server cannot resume consistently") from None
+    except OSError as e:  # writing the partial: nothing of it is worth keeping
+        await loop.run_in_executor(None, partial.discard)
+        if e.errno in _FULL_DISK:
+            raise InsufficientStorage(
+                f"the disk filled during the download ({e.strerror}); "
+                "the partial file was removed: free space and pull again"
+            ) from None
+        raise PullFailed(f"writing {partial.path.name}: {e.strerror or e}") from None
+    if d.total and d.completed < d.total:
+        raise PullFailed(
+            f"download interrupted after {d.completed} of {d.total} bytes: "
+            "pull again to resume where it stopped"
+        )
+    actual = f"sha256:{hasher.hexdigest()}"
+    if d.digest is not None and actual != d.digest:
+        await loop.run_in_executor(None, partial.discard)
+        raise PullFailed(
+            f"digest mismatch, file must be downloaded again: want {d.digest}, got {actual}"
+        )
+    await loop.run_in_executor(None, _adopt, store, partial, actual, list(d.holds))
+    d.total = d.completed = max(d.completed, d.total)
+    return actual
+
+
+async def _transfer(
+    client: httpx.AsyncClient,
+    url: str,
+    partial: Partial,
+    d: Download,
+    hasher: Any,
+    have: int,
+    validator: str | None,
+) -> Any:
+    """One GET: the rest of the partial (``have`` > 0) or the whole file.
+    Returns the hasher holding every byte of the partial."""
+    loop = asyncio.get_running_loop()
+    headers = {"Accept-Encoding": "identity"}  # sizes are of the bytes stored
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    if have and validator:
+        headers["If-Range"] = validator
+    async with client.stream("GET", url, headers=headers) as response:
+        status = response.status_code
+        if status == 416 and have:
+            if d.digest is not None and have == d.total:
+                d.completed = have  # it was all here already; the digest decides
+                return hasher
+            raise _Restart
+        if status not in (200, 206):
+            raise PullFailed(f"download {url}: HTTP {status}")
+        if status == 206:
+            _check_resume(response, have, validator, d.total)
+        else:
+            have = 0  # a whole body: the server ignored the Range, or the file changed
+            hasher = hashlib.sha256()
+        length = _content_length(response)
+        if d.total and length is not None and have + length != d.total:
+            how = "more than" if have + length > d.total else "not"
+            raise PullFailed(
+                f"download {url}: the server offers {have + length} bytes, "
+                f"{how} the {d.total} declared"
+            )
+        if not d.total and length is not None:
+            d.total = have + length
+        limit = d.total or None
+        d.completed = have
+        if have:
+            out = await loop.run_in_executor(None, partial.append)
+        else:
+            out = await loop.run_in_executor(None, partial.begin, _validator_of(response))
+        try:
+            await _receive(response, out, hasher, d, limit, partial, url)
+        finally:
+            await loop.run_in_executor(None, out.close)
+    return hasher
+
+
+async def _receive(
+    response: httpx.Response,
+    out: BinaryIO,
+    hasher: Any,
+    d: Download,
+    limit: int | None,
+    partial: Partial,
+    url: str,
+) -> None:
+    """Write the body in ~1 MiB steps off the loop, never past ``limit``.
+    A failed write raises its ``OSError``."""
+    loop = asyncio.get_running_loop()
+    pending: list[bytes] = []
+    size = 0
+
+    async def flush() -> None:
+        nonlocal pending, size
+        data, pending, size = b"".join(pending), [], 0
+        await loop.run_in_executor(None, write_chunk, out, hasher, data)
+
+    try:
+        async for chunk in response.aiter_bytes():
+            if limit is not None and d.completed + len(chunk) > limit:
+                await loop.run_in_executor(None, partial.discard)
+                raise PullFailed(
+                    f"download {url}: the server sent more than the {limit} bytes declared"
+                )
+            pending.append(chunk)
+            size += len(chunk)
+            d.completed += len(chunk)
+            if size >= CHUNK:
+                await flush()
+            if limit is not None and d.completed == limit:
+                break  # all that was declared is here: read no further
+    finally:  # keep what arrived, so that a retry resumes after it
+        if pending and partial.path.exists():
+            await flush()
+
+
+def _check_resume(response: httpx.Response, have: int, validator: str | None, total: int) -> None:
+    """A 206 continues the partial only from its end, and of the same file."""
+    m = _CONTENT_RANGE.match(response.headers.get("content-range", "").strip())
+    if not m or int(m.group(1)) != have:
+        raise _Restart
+    if total and m.group(3) != "*" and int(m.group(3)) != total:
+        raise _Restart
+    seen = _validator_of(response)
+    if validator and seen and seen != validator:
+        raise _Restart
+
+
+def _validator_of(response: httpx.Response) -> str | None:
+    """A strong ETag, else Last-Modified: what If-Range may name (RFC 9110)."""
+    tag = response.headers.get("etag")
+    if tag and not tag.startswith("W/"):
+        return tag
+    return response.headers.get("last-modified") or None
+
+
+def _content_length(response: httpx.Response) -> int | None:
+    """The size of the stored bytes, where the server states it."""
+    if response.headers.get("content-encoding", "identity").lower() != "identity":
+        return None
+    try:
+        value = int(response.headers["content-length"])
+    except (KeyError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+def _adopt(store: ModelStore, partial: Partial, digest: str, holds: list[Hold]) -> None:
+    store.adopt_blob(partial.path, digest, holds)
+    partial.meta.unlink(missing_ok=True)
