@@ -58,3 +58,11 @@ async def test_refused_without_valid_token(
             request_timeout=10,
         )
     assert info.value.code == 403
+
+
+def test_every_route_names_its_authorization_resource():
+    from jupyter_llm.api.base import LLMHandler
+
+    assert not hasattr(LLMHandler, "auth_resource")  # each route chooses, none inherits it
+    for pattern, handler in handlers():
+        assert getattr(handler, "auth_resource", None) in ("llm", "llm.models"), pattern

@@ -1,5 +1,11 @@
 """Handler base: Jupyter auth, JSON in, ``{"error": ...}`` out, never a traceback.
 
+Every route is authenticated and authorized: each handler class names its
+``auth_resource`` (``LLM`` or ``LLM_MODELS``, none is inherited from here) and
+each method asks jupyter_server's ``Authorizer`` with ``@authorized(action)``:
+``read`` for what is there, ``execute`` to run a model, ``write`` to change
+the model store. A deployment can so allow chat but not pull or delete.
+
 It also owns streaming (``stream``): the four loops that each handled headers,
 a client gone, ``StreamClosedError``, an error after the first byte and the
 final finish (Ollama NDJSON, pull progress, OpenAI chat and completion SSE)
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from jupyter_core.utils import ensure_async
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
@@ -31,6 +38,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# Authorization resources (README, Security)
+LLM = "llm"  # read: version, devices, tags, ps, show, models; execute: completions, embeddings
+LLM_MODELS = "llm.models"  # read: blob exists; write: blobs, create, pull, copy, delete
 
 
 def now_iso() -> str:
@@ -75,6 +86,17 @@ class LLMHandler(APIHandler):
     def on_connection_close(self) -> None:
         self._client_gone = True
         super().on_connection_close()
+
+    async def authorize(self, action: str) -> None:
+        """What ``@authorized`` checks, for a handler that must know before its
+        method runs (an upload refused before a byte goes to disk)."""
+        user = self.current_user
+        if not user or not await ensure_async(
+            self.authorizer.is_authorized(self, user, action, self.auth_resource)
+        ):
+            raise web.HTTPError(
+                403, f"User is not authorized to {action} on resource: {self.auth_resource}."
+            )
 
     async def prepare(self) -> None:  # type: ignore[override]
         await super().prepare()

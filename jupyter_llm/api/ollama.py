@@ -13,10 +13,11 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
+from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from jupyter_llm import __version__
-from jupyter_llm.api.base import NDJSON, LLMHandler, now_iso
+from jupyter_llm.api.base import LLM, LLM_MODELS, NDJSON, LLMHandler, now_iso
 from jupyter_llm.api.generation import Finished, Job, complete, embed, load_only, unload
 from jupyter_llm.api.ps import describe_loaded
 from jupyter_llm.api.requests import (
@@ -39,13 +40,19 @@ MAX_BLOB_SIZE = 1 << 40  # 1 TiB: blobs stream to disk, so only the disk bounds 
 
 
 class VersionHandler(LLMHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("read")
     async def get(self) -> None:
         self.write_json({"version": __version__})
 
 
 class DevicesHandler(LLMHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("read")
     async def get(self) -> None:
         devices = await self.llm.scheduler.current_devices()
         system = await self.llm.devices.system()
@@ -59,14 +66,20 @@ class DevicesHandler(LLMHandler):
 
 
 class TagsHandler(LLMHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("read")
     async def get(self) -> None:
         entries = await self.blocking(self.llm.store.list)
         self.write_json({"models": [model_summary(e) for e in entries]})
 
 
 class PsHandler(LLMHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("read")
     async def get(self) -> None:
         loaded = self.llm.scheduler.loaded_models()
         self.write_json({"models": [describe_loaded(m) for m in loaded]})
@@ -87,6 +100,8 @@ class BlobHandler(LLMHandler):
     """``HEAD/POST /api/blobs/sha256:<hex>``: the body streams to a temporary file
     while it is hashed; it is kept only if the digest matches."""
 
+    auth_resource = LLM_MODELS
+
     max_body = MAX_BLOB_SIZE
     _writer: Any = None
 
@@ -96,6 +111,7 @@ class BlobHandler(LLMHandler):
             return
         if self.current_user is None:
             raise web.HTTPError(403)  # never write an unauthenticated body to disk
+        await self.authorize("write")  # nor one this user may not store
         parse_digest(self.path_kwargs["digest"])
         self._writer = self.llm.store.blob_writer()
 
@@ -104,12 +120,13 @@ class BlobHandler(LLMHandler):
             self._writer.write(chunk)
 
     @web.authenticated
+    @authorized("read")
     async def head(self, digest: str) -> None:
         exists = await self.blocking(self.llm.store.has_blob, parse_digest(digest))
         self.set_status(200 if exists else 404)
         self.finish()
 
-    @web.authenticated
+    @web.authenticated  # and authorized in prepare, before the body streams to disk
     async def post(self, digest: str) -> None:
         writer, self._writer = self._writer, None
         await self.blocking(writer.commit, digest)
@@ -130,7 +147,10 @@ class CreateHandler(LLMHandler):
     """``/api/create`` from uploaded ``files`` or an existing model (``from``),
     with template, system, parameters, messages and license."""
 
+    auth_resource = LLM_MODELS
+
     @web.authenticated
+    @authorized("write")
     async def post(self) -> None:
         body = self.body_json()
         name = parse_model_name(body.get("model"))
@@ -181,7 +201,10 @@ class CreateHandler(LLMHandler):
 class PullHandler(LLMHandler):
     """``/api/pull``: progress as NDJSON ``{status, digest, total, completed}``."""
 
+    auth_resource = LLM_MODELS
+
     @web.authenticated
+    @authorized("write")
     async def post(self) -> None:
         body = self.body_json()
         source = body.get("model", body.get("name"))
@@ -272,7 +295,10 @@ def done_fields(f: Finished) -> dict[str, Any]:
 
 
 class GenerateHandler(CompletionHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("execute")
     async def post(self) -> None:
         req = await self.blocking(lambda: GenerateRequest.parse(self.body_json()))
         name = req.model.display
@@ -303,7 +329,10 @@ class GenerateHandler(CompletionHandler):
 
 
 class ChatHandler(CompletionHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("execute")
     async def post(self) -> None:
         req = await self.blocking(lambda: ChatRequest.parse(self.body_json()))
         name = req.model.display
@@ -327,7 +356,10 @@ class ChatHandler(CompletionHandler):
 
 
 class EmbedHandler(LLMHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("execute")
     async def post(self) -> None:
         req = EmbedRequest.parse(self.body_json())
         if not req.inputs:
@@ -357,7 +389,10 @@ class EmbedHandler(LLMHandler):
 class EmbeddingsHandler(LLMHandler):
     """The legacy single-prompt endpoint (vectors are not normalised)."""
 
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("execute")
     async def post(self) -> None:
         req = EmbedRequest.parse(self.body_json(), input_field="prompt")
         if not req.inputs or not req.inputs[0]:
@@ -375,7 +410,10 @@ class EmbeddingsHandler(LLMHandler):
 
 
 class ShowHandler(LLMHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("read")
     async def post(self) -> None:
         body = self.body_json()
         name = parse_model_name(body.get("model", body.get("name")))
@@ -418,7 +456,10 @@ def format_parameters(params: dict[str, Any]) -> str:
 
 
 class CopyHandler(LLMHandler):
+    auth_resource = LLM_MODELS
+
     @web.authenticated
+    @authorized("write")
     async def post(self) -> None:
         body = self.body_json()
         source = parse_model_name(body.get("source"), "source")
@@ -429,7 +470,10 @@ class CopyHandler(LLMHandler):
 
 
 class DeleteHandler(LLMHandler):
+    auth_resource = LLM_MODELS
+
     @web.authenticated
+    @authorized("write")
     async def delete(self) -> None:
         body = self.body_json()
         name = parse_model_name(body.get("model", body.get("name")))

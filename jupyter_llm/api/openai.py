@@ -19,9 +19,10 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
+from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from jupyter_llm.api.base import SSE, LLMHandler
+from jupyter_llm.api.base import LLM, SSE, LLMHandler
 from jupyter_llm.api.generation import Finished, Job, complete, embed
 from jupyter_llm.api.requests import messages_field, openai_options_field, parse_embed_input
 from jupyter_llm.api.structured import invalid_format, parse_format
@@ -111,7 +112,10 @@ def response_format(body: dict[str, Any]) -> Any:
 
 
 class ChatCompletionsHandler(OpenAIHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("execute")
     async def post(self) -> None:
         body = self.body_json()
         model = parse_model_name(body.get("model"))
@@ -169,7 +173,10 @@ class ChatCompletionsHandler(OpenAIHandler):
 
 
 class CompletionsHandler(OpenAIHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("execute")
     async def post(self) -> None:
         body = self.body_json()
         model = parse_model_name(body.get("model"))
@@ -226,7 +233,10 @@ class CompletionsHandler(OpenAIHandler):
 
 
 class EmbeddingsHandler(OpenAIHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("execute")
     async def post(self) -> None:
         body = self.body_json()
         model = parse_model_name(body.get("model"))
@@ -274,14 +284,20 @@ def model_object(entry: Any) -> dict[str, Any]:
 
 
 class ModelsHandler(OpenAIHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("read")
     async def get(self) -> None:
         entries = await self.blocking(self.llm.store.list)
         self.write_json({"object": "list", "data": [model_object(e) for e in entries]})
 
 
 class ModelHandler(OpenAIHandler):
+    auth_resource = LLM
+
     @web.authenticated
+    @authorized("read")
     async def get(self, model: str) -> None:
         entry = await self.blocking(self.llm.store.get, parse_model_name(model))
         self.write_json(model_object(entry))
