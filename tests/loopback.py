@@ -54,6 +54,7 @@ class Remote:
     hf_repos: dict[str, dict[str, bytes]] = field(default_factory=dict)  # "u/r" -> files
     files: dict[str, bytes] = field(default_factory=dict)  # "/files/x.gguf" -> content
     token: str | None = None  # require Bearer auth on the registry
+    realm: str | None = None  # the token URL a challenge names (default: this server's)
     drop_after: int | None = None  # send this many bytes of the next blob, then close
     corrupt: set[str] = field(default_factory=set)  # digests served with wrong bytes
     pauses: dict[str, Pause] = field(default_factory=dict)  # request path -> pause
@@ -126,7 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json({"token": r.token})
         if m := re.match(r"^/v2/([^/]+)/([^/]+)/manifests/([^/]+)$", path):
             if r.token and self.headers.get("Authorization") != f"Bearer {r.token}":
-                realm = f"{self.server_ref.base}/token"
+                realm = r.realm or f"{self.server_ref.base}/token"
                 return self._send(
                     401,
                     b"{}",

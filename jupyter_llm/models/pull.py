@@ -32,6 +32,12 @@ from jupyter_llm.models import download as _download
 from jupyter_llm.models.download import Download
 from jupyter_llm.models.fetch import MAX_HF_API, MAX_MANIFEST, MAX_TOKEN, Answer, read_capped
 from jupyter_llm.models.holds import Hold
+from jupyter_llm.models.hosts import (
+    TRUSTED_AUTH_HOSTS_ENV,
+    check_realm,
+    is_loopback,
+    trusted_auth_hosts,
+)
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store import (
     MEDIA_CONFIG,
@@ -56,6 +62,8 @@ class Puller:
         self.hf_endpoint = (
             hf_endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
         ).rstrip("/")
+        # token hosts trusted beside each registry's own (see models/hosts.py)
+        self.trusted_auth_hosts = trusted_auth_hosts(os.environ.get(TRUSTED_AUTH_HOSTS_ENV, ""))
         self._downloads: dict[str, Download] = {}
 
     # -- entry point ---------------------------------------------------------------
@@ -91,10 +99,13 @@ class Puller:
             client,
             f"{base}/manifests/{model.tag}",
             MAX_MANIFEST,
+            insecure=insecure,
             headers={"Accept": MANIFEST_ACCEPT},
         )
         if response.status_code == 404:
             raise PullFailed(f"pull model manifest: file does not exist: {model.display}", 404)
+        if response.status_code == 401:
+            raise PullFailed(f"pull model manifest: the registry refused access to {model.display}")
         raw = response.content
         layers, config = validate_manifest(raw)
         async with self._hold([la["digest"] for la in [*layers, config]]) as hold:
@@ -146,14 +157,14 @@ class Puller:
         self, client: httpx.AsyncClient, url: str, name: str | None, insecure: bool
     ) -> AsyncIterator[Progress]:
         parsed = urlparse(url)
-        if parsed.scheme.lower() == "http" and not insecure and not _is_loopback(parsed.hostname):
+        if parsed.scheme.lower() == "http" and not insecure and not is_loopback(parsed.hostname):
             raise InvalidRequest('plain http pulls need "insecure": true')
         file = Path(parsed.path).name
         if not file.lower().endswith(".gguf"):
             raise InvalidRequest("a URL pull must name a .gguf file")
         model = parse_model_name(name or url_model_name(file), "name")
         yield {"status": "pulling manifest"}
-        head = await self._get(client, url, 0, method="HEAD")
+        head = await self._get(client, url, 0, method="HEAD", insecure=insecure)
         length = head.headers.get("content-length", "")
         size = int(length) if length.isdigit() else 0  # 0: unknown until the GET
         await self._check_disk([size])
@@ -246,13 +257,19 @@ class Puller:
         url: str,
         cap: int,
         method: str = "GET",
+        insecure: bool = False,
         **kwargs: Any,
     ) -> Answer:
-        """A small answer (at most ``cap`` bytes), with registry token auth."""
+        """A small answer (at most ``cap`` bytes), with registry token auth from a
+        realm that ``check_realm`` allows."""
         what = f"pull {url}"
         try:
             response = await read_capped(client, method, url, cap, what, **kwargs)
-            if response.status_code == 401 and (token := await _bearer_token(client, response)):
+            if response.status_code == 401 and (
+                token := await _bearer_token(
+                    client, response, url, insecure, self.trusted_auth_hosts
+                )
+            ):
                 headers = {**kwargs.pop("headers", {}), "Authorization": f"Bearer {token}"}
                 response = await read_capped(
                     client, method, url, cap, what, headers=headers, **kwargs
@@ -337,12 +354,16 @@ def _quant_of(filename: str) -> str | None:
     return m.group(1).upper() if m else None
 
 
-def _is_loopback(host: str | None) -> bool:
-    return host in ("localhost", "127.0.0.1", "::1") or bool(host and host.startswith("127."))
-
-
-async def _bearer_token(client: httpx.AsyncClient, response: Answer) -> str | None:
-    """Docker-registry token auth: follow WWW-Authenticate's realm for a token."""
+async def _bearer_token(
+    client: httpx.AsyncClient,
+    response: Answer,
+    url: str,
+    insecure: bool,
+    trusted: frozenset[tuple[str, int | None]],
+) -> str | None:
+    """Docker-registry token auth: ask WWW-Authenticate's realm for a token, if
+    the realm is one ``check_realm`` allows for ``url`` (raises otherwise). The
+    token request follows no redirect, which could lead anywhere."""
     challenge = response.headers.get("www-authenticate", "")
     if not challenge.lower().startswith("bearer "):
         return None
@@ -350,8 +371,17 @@ async def _bearer_token(client: httpx.AsyncClient, response: Answer) -> str | No
     realm = params.pop("realm", None)
     if not realm:
         return None
+    check_realm(realm, url, insecure=insecure, trusted=trusted)
     try:
-        reply = await read_capped(client, "GET", realm, MAX_TOKEN, "registry token", params=params)
+        reply = await read_capped(
+            client,
+            "GET",
+            realm,
+            MAX_TOKEN,
+            "registry token",
+            params=params,
+            follow_redirects=False,
+        )
         answer = reply.json()
     except (httpx.HTTPError, ValueError):
         return None
