@@ -10,7 +10,7 @@ from tornado.httpclient import HTTPClientError
 
 from jupyter_llm.errors import PullFailed
 from jupyter_llm.models.pull import pick_gguf, url_model_name, validate_manifest
-from jupyter_llm.models.store import MEDIA_SYSTEM
+from jupyter_llm.models.store import MEDIA_PARAMS, MEDIA_SYSTEM
 
 
 @pytest.fixture
@@ -222,6 +222,24 @@ def test_url_model_name(file, name):
     assert url_model_name(file) == name
 
 
+def test_validate_manifest_refuses_huge_text_layers():
+    from jupyter_llm.models.store import MAX_TEXT_LAYER
+
+    manifest = {
+        "layers": [
+            {"mediaType": "application/vnd.ollama.image.model", "digest": sha(b"x"), "size": 1},
+            {"mediaType": MEDIA_SYSTEM, "digest": sha(b"s"), "size": MAX_TEXT_LAYER + 1},
+        ],
+        "config": {"digest": sha(b"c"), "size": 1},
+    }
+    with pytest.raises(PullFailed, match="too large"):
+        validate_manifest(json.dumps(manifest).encode())
+    manifest["layers"][1]["size"] = 1
+    manifest["config"]["size"] = MAX_TEXT_LAYER + 1
+    with pytest.raises(PullFailed, match="too large"):
+        validate_manifest(json.dumps(manifest).encode())
+
+
 def test_validate_manifest_refuses_bad_digests():
     good = {
         "layers": [
@@ -293,3 +311,19 @@ async def test_rm_during_a_pull_keeps_the_blobs_the_pull_reuses(
     assert events[-1] == {"status": "success"}
     assert await tags(jp_fetch) == [f"{server.host}/library/variant:latest"]
     assert (await generate(jp_fetch, f"{server.host}/library/variant"))["eval_count"] == 2
+
+
+async def test_pulled_parameters_are_checked_like_request_options(
+    jp_fetch, server, remote, demo_gguf
+):
+    """A registry's params layer cannot ask for a 2^40-token context: bad values
+    are dropped, the good ones apply."""
+    params = json.dumps({"num_ctx": 1 << 40, "num_predict": 4, "temperature": "hot"}).encode()
+    remote.add_model(
+        "library", "tiny", "latest", demo_gguf.read_bytes(), extra=[(MEDIA_PARAMS, params)]
+    )
+    events = await pull(jp_fetch, {"model": f"{server.host}/library/tiny", "insecure": True})
+    assert events[-1] == {"status": "success"}
+    body = {"model": f"{server.host}/library/tiny", "prompt": "hi", "stream": False}
+    r = await jp_fetch("llm", "api", "generate", method="POST", body=json.dumps(body))
+    assert json.loads(r.body)["eval_count"] == 4

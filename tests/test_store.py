@@ -63,3 +63,57 @@ def test_digest_traversal_refused(tmp_path):
     store = ModelStore(tmp_path)
     with pytest.raises(InvalidRequest):
         store.blob_path("sha256:../../etc/passwd")
+
+
+def test_params_layer_is_checked_like_request_options(tmp_path, demo_gguf, caplog):
+    """A pulled manifest's parameters pass the request checks: bad values and
+    unknown names are dropped with a warning naming the model, the rest kept."""
+    import logging
+
+    from jupyter_llm.models.store import MEDIA_PARAMS
+
+    store = ModelStore(tmp_path)
+    digest = store.add_blob_from_file(demo_gguf)
+    store.create("base", {"m.gguf": digest})
+    manifest_path = tmp_path / "manifests/registry.ollama.ai/library/base/latest"
+    manifest = json.loads(manifest_path.read_text())
+
+    def with_params(raw: bytes) -> None:
+        params = store.add_blob_bytes(raw)
+        layer = {"mediaType": MEDIA_PARAMS, "digest": params, "size": len(raw)}
+        manifest_path.write_text(json.dumps({**manifest, "layers": [*manifest["layers"], layer]}))
+
+    hostile = {
+        "num_ctx": 1 << 40,
+        "temperature": "hot",
+        "num_predict": 4,
+        "stop": "<|im_end|>",
+        "top_k": 40.0,
+        "bogus": 1,
+        "num_gpu": 1 << 70,
+    }
+    with_params(json.dumps(hostile).encode())
+    with caplog.at_level(logging.WARNING):
+        params = store.get("base").params
+    assert params == {"num_predict": 4, "stop": ["<|im_end|>"], "top_k": 40}
+    for name in ("num_ctx", "temperature", "bogus", "num_gpu"):
+        assert name in caplog.text
+    assert "base:latest" in caplog.text
+
+    with_params(b"[1, 2]")  # not an object: nothing applies
+    assert store.get("base").params == {}
+
+
+def test_a_huge_text_layer_is_refused_not_read(tmp_path, demo_gguf, monkeypatch):
+    """Template, system, params, messages, license and config blobs are read
+    whole by every get(): one too large to be text is refused unread."""
+    from jupyter_llm.models import store as store_module
+
+    store = ModelStore(tmp_path)
+    digest = store.add_blob_from_file(demo_gguf)
+    store.create("big", {"m.gguf": digest}, system="x" * 2000)
+    store.create("small", {"m.gguf": digest}, system="short")
+    monkeypatch.setattr(store_module, "MAX_TEXT_LAYER", 1000)
+    with pytest.raises(InvalidRequest, match="too large"):
+        store.get("big")
+    assert [e.name.display for e in store.list()] == ["small:latest"]

@@ -40,9 +40,11 @@ from jupyter_llm.models.hosts import (
 )
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store import (
+    MAX_TEXT_LAYER,
     MEDIA_CONFIG,
     MEDIA_MANIFEST,
     MEDIA_MODEL,
+    REPLACEABLE,
     ModelStore,
     parse_digest,
 )
@@ -315,6 +317,12 @@ def validate_manifest(raw: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]]
         raise PullFailed("pull model manifest: no model layer")
     if any(la["size"] < 0 for la in checked):
         raise PullFailed("pull model manifest: negative layer size")
+    for la in checked:
+        if (la["mediaType"] in REPLACEABLE or la is checked[-1]) and la["size"] > MAX_TEXT_LAYER:
+            raise PullFailed(
+                f"pull model manifest: layer {la['digest']} is too large for "
+                f"{la['mediaType'] or 'a config'} ({la['size']} bytes, at most {MAX_TEXT_LAYER})"
+            )
     return checked[:-1], checked[-1] | {"mediaType": checked[-1]["mediaType"] or MEDIA_CONFIG}
 
 

@@ -11,6 +11,7 @@ cannot read. All methods block: call them from an executor in the server.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -28,6 +29,7 @@ from jupyter_llm.models.gguf_info import GGUFInfo, read_gguf_info
 from jupyter_llm.models.holds import BlobHolds, Hold, HoldUnreadable
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store_lock import store_lock
+from jupyter_llm.options import model_params
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ REPLACEABLE = (MEDIA_TEMPLATE, MEDIA_SYSTEM, MEDIA_PARAMS, MEDIA_MESSAGES, MEDIA
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
 CHUNK = 1 << 20
 STATE_DIR = ".jupyter-llm"  # the lock and the holds; Ollama ignores it
+# text and JSON layers (and the config) are read whole by every get(): a larger
+# one is refused unread (and a pull refuses it before downloading)
+MAX_TEXT_LAYER = 4 << 20
 
 
 def parse_digest(digest: object, field: str = "digest") -> str:
@@ -126,6 +131,7 @@ class ModelStore:
         self.manifests_dir = self.root / "manifests"
         self.lock = store_lock(self.root / STATE_DIR / "lock")
         self._holds = BlobHolds(self.root / STATE_DIR / "holds", self.lock)
+        self._params: dict[str, dict[str, Any]] = {}  # params blob -> checked, warned once
 
     # -- blobs ---------------------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
@@ -404,22 +410,34 @@ class ModelStore:
         if model_layer is None:
             raise InvalidRequest(f"model '{name.display}' has no model layer")
 
+        def layer(media: str) -> dict[str, Any] | None:
+            return next((la for la in layers if la.get("mediaType") == media), None)
+
         def text(media: str) -> str | None:
-            layer = next((la for la in layers if la.get("mediaType") == media), None)
-            return self.blob_path(layer["digest"]).read_text() if layer else None
+            found = layer(media)
+            return (
+                self._small_blob(found["digest"], name).decode(errors="replace") if found else None
+            )
 
         def parsed(media: str, default: Any) -> Any:
             try:
                 raw_text = text(media)
-                value = json.loads(raw_text) if raw_text else default
+                return json.loads(raw_text) if raw_text else default
             except (OSError, ValueError):
                 return default
-            return value if isinstance(value, type(default)) else default
 
+        messages = parsed(MEDIA_MESSAGES, [])
+        params: dict[str, Any] = {}
+        if found := layer(MEDIA_PARAMS):
+            key = str(found.get("digest"))
+            if key not in self._params:  # blobs never change: check (and warn) once
+                # a manifest's parameters pass the checks a request's options do
+                self._params[key] = model_params(parsed(MEDIA_PARAMS, {}), name.display)
+            params = copy.deepcopy(self._params[key])
         config: dict[str, Any] = {}
         if cfg := manifest.get("config"):
             try:
-                config = json.loads(self.blob_path(cfg["digest"]).read_bytes())
+                config = json.loads(self._small_blob(cfg["digest"], name))
             except (OSError, ValueError):
                 config = {}
         return ModelEntry(
@@ -431,10 +449,22 @@ class ModelStore:
             template=text(MEDIA_TEMPLATE),
             system=text(MEDIA_SYSTEM),
             config=config,
-            params=parsed(MEDIA_PARAMS, {}),
-            messages=parsed(MEDIA_MESSAGES, []),
+            params=params,
+            messages=messages if isinstance(messages, list) else [],
             license=text(MEDIA_LICENSE),
         )
+
+    def _small_blob(self, digest: str, name: ModelName) -> bytes:
+        """A text or JSON layer's bytes; ``InvalidRequest`` if too large to be one."""
+        path = self.blob_path(digest)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_TEXT_LAYER:
+                raise InvalidRequest(
+                    f"model '{name.display}': layer {digest} is too large "
+                    f"({size} bytes, at most {MAX_TEXT_LAYER} for text)"
+                )
+            return f.read()
 
     def _layer(self, media: str, digest: str) -> dict[str, Any]:
         return {"mediaType": media, "digest": digest, "size": self.blob_path(digest).stat().st_size}
