@@ -112,7 +112,7 @@ class Puller:
         layers, config = validate_manifest(raw)
         async with self._hold([la["digest"] for la in [*layers, config]]) as hold:
             await self._check_disk(
-                [la["size"] for la in [*layers, config] if not self.store.has_blob(la["digest"])]
+                [la["size"] for la in [*layers, config] if not await self._has(la["digest"])]
             )
             for layer in [*layers, config]:
                 digest, size = layer["digest"], layer["size"]
@@ -144,7 +144,7 @@ class Puller:
             raise PullFailed("pull model manifest: Hugging Face sent invalid JSON") from None
         file, digest, size = pick_gguf(siblings, quant)
         async with self._hold([digest] if digest else []) as hold:
-            await self._check_disk([size] if not (digest and self.store.has_blob(digest)) else [])
+            await self._check_disk([size] if not (digest and await self._has(digest)) else [])
             url = f"{self.hf_endpoint}/{repo}/resolve/main/{file}"
             async for event in self._fetch_blob(client, url, digest, size, hold):
                 if event.get("digest"):
@@ -206,7 +206,7 @@ class Puller:
     ) -> AsyncIterator[Progress]:
         """Download (or join the download of) one blob, reporting progress. The
         blob joins ``hold`` in the same step that moves it into the store."""
-        if digest is not None and self.store.has_blob(digest):
+        if digest is not None and await self._has(digest):
             yield {
                 "status": f"pulling {digest[7:19]}",
                 "digest": digest,
@@ -244,6 +244,9 @@ class Puller:
             "total": download.total,
             "completed": download.total,
         }
+
+    async def _has(self, digest: str) -> bool:
+        return await asyncio.get_running_loop().run_in_executor(None, self.store.has_blob, digest)
 
     def _keep(self, hold: Hold, digest: str) -> None:
         """Make sure a shared download's blob is in this pull's hold (a pull that
