@@ -500,3 +500,47 @@ async def test_embed_truncate(jp_fetch, installed_model):
     await expect_error(
         jp_fetch, "api/embed", {"model": "tiny", "input": "x", "dimensions": 0}, 400, "dimensions"
     )
+
+
+# -- embedding batches larger than one message of the runner channel --------------------
+def serving_runner(jp_serverapp):
+    (loaded,) = jp_serverapp.web_app.settings["jupyter_llm"].scheduler.loaded_models()
+    return loaded.runner
+
+
+async def test_an_embedding_batch_larger_than_one_channel_message(
+    jp_fetch, jp_serverapp, installed_model, monkeypatch
+):
+    # The channel takes lines of at most STREAM_LIMIT bytes (64 MiB; 780 vectors
+    # of 4096 dimensions). Here it is 256 KiB, and 800 vectors of 64 dimensions
+    # are over 300 KiB of JSON even at 5 characters a number.
+    from jupyter_llm.runner import process
+
+    monkeypatch.setattr(process, "STREAM_LIMIT", 256 << 10)
+    texts = [f"text number {i}" for i in range(800)]
+    r = await post(jp_fetch, "api/embed", {"model": "tiny", "input": texts})
+    body = json.loads(r.body)
+    assert len(body["embeddings"]) == 800 and {len(v) for v in body["embeddings"]} == {64}
+    assert len(json.dumps(body["embeddings"])) > 300 << 10
+    runner = serving_runner(jp_serverapp)
+    assert runner.alive
+    for i in (0, 437, 799):  # each vector is the one that input gets alone, in order
+        alone = json.loads(
+            (await post(jp_fetch, "api/embed", {"model": "tiny", "input": texts[i]})).body
+        )
+        assert alone["embeddings"][0] == body["embeddings"][i]
+    assert serving_runner(jp_serverapp) is runner  # the same runner all along
+
+
+async def test_too_many_embedding_values_is_a_clear_400(
+    jp_fetch, jp_serverapp, installed_model, monkeypatch
+):
+    from jupyter_llm.runner import proxy
+
+    monkeypatch.setattr(proxy, "MAX_EMBED_VALUES", 100 * 64)  # 100 vectors of the demo model
+    await post(jp_fetch, "api/embed", {"model": "tiny", "input": ["x"] * 100})
+    message = await expect_error(
+        jp_fetch, "api/embed", {"model": "tiny", "input": ["x"] * 101}, 400, "too many inputs"
+    )
+    assert "at most 100 inputs" in message
+    assert serving_runner(jp_serverapp).alive

@@ -244,11 +244,23 @@ class Engine:
         return llama_cpp.llama_vocab_fim_pre(self.vocab) >= 0
 
     # -- embeddings ------------------------------------------------------------------
+    @property
+    def n_embd(self) -> int:
+        return int(llama_cpp.llama_model_n_embd(self.model))
+
     def embed(
-        self, texts: list[str], truncate: bool, dimensions: int | None, normalize: bool
-    ) -> tuple[list[list[float]], int]:
+        self,
+        texts: list[str],
+        truncate: bool,
+        dimensions: int | None,
+        normalize: bool,
+        emit: Callable[[list[float]], None],
+        cancelled: Cancelled = lambda: False,
+    ) -> int:
         """Mean-pooled embeddings, through a second context (created on first use)
-        that shares the model's weights."""
+        that shares the model's weights. Each vector goes to ``emit`` as soon as
+        it is made, so a batch of any size is never held whole; returns the
+        tokens counted. ``EngineError`` if ``cancelled`` between two inputs."""
         if self._embed_ctx is None:
             cp = llama_cpp.llama_context_default_params()
             cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
@@ -260,10 +272,12 @@ class Engine:
             if not self._embed_ctx:
                 raise EngineError("failed to create the embedding context (out of memory?)")
             self._embed_batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
-        n_embd = llama_cpp.llama_model_n_embd(self.model)
+        n_embd = self.n_embd
         memory = llama_cpp.llama_get_memory(self._embed_ctx)
-        out, counted = [], 0
+        counted = 0
         for text in texts:
+            if cancelled():
+                raise EngineError("cancelled")
             tokens = self.tokenize(text, add_special=True, parse_special=False) or [
                 llama_cpp.llama_vocab_bos(self.vocab)
             ]
@@ -293,8 +307,8 @@ class Engine:
             if normalize:
                 norm = sum(v * v for v in vector) ** 0.5 or 1.0
                 vector = [v / norm for v in vector]
-            out.append(vector)
-        return out, counted
+            emit(vector)
+        return counted
 
     # -- decoding --------------------------------------------------------------------
     def _evaluate(self, tokens: list[int], cancelled: Cancelled = lambda: False) -> bool:

@@ -24,7 +24,7 @@ from jupyter_llm.runner.protocol import ALLOCATION, INVALID, decode, encode, is_
 
 log = logging.getLogger(__name__)
 
-STREAM_LIMIT = 64 * 1024 * 1024  # one message may carry a large embedding
+STREAM_LIMIT = 64 * 1024 * 1024  # the longest reply line; embeddings come in parts below it
 _EOF = object()
 
 
@@ -41,6 +41,7 @@ class RunnerProcess:
         self.python = python or sys.executable
         self.env = env or {}
         self.label = label
+        self.limit = STREAM_LIMIT  # bytes of one reply line
         self.last_error: str = ""
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=50)
         self._proc: asyncio.subprocess.Process | None = None
@@ -75,7 +76,7 @@ class RunnerProcess:
             raise RunnerFailed(f"could not start the runner process: {e}") from e
         finally:
             child.close()
-        reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=STREAM_LIMIT)
+        reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=self.limit)
         self._tasks = [
             asyncio.create_task(self._read_replies(reader)),
             asyncio.create_task(self._read_stderr()),

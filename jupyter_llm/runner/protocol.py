@@ -1,10 +1,13 @@
 """The runner wire protocol: newline-delimited JSON over a private socketpair.
 
-Requests:  {"id": int, "op": "info"|"load"|"complete"|"tokenize"|"health"|"cancel"|"close", ...}
-Replies:   {"id": int, "type": "result"|"token"|"done"|"error", ...}
+Requests:  {"id": int, "op": "info"|"load"|"complete"|"embed"|"tokenize"|"health"|"cancel"
+            |"close", ...}
+Replies:   {"id": int, "type": "result"|"token"|"done"|"embedding"|"progress"|"error", ...}
 
-``complete`` streams ``token`` messages then one ``done``; every other op answers
-with one ``result`` (or ``error``). ``cancel`` names the id of a running request.
+``complete`` streams ``token`` messages then one ``done``; ``embed`` streams
+``embedding`` messages (a part of the vectors, in order, each line at most the
+request's ``part_bytes``) then one ``result``; every other op answers with one
+``result`` (or ``error``). ``cancel`` names the id of a running request.
 """
 
 from __future__ import annotations

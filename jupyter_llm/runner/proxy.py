@@ -23,6 +23,9 @@ from jupyter_llm.runner.launch import LoadRequest, LoadSpec, launch_spec
 from jupyter_llm.runner.process import RunnerProcess
 
 HEALTH_POLL_MAX = 5.0  # seconds between the watchdog's health checks, at most
+# Numbers one embedding request may return: the server holds them as Python
+# floats (32 bytes each, 256 MiB here) and writes them as JSON (~170 MiB).
+MAX_EMBED_VALUES = 8 << 20
 
 
 class RunnerProxy:
@@ -96,8 +99,22 @@ class RunnerProxy:
                 await stream.aclose()
 
     async def embed(self, **request: Any) -> dict[str, Any]:
+        """``embeddings`` assembled from the runner's parts, each a quarter of
+        the channel's line limit, so a batch of any size gets through; more
+        than ``MAX_EMBED_VALUES`` numbers is a 400 (the server holds them all)."""
+        request = {
+            **request,
+            "part_bytes": self.process.limit // 4,
+            "max_values": MAX_EMBED_VALUES,
+        }
+        embeddings: list[list[float]] = []
         async with self._watched():
-            return await self.process.call("embed", **request)
+            async for message in self.process.stream("embed", **request):
+                if message.get("type") == "embedding":
+                    embeddings.extend(message["embeddings"])
+                else:
+                    return {**message, "embeddings": embeddings}
+        raise RunnerFailed("the runner ended an embedding without an answer")
 
     async def health(self, timeout: float = 5.0) -> bool:
         """Alive, answering, and not stuck in the middle of a request."""

@@ -32,6 +32,14 @@ from jupyter_llm.runner.protocol import (
     encode,
 )
 
+DEFAULT_PART_BYTES = 4 << 20  # JSON of one embedding message, unless the server says
+
+
+def json_size(dims: int) -> int:
+    """The most bytes a vector of ``dims`` floats takes as JSON: a float's
+    repr is at most 24 characters ("-1.2345678901234567e-308"), plus a comma."""
+    return 25 * dims + 2
+
 
 class TokenStream:
     """Sends generated text at most every ``interval`` seconds (the first piece
@@ -210,13 +218,45 @@ class RunnerService:
         return {**result.__dict__, "type": "done"}
 
     def op_embed(self, message: dict[str, Any]) -> dict[str, Any]:
-        embeddings, count = self._engine().embed(
-            [str(t) for t in message.get("inputs", [])],
+        """Vectors go out as ``embedding`` messages of at most ``part_bytes``
+        of JSON each (the server's channel refuses longer lines), then one
+        ``result`` with the count. More than ``max_values`` numbers in all is
+        refused before any work."""
+        engine = self._engine()
+        rid = message["id"]
+        inputs = [str(t) for t in message.get("inputs", [])]
+        dimensions = message.get("dimensions")
+        dims = min(dimensions or engine.n_embd, engine.n_embd)
+        max_values = int(message.get("max_values") or 0)
+        if max_values and len(inputs) * dims > max_values:
+            raise InputError(
+                f"too many inputs: {len(inputs)} inputs of {dims} dimensions are more than the "
+                f"{max_values:,} values one request may return; send at most "
+                f"{max_values // dims} inputs per request"
+            )
+        per_part = max(1, int(message.get("part_bytes") or DEFAULT_PART_BYTES) // json_size(dims))
+        part: list[list[float]] = []
+
+        def flush() -> None:
+            if part:
+                self.send({"id": rid, "type": "embedding", "embeddings": part})
+                part.clear()
+
+        def emit(vector: list[float]) -> None:
+            part.append(vector)
+            if len(part) >= per_part:
+                flush()
+
+        count = engine.embed(
+            inputs,
             truncate=bool(message.get("truncate", True)),
-            dimensions=message.get("dimensions"),
+            dimensions=dimensions,
             normalize=bool(message.get("normalize", True)),
+            emit=emit,
+            cancelled=lambda: rid in self.cancelled,
         )
-        return {"embeddings": embeddings, "prompt_eval_count": count}
+        flush()
+        return {"prompt_eval_count": count, "count": len(inputs)}
 
     def op_tokenize(self, message: dict[str, Any]) -> dict[str, Any]:
         return {"tokens": self._engine().tokenize(str(message.get("text", "")))}
