@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from loopback import LoopbackServer, Remote
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 
@@ -75,3 +76,16 @@ def installed_model(models_dir: Path, demo_gguf: Path) -> str:
 
 async def ndjson(response_body: bytes) -> list[dict]:
     return [json.loads(line) for line in response_body.decode().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def remote() -> Remote:
+    """A loopback registry / Hugging Face / file server's content (tests/loopback.py)."""
+    return Remote()
+
+
+@pytest.fixture
+def server(remote: Remote):
+    s = LoopbackServer(remote)
+    yield s
+    s.close()

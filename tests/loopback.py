@@ -8,6 +8,7 @@ File downloads carry an ETag and honour If-Range unless told not to."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -251,3 +252,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif trick.chunked:
             self.wfile.write(b"0\r\n\r\n")
+
+
+async def pull_events(jp_fetch, body: dict, timeout: float = DEADLINE) -> list[dict]:
+    """A pull's NDJSON events through the server; a pull that hangs fails the
+    test at ``timeout``."""
+    r = await asyncio.wait_for(
+        jp_fetch(
+            "llm", "api", "pull", method="POST", body=json.dumps(body), request_timeout=timeout
+        ),
+        timeout,
+    )
+    return [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]

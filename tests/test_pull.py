@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from loopback import DEADLINE, LoopbackServer, Pause, Remote, sha
+from loopback import DEADLINE, Pause, pull_events, sha
 from tornado.httpclient import HTTPClientError
 
 from jupyter_llm.errors import PullFailed
@@ -13,23 +13,8 @@ from jupyter_llm.models.pull import pick_gguf, url_model_name, validate_manifest
 from jupyter_llm.models.store import MEDIA_PARAMS, MEDIA_SYSTEM
 
 
-@pytest.fixture
-def remote():
-    return Remote()
-
-
-@pytest.fixture
-def server(remote):
-    s = LoopbackServer(remote)
-    yield s
-    s.close()
-
-
 async def pull(jp_fetch, body):
-    r = await jp_fetch(
-        "llm", "api", "pull", method="POST", body=json.dumps(body), request_timeout=120
-    )
-    return [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]
+    return await pull_events(jp_fetch, body, timeout=120)
 
 
 async def generate(jp_fetch, model):

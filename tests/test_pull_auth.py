@@ -4,27 +4,15 @@ URL (its ``WWW-Authenticate`` realm) only on the registry's own host."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
-from loopback import DEADLINE, LoopbackServer, Remote
+from loopback import LoopbackServer, Remote
+from loopback import pull_events as pull
 from tornado.httpclient import HTTPClientError
 
 from jupyter_llm.errors import PullFailed
 from jupyter_llm.models.hosts import check_realm, is_loopback, trusted_auth_hosts
-
-
-@pytest.fixture
-def remote():
-    return Remote()
-
-
-@pytest.fixture
-def server(remote):
-    s = LoopbackServer(remote)
-    yield s
-    s.close()
 
 
 @pytest.fixture
@@ -34,16 +22,6 @@ def elsewhere():
     s = LoopbackServer(other)
     yield s
     s.close()
-
-
-async def pull(jp_fetch, body):
-    r = await asyncio.wait_for(
-        jp_fetch(
-            "llm", "api", "pull", method="POST", body=json.dumps(body), request_timeout=DEADLINE
-        ),
-        DEADLINE,
-    )
-    return [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]
 
 
 @pytest.mark.parametrize(

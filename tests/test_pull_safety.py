@@ -9,33 +9,11 @@ import errno
 import json
 
 import pytest
-from loopback import DEADLINE, LoopbackServer, Remote, Trick, etag, sha
+from loopback import DEADLINE, Trick, etag, sha
+from loopback import pull_events as pull
 from tornado.httpclient import HTTPClientError
 
 BIG = 10 << 30  # a Content-Length no pull should believe
-
-
-@pytest.fixture
-def remote():
-    return Remote()
-
-
-@pytest.fixture
-def server(remote):
-    s = LoopbackServer(remote)
-    yield s
-    s.close()
-
-
-async def pull(jp_fetch, body):
-    """The pull's NDJSON events; a pull that hangs fails the test at the deadline."""
-    r = await asyncio.wait_for(
-        jp_fetch(
-            "llm", "api", "pull", method="POST", body=json.dumps(body), request_timeout=DEADLINE
-        ),
-        DEADLINE,
-    )
-    return [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]
 
 
 async def pull_status(jp_fetch, body):
