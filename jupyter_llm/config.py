@@ -27,7 +27,7 @@ class Settings:
     keep_alive: float = 300.0  # negative: forever
     context_length: int = 4096
     max_loaded_models: int = 0  # 0: 3 x GPUs, at least 3
-    num_parallel: int = 1
+    num_parallel: int = 4  # sequences per model, sharing one KV cache
     max_queue: int = 512
     gpu_overhead: int = 0
     new_estimates: bool = False

@@ -62,6 +62,8 @@ class Runner(Protocol):
     @property
     def n_ctx(self) -> int: ...
     @property
+    def n_seq(self) -> int: ...  # sequences it decodes at once: the model's slots
+    @property
     def measured(self) -> dict[str, dict[str, int]]: ...
     def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]: ...
     async def embed(self, **request: Any) -> dict[str, Any]: ...
@@ -372,7 +374,7 @@ class Scheduler:
     ) -> Loaded:
         """The fit loop: place, evicting others while that is what it takes."""
         parallel = 1 if info.embedding_only else self.settings.num_parallel
-        est = estimate(info, EstimateOptions(wanted.num_ctx, parallel, wanted.num_batch))
+        est = estimate(info, EstimateOptions(num_ctx=wanted.num_ctx, num_batch=wanted.num_batch))
         backoff = 0
         while True:
             if self._closing:
@@ -437,7 +439,7 @@ class Scheduler:
             allocations=allocations,
             measured=measured,
             keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
-            slots=asyncio.Semaphore(request.parallel),
+            slots=asyncio.Semaphore(runner.n_seq),
         )
 
     def _gpu_slots(self, devices: list[DeviceInfo], backoff: int) -> list[GpuSlot]:

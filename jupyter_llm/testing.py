@@ -45,6 +45,10 @@ class FakeRunner:
     def n_ctx(self) -> int:
         return self.spec.n_ctx
 
+    @property
+    def n_seq(self) -> int:
+        return self.spec.n_seq
+
     async def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]:
         if self.latency:
             await asyncio.sleep(self.latency)

@@ -10,14 +10,14 @@ import threading
 
 from jupyter_llm.runner import engine, service
 
-_complete = engine.Engine.complete
+_prompt_tokens = engine.Engine.prompt_tokens
 
 
-def complete(self, prompt, *args, **kwargs):
+def prompt_tokens(self, prompt, *args, **kwargs):
     if "STUCK" in prompt:
         threading.Event().wait()  # the main thread never comes back
-    return _complete(self, prompt, *args, **kwargs)
+    return _prompt_tokens(self, prompt, *args, **kwargs)
 
 
-engine.Engine.complete = complete
+engine.Engine.prompt_tokens = prompt_tokens
 sys.exit(service.main(sys.argv[sys.argv.index("--fd") :]))

@@ -39,7 +39,7 @@ def test_from_env(env, field, value):
 
 def test_overrides_win_over_env():
     s = Settings.from_env({"JUPYTER_LLM_MAX_QUEUE": "7"}, max_queue=9, num_parallel=None)
-    assert s.max_queue == 9 and s.num_parallel == 1
+    assert s.max_queue == 9 and s.num_parallel == 4  # the default
 
 
 def test_models_dir_expands_user():

@@ -104,8 +104,9 @@ def test_launch_spec(req, environ, n_gpu_layers, tensor_split, env):
     assert spec.n_ctx == 2048 and spec.path == "/m.gguf"
 
 
-def test_kv_cache_holds_every_parallel_sequence():
-    assert launch_spec(request(placement(), parallel=4), {}).n_ctx == 4 * 2048
+def test_parallel_sequences_share_one_kv_cache():
+    spec = launch_spec(request(placement(), parallel=4), {})
+    assert (spec.n_ctx, spec.n_seq) == (2048, 4)
 
 
 def test_gpu_library():

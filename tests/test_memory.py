@@ -38,9 +38,8 @@ def test_kv_cache_per_layer(kv_type, per_layer):
     assert est.layer_kv == (per_layer,) * 32
 
 
-def test_kv_scales_with_parallel_and_ctx():
+def test_kv_scales_with_ctx():
     one = estimate(MODEL, EstimateOptions(num_ctx=2048)).kv_total
-    assert estimate(MODEL, EstimateOptions(num_ctx=2048, num_parallel=4)).kv_total == 4 * one
     assert estimate(MODEL, EstimateOptions(num_ctx=4096)).kv_total == 2 * one
 
 

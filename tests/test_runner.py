@@ -10,10 +10,10 @@ import pytest
 
 from jupyter_llm.errors import AllocationFailed, InvalidRequest, ModelLoadFailed, RunnerFailed
 from jupyter_llm.runner.discovery import discover_raw_devices
-from jupyter_llm.runner.engine import split_at_stop
 from jupyter_llm.runner.launch import LoadSpec
 from jupyter_llm.runner.process import describe_exit
 from jupyter_llm.runner.proxy import start_runner_with
+from jupyter_llm.runner.sequence import split_at_stop
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 
@@ -285,7 +285,8 @@ def test_prompt_evaluation_checks_for_cancel_between_batches(demo_gguf):
         done = engine.complete(prompt, GREEDY, emit=lambda text: None, cancelled=cancelled)
         assert done.done_reason == "cancel" and done.eval_count == 0
         assert 0 < done.prompt_eval_count <= 3 * 16 < len(engine.tokenize(prompt))
-        assert len(engine.cached) == done.prompt_eval_count  # what the cache really holds
+        # what the cache really holds
+        assert sum(len(s.cached) for s in engine.slots) == done.prompt_eval_count
     finally:
         engine.close()
 

@@ -58,7 +58,7 @@ async def no_discovery():
 
 def make(env, factory=None, **settings) -> tuple[Scheduler, Factory]:
     factory = factory or Factory()
-    s = Settings.from_env({}, **{"keep_alive": 300.0, **settings})
+    s = Settings.from_env({}, **{"keep_alive": 300.0, "num_parallel": 1, **settings})
     devices = DeviceSource(no_discovery, environ=env)
     return Scheduler(s, factory, devices, read_info=lambda p: INFOS[str(p)]), factory
 
@@ -150,7 +150,9 @@ async def test_num_parallel_slots_and_kv_size():
     a = entry("a")
     l1 = await s.acquire(a, LoadOptions(num_ctx=1024), None)
     l2 = await asyncio.wait_for(s.acquire(a, LoadOptions(num_ctx=1024), None), 1)
-    assert l1.runner is l2.runner and f.specs[0].n_ctx == 2048  # num_ctx x num_parallel
+    assert l1.runner is l2.runner
+    # one unified KV cache of num_ctx cells holds both sequences
+    assert f.specs[0].n_ctx == 1024 and f.specs[0].n_seq == 2
     l1.release(), l2.release()
 
 
@@ -426,9 +428,9 @@ async def test_seed4_backoff_shrinks_the_layout():
 
 # -- a busy model never holds the others hostage --------------------------------------
 async def test_waiting_for_a_drain_blocks_no_other_model():
-    # 16 GiB: a (8.5 GiB with its KV cache) and two small ones (2 GiB each) fit
-    # together; b (8.5 GiB) does not fit beside a
-    s, f = make(simulated([("gpu0", 16 * GiB, False)]), max_loaded_models=4, num_parallel=2)
+    # 14 GiB: a (7.5 GiB with its KV cache) and two small ones (1.6 GiB each) fit
+    # together; b (7.5 GiB) does not fit beside a
+    s, f = make(simulated([("gpu0", 14 * GiB, False)]), max_loaded_models=4, num_parallel=2)
     a, b, c, d = entry("a"), entry("b"), entry("c", info(10)), entry("d", info(10))
     lease_a = await s.acquire(a, LoadOptions(), 1.0)  # the shortest keep_alive: b's victim
     lease_c = await s.acquire(c, LoadOptions(), None)  # busy too, so it is not evicted first

@@ -14,8 +14,7 @@ KV_BYTES = {"f16": 2.0, "q8_0": 1.0, "q4_0": 0.5, "f32": 4.0}
 
 @dataclass(frozen=True)
 class EstimateOptions:
-    num_ctx: int = 4096
-    num_parallel: int = 1
+    num_ctx: int = 4096  # KV cells, shared by all of a runner's sequences
     num_batch: int = 512
     kv_type: str = "f16"
 
@@ -55,7 +54,7 @@ class Estimate:
 def estimate(model: ModelInfo, opts: EstimateOptions) -> Estimate:
     if opts.kv_type not in KV_BYTES:
         raise ValueError(f"unknown kv cache type {opts.kv_type!r}")
-    context = opts.num_ctx * opts.num_parallel
+    context = opts.num_ctx  # one unified KV cache, whatever the number of sequences
     kv_layer = int(
         context * (model.head_dim_k + model.head_dim_v) * model.n_head_kv * KV_BYTES[opts.kv_type]
     )

@@ -1,17 +1,23 @@
-"""The runner's engine: one model, one context, decoding with llama.cpp's C API.
+"""The runner's engine: one model, one context holding ``n_seq`` sequences,
+decoding with llama.cpp's C API (continuous batching).
 
-The high-level ``llama_cpp.Llama`` spends Python time per token (score copies,
-bookkeeping). Here the hot loop is: native sampler chain -> one reused
-``llama_batch`` -> ``llama_decode``, plus an incremental UTF-8 decoder.
+Each ``step`` puts into one ``llama_decode`` the next token of every
+generating sequence and a chunk of any pending prompt, then samples each
+sequence with its own native sampler chain. A finished sequence frees its
+slot at once; its tokens stay cached, and the next request goes to the idle
+slot whose cache shares the longest prefix with its prompt. The KV cache is
+unified: all sequences share ``n_ctx`` cells, so a single user has the whole
+context and more users cost no more memory. The high-level ``llama_cpp.Llama``
+is not used: it serves one sequence and spends Python time per token.
 Runs in the runner process only; everything here blocks.
 """
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +26,14 @@ import llama_cpp
 
 from jupyter_llm.memory.measured import AllocationLog
 from jupyter_llm.runner.chat_template import ChatTemplate
+from jupyter_llm.runner.context_window import (
+    SlotView,
+    choose_slot,
+    shift_span,
+    truncate_prompt,
+)
 from jupyter_llm.runner.protocol import EngineError, InputError
+from jupyter_llm.runner.sequence import Completion, Job, Sequence, build_sampler
 
 Emit = Callable[[str], None]
 Cancelled = Callable[[], bool]
@@ -42,8 +55,8 @@ DEFAULT_SAMPLING: dict[str, Any] = {
     "mirostat": 0,
     "mirostat_tau": 5.0,
     "mirostat_eta": 0.1,
+    "num_keep": 4,
 }
-DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 
 
 @dataclass
@@ -57,18 +70,7 @@ class LoadParams:
     tensor_split: list[float] = field(default_factory=list)
     use_mmap: bool = True
     flash_attn: bool = False
-
-
-@dataclass
-class Completion:
-    """What a finished request reports (durations in nanoseconds)."""
-
-    done_reason: str = "stop"
-    prompt_eval_count: int = 0
-    prompt_eval_duration: int = 0
-    eval_count: int = 0
-    eval_duration: int = 0
-    context: list[int] = field(default_factory=list)
+    n_seq: int = 1  # sequences decoded together, sharing the n_ctx cells
 
 
 _backend_ready = False
@@ -123,11 +125,15 @@ class Engine:
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
         n_ctx = max(16, min(params.n_ctx, self.n_ctx_train or params.n_ctx))
-        self.n_batch = max(1, min(params.n_batch, n_ctx))
+        self.n_seq = max(1, min(params.n_seq, 256))
+        # every generating sequence's token fits in a step beside a prompt chunk
+        self.n_batch = max(1, self.n_seq, min(params.n_batch, n_ctx))
         cp = llama_cpp.llama_context_default_params()
         cp.n_ctx = n_ctx
         cp.n_batch = self.n_batch
         cp.n_ubatch = self.n_batch
+        cp.n_seq_max = self.n_seq
+        cp.kv_unified = True
         cp.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if params.flash_attn
@@ -144,8 +150,9 @@ class Engine:
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.cached: list[int] = []  # tokens whose KV entries are in sequence 0
-        self._logits_ready = False  # do the current logits belong to cached[-1]?
+        self.slots = [Slot(i) for i in range(self.n_seq)]
+        self.waiting: deque[Sequence] = deque()
+        self._can_shift = bool(llama_cpp.llama_memory_can_shift(self.memory))
         self._piece = ctypes.create_string_buffer(256)
         self.chat_template = self.metadata("tokenizer.chat_template")
         self._chat: ChatTemplate | None = None
@@ -310,105 +317,60 @@ class Engine:
             emit(vector)
         return counted
 
-    # -- decoding --------------------------------------------------------------------
-    def _evaluate(self, tokens: list[int], cancelled: Cancelled = lambda: False) -> bool:
-        """Decode ``tokens`` after the cached ones; logits only for the last.
-        ``cancelled`` is checked before every chunk, so a client that leaves
-        during a long prompt frees the runner within one chunk; False if it did."""
-        b = self.batch
-        for start in range(0, len(tokens), self.n_batch):
-            if cancelled():
-                return False
-            chunk = tokens[start : start + self.n_batch]
-            pos0 = len(self.cached)
-            for i, token in enumerate(chunk):
-                b.token[i] = token
-                b.pos[i] = pos0 + i
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = 0
-                b.logits[i] = 0
-            b.logits[len(chunk) - 1] = 1
-            b.n_tokens = len(chunk)
-            rc = llama_cpp.llama_decode(self.ctx, b)
-            if rc != 0:
-                raise EngineError(f"llama_decode failed with status {rc}")
-            self.cached.extend(chunk)
-            self.beat()
-        return True
+    # -- continuous batching -----------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """Anything to decode or waiting for a slot?"""
+        return bool(self.waiting) or any(s.seq is not None for s in self.slots)
 
-    def _prepare_prompt(self, tokens: list[int], cancelled: Cancelled = lambda: False) -> bool:
-        """Evaluate what the cache does not already hold, reusing the longest
-        cached prefix. When the whole prompt is cached and the last decode left
-        its logits, nothing is evaluated at all. False if cancelled part-way
-        (the cache then holds the chunks evaluated so far, without logits)."""
-        common = 0
-        for a, b in zip(self.cached, tokens, strict=False):
-            if a != b:
-                break
-            common += 1
-        if common == len(tokens) == len(self.cached) and self._logits_ready:
-            return True
-        common = min(common, len(tokens) - 1)  # re-evaluate one token for fresh logits
-        if common < len(self.cached):
-            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, common, -1):
-                llama_cpp.llama_memory_clear(self.memory, True)
-                common = 0
-            del self.cached[common:]
-        self._logits_ready = False
-        if not self._evaluate(tokens[common:], cancelled):
-            return False
-        self._logits_ready = True
-        return True
+    @property
+    def active_ids(self) -> list[int]:
+        """Request ids in slots or waiting (read by the health thread)."""
+        ids = [s.seq.job.rid for s in list(self.slots) if s.seq is not None]
+        return ids + [q.job.rid for q in list(self.waiting)]
 
-    def _sampler(self, opts: dict[str, Any], grammar: str | None) -> Any:
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        add = llama_cpp.llama_sampler_chain_add
-        if grammar:
-            g = llama_cpp.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
-            if not g:
-                llama_cpp.llama_sampler_free(chain)
-                raise EngineError("invalid grammar")
-            add(chain, g)
-        repeat, freq, presence = (
-            float(opts["repeat_penalty"]),
-            float(opts["frequency_penalty"]),
-            float(opts["presence_penalty"]),
-        )
-        if repeat != 1.0 or freq != 0.0 or presence != 0.0:
-            last_n = int(opts["repeat_last_n"])
-            last_n = self.n_ctx if last_n == -1 else last_n
-            add(
-                chain,
-                llama_cpp.llama_sampler_init_penalties(
-                    self.n_vocab, last_n, repeat, freq, presence
-                ),
+    def prompt_tokens(
+        self, prompt: str, context: list[int] | None = None, suffix: str | None = None
+    ) -> list[int]:
+        """A request's prompt as tokens: fill-in-the-middle, or ``context``
+        (Ollama's generate) followed by the prompt."""
+        if suffix is not None:
+            tokens = self.fill_in_the_middle(prompt, suffix)
+        else:
+            tokens = self.tokenize(prompt, add_special=self.add_bos and not context)
+        if context:
+            if any(not 0 <= t < self.n_vocab for t in context):
+                raise InputError("context contains a token id that is not in the vocabulary")
+            tokens = list(context) + tokens
+        return tokens or [llama_cpp.llama_vocab_bos(self.vocab)]
+
+    def fit_prompt(self, tokens: list[int], num_keep: int, truncate: bool) -> list[int]:
+        """``tokens`` within the context: truncated like Ollama's runner (the
+        first ``num_keep`` and the end), or an ``InputError`` if not allowed."""
+        if len(tokens) < self.n_ctx:
+            return tokens
+        if not truncate:
+            raise InputError(
+                f"the prompt ({len(tokens)} tokens) does not fit the context length "
+                f"({self.n_ctx}); shorten it, raise num_ctx, or allow truncate"
             )
-        temperature = float(opts["temperature"])
-        if temperature <= 0:
-            add(chain, llama_cpp.llama_sampler_init_greedy())
-            return chain
-        seed = int(opts["seed"])
-        seed = seed if seed >= 0 else DEFAULT_SEED
-        mirostat = int(opts["mirostat"])
-        if mirostat in (1, 2):  # mirostat replaces top-k/top-p/typical sampling
-            tau, eta = float(opts["mirostat_tau"]), float(opts["mirostat_eta"])
-            add(chain, llama_cpp.llama_sampler_init_temp(temperature))
-            if mirostat == 1:
-                add(chain, llama_cpp.llama_sampler_init_mirostat(self.n_vocab, seed, tau, eta, 100))
-            else:
-                add(chain, llama_cpp.llama_sampler_init_mirostat_v2(seed, tau, eta))
-            return chain
-        if int(opts["top_k"]) > 0:
-            add(chain, llama_cpp.llama_sampler_init_top_k(int(opts["top_k"])))
-        if float(opts["top_p"]) < 1.0:
-            add(chain, llama_cpp.llama_sampler_init_top_p(float(opts["top_p"]), 1))
-        if float(opts["typical_p"]) < 1.0:
-            add(chain, llama_cpp.llama_sampler_init_typical(float(opts["typical_p"]), 1))
-        if float(opts["min_p"]) > 0.0:
-            add(chain, llama_cpp.llama_sampler_init_min_p(float(opts["min_p"]), 1))
-        add(chain, llama_cpp.llama_sampler_init_temp(temperature))
-        add(chain, llama_cpp.llama_sampler_init_dist(seed))
-        return chain
+        return truncate_prompt(tokens, self.n_ctx, num_keep)
+
+    def fits(self, text: str) -> bool:
+        """Does a rendered prompt leave room in the context for an answer?"""
+        return len(self.tokenize(text, add_special=self.add_bos)) < self.n_ctx
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; it takes the best idle slot as soon as there is one.
+        Its options and grammar are checked here, so a bad request fails at
+        once without touching the others."""
+        opts = {**DEFAULT_SAMPLING, **{k: v for k, v in job.options.items() if v is not None}}
+        chain = build_sampler(self.vocab, self.n_vocab, self.n_ctx, opts, job.grammar)
+        seq = Sequence(job, opts, chain)
+        if seq.limit == -2:  # fill the context, then stop (Ollama)
+            seq.limit, job.shift = -1, False
+        self.waiting.append(seq)
+        self._assign()
 
     def complete(
         self,
@@ -420,106 +382,204 @@ class Engine:
         context: list[int] | None = None,
         suffix: str | None = None,
     ) -> Completion:
-        opts = {**DEFAULT_SAMPLING, **{k: v for k, v in options.items() if v is not None}}
-        stops = [opts["stop"]] if isinstance(opts["stop"], str) else list(opts["stop"] or [])
-        if suffix is not None:
-            tokens = self.fill_in_the_middle(prompt, suffix)
-        else:
-            tokens = self.tokenize(prompt, add_special=self.add_bos and not context)
-        if context:
-            if any(not 0 <= t < self.n_vocab for t in context):
-                raise InputError("context contains a token id that is not in the vocabulary")
-            tokens = list(context) + tokens
-        if not tokens:
-            tokens = [llama_cpp.llama_vocab_bos(self.vocab)]
-        limit = int(opts["num_predict"])
-        if len(tokens) >= self.n_ctx:  # keep the end of an over-long prompt, like Ollama
-            tokens = tokens[-(self.n_ctx // 2) :]
-        result = Completion(prompt_eval_count=len(tokens))
-
-        t0 = time.perf_counter_ns()
-        evaluated = self._prepare_prompt(tokens, cancelled)
-        t1 = time.perf_counter_ns()
-        result.prompt_eval_duration = t1 - t0
-        if not evaluated:  # the client left during the prompt: report what was done
-            result.done_reason = "cancel"
-            result.prompt_eval_count = len(self.cached)
-            result.context = list(self.cached)
-            return result
-
-        chain = self._sampler(opts, grammar)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        pending = ""
-        generated: list[int] = []
-        sample, is_eog, piece = (
-            llama_cpp.llama_sampler_sample,
-            llama_cpp.llama_vocab_is_eog,
-            self._piece_bytes,
+        """One request, run to its end on its own (tests, benchmarks)."""
+        done: list[Completion] = []
+        errors: list[Exception] = []
+        tokens = self.prompt_tokens(prompt, context, suffix)
+        num_keep = int(options.get("num_keep") or DEFAULT_SAMPLING.get("num_keep", 4))
+        job = Job(
+            rid=-1,
+            tokens=self.fit_prompt(tokens, num_keep, truncate=True),
+            options=options,
+            emit=emit,
+            finish=done.append,
+            fail=errors.append,
+            cancelled=cancelled,
+            grammar=grammar,
         )
+        self.submit(job)
+        while not done and not errors:
+            self.step()
+        if errors:
+            raise errors[0]
+        return done[0]
+
+    def _assign(self) -> None:
+        """Give waiting jobs idle slots, each the one whose cache shares the
+        longest prefix with its prompt; drop the rest of that cache."""
+        while self.waiting:
+            idle = [SlotView(s.index, s.cached, s.last_used) for s in self.slots if s.seq is None]
+            if not idle:
+                return
+            seq = self.waiting.popleft()
+            if seq.job.cancelled():
+                self._finish_unstarted(seq)
+                continue
+            index, shared = choose_slot(idle, seq.job.tokens)
+            slot = self.slots[index]
+            # one token is always decoded again: its logits start the answer
+            keep = min(shared, len(seq.job.tokens) - 1)
+            if keep < len(slot.cached):
+                if not llama_cpp.llama_memory_seq_rm(self.memory, index, keep, -1):
+                    llama_cpp.llama_memory_seq_rm(self.memory, index, -1, -1)
+                    keep = 0
+                del slot.cached[keep:]
+            seq.slot, seq.fed = index, keep
+            slot.seq = seq
+
+    def _finish_unstarted(self, seq: Sequence) -> None:
+        seq.free()
+        seq.job.finish(seq.result("cancel", 0))
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        """Free the slot at once (its cache stays for a later prefix match),
+        then report."""
+        slot = self.slots[seq.slot]
+        slot.seq = None
+        slot.last_used = time.monotonic()
+        seq.free()
+        seq.job.finish(seq.result(reason, seq.fed))
+
+    def _fail(self, seq: Sequence, error: Exception) -> None:
+        slot = self.slots[seq.slot]
+        slot.seq = None
+        llama_cpp.llama_memory_seq_rm(self.memory, slot.index, -1, -1)
+        slot.cached.clear()
+        seq.free()
+        seq.job.fail(error)
+
+    def _shift(self, slot: Slot, num_keep: int) -> bool:
+        """Make room in ``slot``'s sequence: keep its head and the most recent
+        half of the rest (Ollama's context shift). False if this cache cannot."""
+        if not self._can_shift:
+            return False
+        n_past = len(slot.cached)
+        start, end = shift_span(n_past, num_keep)
+        if end <= start:
+            return False
+        if not llama_cpp.llama_memory_seq_rm(self.memory, slot.index, start, end):
+            return False
+        llama_cpp.llama_memory_seq_add(self.memory, slot.index, end, n_past, start - end)
+        del slot.cached[start:end]
+        return True
+
+    def _drop_idle_cache(self) -> bool:
+        """Free the least recently used idle slot's cache; False if none has one."""
+        idle = [s for s in self.slots if s.seq is None and s.cached]
+        if not idle:
+            return False
+        slot = min(idle, key=lambda s: s.last_used)
+        llama_cpp.llama_memory_seq_rm(self.memory, slot.index, -1, -1)
+        slot.cached.clear()
+        return True
+
+    def step(self) -> None:
+        """One ``llama_decode`` for every slot: the next token of each
+        generating sequence, then prompt chunks in the room left (so a long
+        prompt delays the streams by one chunk at most); then sample."""
+        for slot in self.slots:
+            seq = slot.seq
+            if seq is not None and seq.job.cancelled():
+                self._finish(seq, "cancel")
+        for seq in [q for q in self.waiting if q.job.cancelled()]:
+            self.waiting.remove(seq)
+            self._finish_unstarted(seq)
+        self._assign()
+        generating = [s.seq for s in self.slots if s.seq is not None and s.seq.prompt_done]
+        for seq in generating:
+            slot = self.slots[seq.slot]
+            if len(slot.cached) + 1 > self.n_ctx and not (
+                seq.job.shift and self._shift(slot, seq.num_keep)
+            ):
+                self._finish(seq, "length")
+        generating = [s.seq for s in self.slots if s.seq is not None and s.seq.prompt_done]
+        prompting = sorted(
+            (s.seq for s in self.slots if s.seq is not None and not s.seq.prompt_done),
+            key=lambda q: q.started_ns,
+        )
+        if not generating and not prompting:
+            return
+        # room in the shared KV cache: idle caches go first, then the longest
+        # generating sequence shifts (or, if it may not, ends)
+        used = sum(len(s.cached) for s in self.slots)
+        wanted = len(generating) + sum(len(q.job.tokens) - q.fed for q in prompting)
+        while used + min(wanted, self.n_batch) > self.n_ctx and self._drop_idle_cache():
+            used = sum(len(s.cached) for s in self.slots)
+        while generating and used + len(generating) > self.n_ctx:
+            seq = max(generating, key=lambda q: len(self.slots[q.slot].cached))
+            if not (seq.job.shift and self._shift(self.slots[seq.slot], seq.num_keep)):
+                self._finish(seq, "length")
+                generating.remove(seq)
+            used = sum(len(s.cached) for s in self.slots)
+        room = max(0, min(self.n_batch, self.n_ctx - used) - len(generating))
         b = self.batch
-        reason = "length"
-        try:
-            while limit < 0 or len(generated) < limit:
-                if cancelled():
-                    reason = "cancel"
-                    break
-                token = sample(chain, self.ctx, -1)
-                if is_eog(self.vocab, token):
-                    reason = "stop"
-                    break
-                generated.append(token)
-                text = decoder.decode(piece(token))
-                if text:
-                    if stops:
-                        pending += text
-                        text, hit = split_at_stop(pending, stops)
-                        pending = pending[len(text) :]
-                        if text:
-                            emit(text)
-                        if hit:
-                            reason = "stop"
-                            break
-                    else:
-                        emit(text)
-                if len(generated) == limit or len(self.cached) >= self.n_ctx:
-                    break
-                # one-token decode through the reused batch: the hot path
-                b.token[0] = token
-                b.pos[0] = len(self.cached)
-                b.n_seq_id[0] = 1
-                b.seq_id[0][0] = 0
-                b.logits[0] = 1
-                b.n_tokens = 1
-                self._logits_ready = False
-                if llama_cpp.llama_decode(self.ctx, b) != 0:
-                    raise EngineError("llama_decode failed while generating")
-                self.beat()
-                self.cached.append(token)
-                self._logits_ready = True
-        finally:
-            llama_cpp.llama_sampler_free(chain)
-        tail = pending + decoder.decode(b"", final=True)
-        if tail and reason != "stop":
-            emit(tail)
-        result.done_reason = reason
-        result.eval_count = len(generated)
-        result.eval_duration = time.perf_counter_ns() - t1
-        result.context = tokens + generated
-        return result
-
-
-def split_at_stop(pending: str, stops: list[str]) -> tuple[str, bool]:
-    """How much of ``pending`` may be emitted now, and whether a stop was hit.
-
-    Text that could still become a stop sequence is held back.
-    """
-    first = min((i for s in stops if s and (i := pending.find(s)) >= 0), default=-1)
-    if first >= 0:
-        return pending[:first], True
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(pending)), 0, -1):
-            if pending.endswith(s[:k]):
-                hold = max(hold, k)
+        n = 0
+        outputs: list[tuple[Sequence, int]] = []  # sequences sampled after this decode
+        for seq in generating:
+            slot = self.slots[seq.slot]
+            b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = (
+                seq.next_token,
+                len(slot.cached),
+                1,
+                1,
+            )
+            b.seq_id[n][0] = seq.slot
+            outputs.append((seq, n))
+            n += 1
+        fed: list[tuple[Sequence, int]] = []
+        for seq in prompting:
+            if room <= 0:
                 break
-    return pending[: len(pending) - hold], False
+            slot = self.slots[seq.slot]
+            chunk = seq.job.tokens[seq.fed : seq.fed + room]
+            pos0 = len(slot.cached)
+            for i, token in enumerate(chunk):
+                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = token, pos0 + i, 1, 0
+                b.seq_id[n][0] = seq.slot
+                n += 1
+            if seq.fed + len(chunk) == len(seq.job.tokens):
+                b.logits[n - 1] = 1
+                outputs.append((seq, n - 1))
+            fed.append((seq, len(chunk)))
+            room -= len(chunk)
+        if n == 0:  # no room at all: the cache is full of running sequences
+            for seq in prompting:
+                self._fail(seq, EngineError("the context is full: no room for this prompt"))
+            return
+        b.n_tokens = n
+        t0 = time.perf_counter_ns()
+        rc = llama_cpp.llama_decode(self.ctx, b)
+        elapsed = time.perf_counter_ns() - t0
+        if rc != 0:
+            error = EngineError(f"llama_decode failed with status {rc}")
+            for seq in {id(q): q for q, _ in [*outputs, *fed]}.values():
+                self._fail(seq, error)
+            return
+        self.beat()
+        for seq in generating:
+            self.slots[seq.slot].cached.append(seq.next_token)
+        for seq, count in fed:
+            slot = self.slots[seq.slot]
+            slot.cached.extend(seq.job.tokens[seq.fed : seq.fed + count])
+            seq.fed += count
+            seq.prompt_ns += elapsed
+        for seq, index in outputs:
+            if not seq.generating_since:
+                seq.generating_since = time.perf_counter_ns()
+                if seq.limit == 0:
+                    self._finish(seq, "length")
+                    continue
+            token = llama_cpp.llama_sampler_sample(seq.chain, self.ctx, index)
+            eog = llama_cpp.llama_vocab_is_eog(self.vocab, token)
+            if not seq.accept(token, b"" if eog else self._piece_bytes(token), eog):
+                self._finish(seq, seq.reason)
+
+
+@dataclass
+class Slot:
+    """One of the context's sequences: its cached tokens and current job."""
+
+    index: int
+    cached: list[int] = field(default_factory=list)  # tokens whose KV entries it holds
+    seq: Sequence | None = None
+    last_used: float = 0.0

@@ -48,6 +48,7 @@ class LoadSpec:
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
     use_mmap: bool = True
+    n_seq: int = 1  # sequences the runner decodes together
     env: tuple[tuple[str, str], ...] = field(default=())  # device visibility for the runner
 
 
@@ -57,10 +58,12 @@ def gpu_library(request: LoadRequest) -> str:
 
 
 def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
-    """The runner's load parameters. The KV cache holds ``parallel`` sequences."""
+    """The runner's load parameters: ``parallel`` sequences share one unified
+    KV cache of ``num_ctx`` cells (memory does not grow with ``parallel``)."""
     base = LoadSpec(
         path=request.path,
-        n_ctx=request.num_ctx * request.parallel,
+        n_ctx=request.num_ctx,
+        n_seq=request.parallel,
         n_batch=request.num_batch,
         n_threads=request.num_thread,
         use_mmap=request.use_mmap,

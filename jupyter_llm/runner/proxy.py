@@ -49,6 +49,11 @@ class RunnerProxy:
     def n_ctx(self) -> int:
         return int(self.info.get("n_ctx", self.spec.n_ctx))
 
+    @property
+    def n_seq(self) -> int:
+        """The sequences the runner really decodes together (its slots)."""
+        return max(1, int(self.info.get("n_seq", self.spec.n_seq)))
+
     async def load(self) -> None:
         """Load the model; the stall timer restarts whenever load progress moves."""
         started = time.perf_counter_ns()

@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from jupyter_llm.runner.context_window import fit_history
 from jupyter_llm.runner.protocol import (
     ALLOCATION,
     INVALID,
@@ -31,6 +32,7 @@ from jupyter_llm.runner.protocol import (
     decode,
     encode,
 )
+from jupyter_llm.runner.sequence import Job
 
 DEFAULT_PART_BYTES = 4 << 20  # JSON of one embedding message, unless the server says
 
@@ -91,6 +93,8 @@ class RunnerService:
 
     def health(self) -> dict[str, Any]:
         busy = self.busy_with
+        if busy is None and self.engine is not None:
+            busy = next(iter(self.engine.active_ids), None)
         return {
             "status": "ok",
             "loaded": self.engine is not None,
@@ -128,34 +132,52 @@ class RunnerService:
 
     # -- main thread -------------------------------------------------------------------
     def serve(self) -> None:
+        """Handle messages as they come; while the engine has sequences, take
+        what arrived between two decode steps and step again."""
         threading.Thread(target=self.read_requests, daemon=True, name="requests").start()
         while True:
-            message = self.requests.get()
-            rid = message.get("id")
-            op = message.get("op")
-            if op == "close":
-                break
-            handler = getattr(self, f"op_{op}", None)
-            self.beat()
-            self.busy_with = rid
+            busy = self.engine is not None and self.engine.busy
             try:
-                if handler is None:
-                    raise ValueError(f"unknown runner op {op!r}")
-                reply = {"type": "result", **handler(message)}
-            except InputError as e:
-                reply = {"type": "error", "kind": INVALID, "error": str(e)}
-            except AllocationError as e:
-                reply = {"type": "error", "kind": ALLOCATION, "error": str(e)}
-            except Exception as e:
-                print(f"runner error in {op}: {traceback.format_exc()}", file=sys.stderr)
-                reply = {"type": "error", "error": str(e) or type(e).__name__}
-            # idle before the last reply goes out: whoever reads it sees a free runner
-            self.busy_with = None
-            self.beat()
-            self.cancelled.discard(rid)
-            self.send({"id": rid, **reply})
+                message: dict[str, Any] | None = self.requests.get(block=not busy)
+            except queue.Empty:
+                message = None
+            if message is not None:
+                if message.get("op") == "close":
+                    break
+                self.handle(message)
+                continue  # everything that arrived goes in before the next step
+            self.step()
         if self.engine is not None:
             self.engine.close()
+
+    def handle(self, message: dict[str, Any]) -> None:
+        rid = message.get("id")
+        op = message.get("op")
+        handler = getattr(self, f"op_{op}", None)
+        self.beat()
+        self.busy_with = rid
+        try:
+            if handler is None:
+                raise ValueError(f"unknown runner op {op!r}")
+            result = handler(message)
+            reply = None if result is None else {"type": "result", **result}
+        except Exception as e:
+            reply = error_reply(op, e)
+        # idle before the last reply goes out: whoever reads it sees a free runner
+        self.busy_with = None
+        self.beat()
+        if reply is not None:  # None: a completion, answered when its sequence ends
+            self.cancelled.discard(rid)
+            self.send({"id": rid, **reply})
+
+    def step(self) -> None:
+        try:
+            self.engine.step()
+        except Exception as e:  # the engine failed its own sequences; this is a bug
+            print(f"runner error in step: {traceback.format_exc()}", file=sys.stderr)
+            for rid in self.engine.active_ids:
+                self.send({"id": rid, **error_reply("complete", e)})
+            raise
 
     def op_info(self, message: dict[str, Any]) -> dict[str, Any]:
         from jupyter_llm.runner.ggml_devices import list_ggml_devices
@@ -190,32 +212,58 @@ class RunnerService:
             "n_ctx": self.engine.n_ctx,
             "n_ctx_train": self.engine.n_ctx_train,
             "n_batch": self.engine.n_batch,
+            "n_seq": self.engine.n_seq,
             "chat_template": self.engine.chat_template,
             "supports_insert": self.engine.supports_insert,
         }
 
-    def op_complete(self, message: dict[str, Any]) -> dict[str, Any]:
+    def op_complete(self, message: dict[str, Any]) -> None:
+        """Start a completion: its tokens and its sequence go to the engine,
+        which streams and answers it between decode steps."""
         engine = self._engine()
         rid = message["id"]
+        options = message.get("options") or {}
+        truncate = bool(message.get("truncate", True))
+        num_keep = int(options.get("num_keep") if options.get("num_keep") is not None else 4)
         if message.get("messages") is not None:
-            prompt = engine.render_chat(message["messages"], message.get("tools"))
+            chat = list(message["messages"])
+            tools = message.get("tools")
+            if truncate:
+                chat = fit_history(chat, lambda kept: engine.fits(engine.render_chat(kept, tools)))
+            prompt = engine.render_chat(chat, tools)
         else:
             prompt = str(message.get("prompt", ""))
+        tokens = engine.prompt_tokens(prompt, message.get("context"), message.get("suffix"))
+        tokens = engine.fit_prompt(tokens, num_keep, truncate)
         out = TokenStream(
             lambda text: self.send({"id": rid, "type": "token", "text": text}),
             float(message.get("stream_interval", 0.1)),
         )
-        result = engine.complete(
-            prompt,
-            message.get("options") or {},
-            emit=out.add,
-            cancelled=lambda: rid in self.cancelled,
-            grammar=message.get("grammar"),
-            context=message.get("context"),
-            suffix=message.get("suffix"),
+
+        def finish(result: Any) -> None:
+            out.flush()
+            self.cancelled.discard(rid)
+            self.send({"id": rid, **result.__dict__, "type": "done"})
+
+        def fail(error: Exception) -> None:
+            out.flush()
+            self.cancelled.discard(rid)
+            self.send({"id": rid, **error_reply("complete", error)})
+
+        engine.submit(
+            Job(
+                rid=rid,
+                tokens=tokens,
+                options=options,
+                emit=out.add,
+                finish=finish,
+                fail=fail,
+                cancelled=lambda: rid in self.cancelled,
+                grammar=message.get("grammar"),
+                shift=bool(message.get("shift", True)),
+            )
         )
-        out.flush()
-        return {**result.__dict__, "type": "done"}
+        return None
 
     def op_embed(self, message: dict[str, Any]) -> dict[str, Any]:
         """Vectors go out as ``embedding`` messages of at most ``part_bytes``
@@ -265,6 +313,17 @@ class RunnerService:
         if self.engine is None:
             raise ValueError("no model is loaded in this runner")
         return self.engine
+
+
+def error_reply(op: Any, e: Exception) -> dict[str, Any]:
+    """The protocol's error message for ``e``: typed where the server acts on it."""
+    if isinstance(e, InputError):
+        return {"type": "error", "kind": INVALID, "error": str(e)}
+    if isinstance(e, AllocationError):
+        return {"type": "error", "kind": ALLOCATION, "error": str(e)}
+    trace = "".join(traceback.format_exception(e))
+    print(f"runner error in {op}: {trace}", file=sys.stderr)
+    return {"type": "error", "error": str(e) or type(e).__name__}
 
 
 def main(argv: list[str] | None = None) -> int:

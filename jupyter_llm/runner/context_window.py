@@ -1,0 +1,100 @@
+"""What fits in a context: slot choice, context shift, prompt and history
+truncation. Plain functions over token lists and messages; the engine applies
+them (BEHAVIOUR.md, "Context that never runs out").
+
+The rules follow Ollama's runner: a sequence that reaches the end of its
+context keeps its first ``num_keep`` tokens and the most recent half of the
+rest; a prompt longer than the context keeps its first ``num_keep`` tokens and
+its end; a chat history longer than the context drops whole messages, oldest
+first, never a system message or the latest one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """What slot choice needs to know of one idle slot."""
+
+    index: int
+    cached: Sequence[int]
+    last_used: float  # monotonic time it last finished; 0: never used
+
+
+def choose_slot(idle: Sequence[SlotView], prompt: Sequence[int]) -> tuple[int, int]:
+    """The idle slot for ``prompt`` and how many of its cached tokens it reuses.
+
+    The longest shared prefix wins, so a conversation's next turn finds its own
+    cache even after other requests ran in between. Without any shared prefix
+    the least recently used slot is taken (an empty one first), which keeps
+    the caches most likely to be asked for again."""
+    if not idle:
+        raise ValueError("no idle slot")
+    best = max(idle, key=lambda s: (common_prefix(s.cached, prompt), -s.last_used))
+    shared = common_prefix(best.cached, prompt)
+    if shared == 0:
+        best = min(idle, key=lambda s: (s.last_used, len(s.cached)))
+    return best.index, shared
+
+
+def keep_count(num_keep: int, n_tokens: int) -> int:
+    """The leading tokens a shift or truncation keeps: ``num_keep`` (negative:
+    all of the prompt, as in Ollama), never all ``n_tokens``, never below 0."""
+    keep = n_tokens if num_keep < 0 else num_keep
+    return max(0, min(keep, n_tokens - 1))
+
+
+def shift_span(n_past: int, num_keep: int) -> tuple[int, int]:
+    """The positions ``[start, end)`` a context shift discards: after the
+    kept head, half of what follows it."""
+    keep = keep_count(num_keep, n_past)
+    discard = (n_past - keep) // 2
+    return keep, keep + discard
+
+
+def truncate_prompt(tokens: list[int], n_ctx: int, num_keep: int) -> list[int]:
+    """``tokens`` cut to fit ``n_ctx`` with room for one generated token: the
+    first ``num_keep`` and the end."""
+    limit = n_ctx - 1
+    if len(tokens) <= limit:
+        return tokens
+    keep = min(keep_count(num_keep, len(tokens)), limit - 1)
+    return tokens[:keep] + tokens[len(tokens) - (limit - keep) :]
+
+
+def fit_history(
+    messages: list[dict[str, Any]], fits: Callable[[list[dict[str, Any]]], bool]
+) -> list[dict[str, Any]]:
+    """The longest tail of the chat that ``fits``, keeping every system message
+    and the latest message whatever happens (if even that does not fit, the
+    caller truncates the prompt itself). Whole messages only, oldest first."""
+    if fits(messages):
+        return messages
+    droppable = [i for i, m in enumerate(messages[:-1]) if m.get("role") != "system"]
+
+    def without(n: int) -> list[dict[str, Any]]:
+        dropped = set(droppable[:n])
+        return [m for i, m in enumerate(messages) if i not in dropped]
+
+    low, high = 1, len(droppable)  # the fewest drops that fit: binary search
+    while low < high:
+        mid = (low + high) // 2
+        if fits(without(mid)):
+            high = mid
+        else:
+            low = mid + 1
+    return without(high)

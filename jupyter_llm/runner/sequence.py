@@ -1,0 +1,189 @@
+"""One request as the batched engine carries it: its own sampler chain (and
+grammar), stop strings, text decoder, cancellation and timings.
+
+The engine owns the llama context and the slots; a ``Sequence`` only knows
+what was asked and what has happened to it, so any number of them can share
+one ``llama_decode``. Runs in the runner process only.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import llama_cpp
+
+from jupyter_llm.runner.protocol import EngineError
+
+DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
+
+
+@dataclass
+class Completion:
+    """What a finished request reports (durations in nanoseconds)."""
+
+    done_reason: str = "stop"
+    prompt_eval_count: int = 0
+    prompt_eval_duration: int = 0
+    eval_count: int = 0
+    eval_duration: int = 0
+    context: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Job:
+    """A completion as submitted: the prompt's tokens and where results go."""
+
+    rid: int
+    tokens: list[int]
+    options: dict[str, Any]
+    emit: Callable[[str], None]
+    finish: Callable[[Completion], None]
+    fail: Callable[[Exception], None]
+    cancelled: Callable[[], bool] = lambda: False
+    grammar: str | None = None
+    shift: bool = True  # at the end of the context: shift it (else stop, "length")
+
+
+def build_sampler(
+    vocab: Any, n_vocab: int, n_ctx: int, opts: dict[str, Any], grammar: str | None
+) -> Any:
+    """A native sampler chain for ``opts`` (Ollama's options, defaults filled)."""
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    add = llama_cpp.llama_sampler_chain_add
+    if grammar:
+        g = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        if not g:
+            llama_cpp.llama_sampler_free(chain)
+            raise EngineError("invalid grammar")
+        add(chain, g)
+    repeat, freq, presence = (
+        float(opts["repeat_penalty"]),
+        float(opts["frequency_penalty"]),
+        float(opts["presence_penalty"]),
+    )
+    if repeat != 1.0 or freq != 0.0 or presence != 0.0:
+        last_n = int(opts["repeat_last_n"])
+        last_n = n_ctx if last_n == -1 else last_n
+        add(chain, llama_cpp.llama_sampler_init_penalties(n_vocab, last_n, repeat, freq, presence))
+    temperature = float(opts["temperature"])
+    if temperature <= 0:
+        add(chain, llama_cpp.llama_sampler_init_greedy())
+        return chain
+    seed = int(opts["seed"])
+    seed = seed if seed >= 0 else DEFAULT_SEED
+    mirostat = int(opts["mirostat"])
+    if mirostat in (1, 2):  # mirostat replaces top-k/top-p/typical sampling
+        tau, eta = float(opts["mirostat_tau"]), float(opts["mirostat_eta"])
+        add(chain, llama_cpp.llama_sampler_init_temp(temperature))
+        if mirostat == 1:
+            add(chain, llama_cpp.llama_sampler_init_mirostat(n_vocab, seed, tau, eta, 100))
+        else:
+            add(chain, llama_cpp.llama_sampler_init_mirostat_v2(seed, tau, eta))
+        return chain
+    if int(opts["top_k"]) > 0:
+        add(chain, llama_cpp.llama_sampler_init_top_k(int(opts["top_k"])))
+    if float(opts["top_p"]) < 1.0:
+        add(chain, llama_cpp.llama_sampler_init_top_p(float(opts["top_p"]), 1))
+    if float(opts["typical_p"]) < 1.0:
+        add(chain, llama_cpp.llama_sampler_init_typical(float(opts["typical_p"]), 1))
+    if float(opts["min_p"]) > 0.0:
+        add(chain, llama_cpp.llama_sampler_init_min_p(float(opts["min_p"]), 1))
+    add(chain, llama_cpp.llama_sampler_init_temp(temperature))
+    add(chain, llama_cpp.llama_sampler_init_dist(seed))
+    return chain
+
+
+class Sequence:
+    """A job in a slot: prompt feeding, then generation, until it finishes."""
+
+    def __init__(self, job: Job, opts: dict[str, Any], chain: Any) -> None:
+        self.job = job
+        self.opts = opts
+        self.chain = chain
+        self.limit = int(opts["num_predict"])
+        self.num_keep = int(opts.get("num_keep", 4))
+        stop = opts["stop"]
+        self.stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
+        self.slot = -1
+        self.fed = 0  # prompt tokens whose KV entries are in the slot
+        self.next_token: int | None = None  # sampled, not yet decoded
+        self.generated: list[int] = []
+        self.reason = ""  # set when finished
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""  # text held back: it may be the start of a stop string
+        self.prompt_ns = 0
+        self.started_ns = time.perf_counter_ns()
+        self.generating_since = 0
+
+    @property
+    def prompt_done(self) -> bool:
+        return self.fed >= len(self.job.tokens)
+
+    def accept(self, token: int, piece: bytes, eog: bool) -> bool:
+        """Take a sampled token; True while the sequence goes on."""
+        if eog:
+            self.reason = "stop"
+            return False
+        self.generated.append(token)
+        text = self._decoder.decode(piece)
+        if text:
+            if self.stops:
+                self._pending += text
+                text, hit = split_at_stop(self._pending, self.stops)
+                self._pending = self._pending[len(text) :]
+                if text:
+                    self.job.emit(text)
+                if hit:
+                    self.reason = "stop"
+                    return False
+            else:
+                self.job.emit(text)
+        if len(self.generated) == self.limit:
+            self.reason = "length"
+            return False
+        self.next_token = token
+        return True
+
+    def result(self, reason: str, evaluated: int) -> Completion:
+        """The report, once finished; text still held back goes out unless a
+        stop string ended it. ``evaluated``: prompt tokens really decoded."""
+        tail = self._pending + self._decoder.decode(b"", final=True)
+        if tail and reason != "stop":
+            self.job.emit(tail)
+        now = time.perf_counter_ns()
+        prompt = self.job.tokens
+        done = self.prompt_done
+        return Completion(
+            done_reason=reason,
+            prompt_eval_count=len(prompt) if done else evaluated,
+            prompt_eval_duration=self.prompt_ns,
+            eval_count=len(self.generated),
+            eval_duration=now - self.generating_since if self.generating_since else 0,
+            context=(prompt + self.generated) if done else prompt[: self.fed],
+        )
+
+    def free(self) -> None:
+        if self.chain is not None:
+            llama_cpp.llama_sampler_free(self.chain)
+            self.chain = None
+
+
+def split_at_stop(pending: str, stops: list[str]) -> tuple[str, bool]:
+    """How much of ``pending`` may be emitted now, and whether a stop was hit.
+
+    Text that could still become a stop sequence is held back.
+    """
+    first = min((i for s in stops if s and (i := pending.find(s)) >= 0), default=-1)
+    if first >= 0:
+        return pending[:first], True
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(pending)), 0, -1):
+            if pending.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return pending[: len(pending) - hold], False
