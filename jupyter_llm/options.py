@@ -84,6 +84,7 @@ SAMPLING_OPTIONS = (
     "presence_penalty",
     "frequency_penalty",
     "stop",
+    "num_keep",
 )
 
 

@@ -35,6 +35,8 @@ class Job:
     context: list[int] | None = None  # tokens of an earlier exchange, before the prompt
     suffix: str | None = None  # fill-in-the-middle
     format: OutputFormat | None = None
+    truncate: bool = True  # Ollama's request fields: cut an over-long prompt...
+    shift: bool = True  # ...and shift a full context
 
 
 @dataclass
@@ -85,6 +87,10 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
             request["suffix"] = job.suffix
         if job.format is not None:
             request["grammar"] = job.format.grammar
+        if not job.truncate:
+            request["truncate"] = False
+        if not job.shift:
+            request["shift"] = False
         stream = lease.runner.complete(**request)
         try:
             async for batch in stream:

@@ -309,6 +309,8 @@ class GenerateHandler(CompletionHandler):
             context=req.context,
             suffix=req.suffix,
             format=req.format,
+            truncate=req.truncate,
+            shift=req.shift,
         )
         if req.raw or req.suffix is not None:
             job.prompt = req.prompt
@@ -343,6 +345,8 @@ class ChatHandler(CompletionHandler):
             messages=req.messages,
             tools=req.tools,
             format=req.format,
+            truncate=req.truncate,
+            shift=req.shift,
         )
 
         def chunk(text: str) -> dict[str, Any]:

@@ -120,6 +120,8 @@ class CompletionRequest:
     options: dict[str, Any] = field(default_factory=dict)
     keep_alive: float | None = None
     format: OutputFormat | None = None
+    truncate: bool = True  # a prompt over num_ctx: cut it (False: a 400)
+    shift: bool = True  # the context fills: shift it (False: stop, "length")
 
 
 def keep_alive_field(body: dict[str, Any]) -> float | None:
@@ -136,6 +138,8 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         "options": options_field(body.get("options")),
         "keep_alive": keep_alive_field(body),
         "format": parse_format(body.get("format")),
+        "truncate": _typed(body, "truncate", bool, "a boolean", True),
+        "shift": _typed(body, "shift", bool, "a boolean", True),
     }
 
 

@@ -364,6 +364,11 @@ class Engine:
         """Queue ``job``; it takes the best idle slot as soon as there is one.
         Its options and grammar are checked here, so a bad request fails at
         once without touching the others."""
+        if len(job.tokens) >= self.n_ctx:  # fit_prompt first
+            raise InputError(
+                f"the prompt ({len(job.tokens)} tokens) does not fit the context length "
+                f"({self.n_ctx})"
+            )
         opts = {**DEFAULT_SAMPLING, **{k: v for k, v in job.options.items() if v is not None}}
         chain = build_sampler(self.vocab, self.n_vocab, self.n_ctx, opts, job.grammar)
         seq = Sequence(job, opts, chain)
@@ -439,6 +444,7 @@ class Engine:
         slot.last_used = time.monotonic()
         seq.free()
         seq.job.finish(seq.result(reason, seq.fed))
+        self._assign()  # a waiting request takes the slot before the next step
 
     def _fail(self, seq: Sequence, error: Exception) -> None:
         slot = self.slots[seq.slot]
@@ -542,9 +548,14 @@ class Engine:
                 outputs.append((seq, n - 1))
             fed.append((seq, len(chunk)))
             room -= len(chunk)
-        if n == 0:  # no room at all: the cache is full of running sequences
-            for seq in prompting:
-                self._fail(seq, EngineError("the context is full: no room for this prompt"))
+        if n == 0:  # prompts fill the shared cache: the newest gives way
+            self._fail(
+                prompting[-1],
+                EngineError(
+                    f"the context ({self.n_ctx} tokens, shared by {len(prompting)} prompts) "
+                    "is full; raise num_ctx or lower num_parallel"
+                ),
+            )
             return
         b.n_tokens = n
         t0 = time.perf_counter_ns()

@@ -226,11 +226,7 @@ class RunnerService:
         truncate = bool(message.get("truncate", True))
         num_keep = int(options.get("num_keep") if options.get("num_keep") is not None else 4)
         if message.get("messages") is not None:
-            chat = list(message["messages"])
-            tools = message.get("tools")
-            if truncate:
-                chat = fit_history(chat, lambda kept: engine.fits(engine.render_chat(kept, tools)))
-            prompt = engine.render_chat(chat, tools)
+            prompt = chat_prompt(engine, list(message["messages"]), message.get("tools"), truncate)
         else:
             prompt = str(message.get("prompt", ""))
         tokens = engine.prompt_tokens(prompt, message.get("context"), message.get("suffix"))
@@ -313,6 +309,15 @@ class RunnerService:
         if self.engine is None:
             raise ValueError("no model is loaded in this runner")
         return self.engine
+
+
+def chat_prompt(engine: Any, messages: list[dict[str, Any]], tools: Any, truncate: bool) -> str:
+    """The chat rendered by the model's template; with ``truncate``, a history
+    too long for the context loses whole messages, oldest first, keeping the
+    system prompt(s) and the latest message."""
+    if truncate:
+        messages = fit_history(messages, lambda kept: engine.fits(engine.render_chat(kept, tools)))
+    return engine.render_chat(messages, tools)
 
 
 def error_reply(op: Any, e: Exception) -> dict[str, Any]:

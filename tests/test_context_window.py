@@ -1,0 +1,110 @@
+"""Slot choice, context shift and truncation rules, table-driven."""
+
+import pytest
+
+from jupyter_llm.runner.context_window import (
+    SlotView,
+    choose_slot,
+    common_prefix,
+    fit_history,
+    keep_count,
+    shift_span,
+    truncate_prompt,
+)
+
+
+@pytest.mark.parametrize(
+    "a, b, n",
+    [([], [1], 0), ([1, 2, 3], [1, 2, 4], 2), ([1, 2], [1, 2, 3], 2), ([5], [6], 0)],
+)
+def test_common_prefix(a, b, n):
+    assert common_prefix(a, b) == n
+
+
+@pytest.mark.parametrize(
+    "slots, prompt, expected",
+    [
+        # the longest shared prefix wins, whatever its age
+        ([(0, [1, 2, 3], 5.0), (1, [1, 2, 9], 1.0), (2, [], 0.0)], [1, 2, 3, 4], (0, 3)),
+        # equal prefixes: the least recently used
+        ([(0, [1, 7], 5.0), (1, [1, 8], 1.0)], [1, 2], (1, 1)),
+        # nothing shared: the least recently used, an empty one first
+        ([(0, [4, 5], 2.0), (1, [6], 1.0), (2, [], 0.0)], [1, 2], (2, 0)),
+        ([(0, [4, 5], 2.0), (1, [6], 1.0)], [1, 2], (1, 0)),
+        # a cache longer than the prompt still matches the whole prompt
+        ([(0, [1, 2, 3, 4], 1.0), (1, [], 0.0)], [1, 2], (0, 2)),
+    ],
+)
+def test_choose_slot(slots, prompt, expected):
+    views = [SlotView(i, cached, used) for i, cached, used in slots]
+    assert choose_slot(views, prompt) == expected
+
+
+def test_choose_slot_needs_an_idle_slot():
+    with pytest.raises(ValueError):
+        choose_slot([], [1])
+
+
+@pytest.mark.parametrize(
+    "num_keep, n_tokens, keep",
+    [(4, 100, 4), (0, 100, 0), (-1, 100, 99), (200, 100, 99), (4, 1, 0)],
+)
+def test_keep_count(num_keep, n_tokens, keep):
+    assert keep_count(num_keep, n_tokens) == keep
+
+
+@pytest.mark.parametrize(
+    "n_past, num_keep, span",
+    [
+        (256, 4, (4, 130)),  # keeps 4 and the most recent half of the other 252
+        (256, 0, (0, 128)),
+        (11, 4, (4, 7)),
+        (2, 4, (1, 1)),  # nothing left to discard
+    ],
+)
+def test_shift_span(n_past, num_keep, span):
+    assert shift_span(n_past, num_keep) == span
+
+
+@pytest.mark.parametrize(
+    "n_tokens, n_ctx, num_keep, head, tail",
+    [
+        (10, 16, 4, 10, 0),  # fits: unchanged
+        (100, 16, 4, 4, 11),  # first num_keep, then the end: 15 tokens
+        (100, 16, 0, 0, 15),
+        (100, 16, 50, 14, 1),  # num_keep never leaves no room for the end
+    ],
+)
+def test_truncate_prompt(n_tokens, n_ctx, num_keep, head, tail):
+    tokens = list(range(n_tokens))
+    cut = truncate_prompt(tokens, n_ctx, num_keep)
+    assert cut[:head] == tokens[:head] and len(cut) == min(n_tokens, n_ctx - 1)
+    if tail:
+        assert cut[head:] == tokens[-tail:]
+
+
+def chat(*roles: str) -> list[dict]:
+    return [{"role": r, "content": f"{r}{i}"} for i, r in enumerate(roles)]
+
+
+CHAT = chat("system", "user", "assistant", "user")
+
+
+@pytest.mark.parametrize(
+    "messages, budget, kept",
+    [
+        (
+            chat("system", "user", "assistant", "user"),
+            10,
+            ["system0", "user1", "assistant2", "user3"],
+        ),
+        (chat("system", "user", "assistant", "user"), 2, ["system0", "user3"]),
+        (chat("system", "user", "assistant", "user"), 3, ["system0", "assistant2", "user3"]),
+        (chat("user", "assistant", "system", "user"), 2, ["system2", "user3"]),  # every system
+        (chat("system", "user"), 1, ["system0", "user1"]),  # never below system + latest
+        (chat("user"), 0, ["user0"]),
+    ],
+)
+def test_fit_history(messages, budget, kept):
+    result = fit_history(messages, lambda ms: len(ms) <= budget)
+    assert [m["content"] for m in result] == kept
