@@ -73,6 +73,7 @@ class LoadParams:
     n_seq: int = 1  # sequences decoded together, sharing the n_ctx cells
 
 
+KV_UNIFIED = True
 _backend_ready = False
 _LOG_DEBUG, _LOG_CONT = 1, 5  # enum ggml_log_level
 _log_state = {"keep": True}
@@ -90,6 +91,15 @@ def _log_to_stderr(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         allocation_log.feed(line)
         sys.stderr.write(line)
         sys.stderr.flush()
+
+
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Does this (Linux) CPU advertise AMX, whose llama.cpp kernels we avoid?"""
+    try:
+        with open(cpuinfo) as f:
+            return any(line.startswith("flags") and " amx_int8" in line for line in f)
+    except OSError:
+        return False
 
 
 def _init_backend() -> None:
@@ -113,6 +123,11 @@ class Engine:
             self._progress_cb = llama_cpp.llama_progress_callback(on_progress)
             mp.progress_callback = self._progress_cb
         mp.n_gpu_layers = params.n_gpu_layers
+        if cpu_has_amx():
+            # llama.cpp's AMX kernels crash on real quantized models on some
+            # Sapphire Rapids machines (ggml-org/llama.cpp#20824, unfixed): the
+            # weights stay in plain CPU buffers there
+            mp.use_extra_bufts = False
         mp.main_gpu = params.main_gpu
         mp.use_mmap = params.use_mmap
         self._tensor_split = None
@@ -133,7 +148,7 @@ class Engine:
         cp.n_batch = self.n_batch
         cp.n_ubatch = self.n_batch
         cp.n_seq_max = self.n_seq
-        cp.kv_unified = True
+        cp.kv_unified = KV_UNIFIED
         cp.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if params.flash_attn
