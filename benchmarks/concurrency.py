@@ -189,7 +189,7 @@ async def second_turn(side: Side) -> float:
     """Second turn's time to first token over the first's, with unrelated
     requests in between (a notebook's chat beside other work)."""
     system = "You are a careful assistant. " + " ".join(
-        f"Rule {i}: answer clearly and cite the step you used." for i in range(60)
+        f"Rule {i}: answer clearly and cite the step you used." for i in range(25)
     )
     chat = [
         {"role": "system", "content": system},
