@@ -41,6 +41,8 @@ def test_kv_cache_per_layer(kv_type, per_layer):
 def test_kv_scales_with_ctx():
     one = estimate(MODEL, EstimateOptions(num_ctx=2048)).kv_total
     assert estimate(MODEL, EstimateOptions(num_ctx=4096)).kv_total == 2 * one
+    # the cache is allocated in multiples of 256 cells
+    assert estimate(MODEL, EstimateOptions(num_ctx=1000)).kv_total == one // 2
 
 
 def test_graph_grows_with_context():

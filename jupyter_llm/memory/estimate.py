@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from jupyter_llm.memory.model_info import ModelInfo
 
+KV_PAD = 256  # llama.cpp allocates the KV cache in multiples of this many cells
 KV_BYTES = {"f16": 2.0, "q8_0": 1.0, "q4_0": 0.5, "f32": 4.0}
 
 
@@ -54,7 +55,9 @@ class Estimate:
 def estimate(model: ModelInfo, opts: EstimateOptions) -> Estimate:
     if opts.kv_type not in KV_BYTES:
         raise ValueError(f"unknown kv cache type {opts.kv_type!r}")
-    context = opts.num_ctx  # one unified KV cache, whatever the number of sequences
+    # one unified KV cache, whatever the number of sequences, of num_ctx cells
+    # rounded up as llama.cpp does
+    context = -(-opts.num_ctx // KV_PAD) * KV_PAD
     kv_layer = int(
         context * (model.head_dim_k + model.head_dim_v) * model.n_head_kv * KV_BYTES[opts.kv_type]
     )
