@@ -29,6 +29,7 @@ from jupyter_llm.kernel.formats import structured_format
 from jupyter_llm.kernel.results import Metrics
 
 CANCEL_WAIT = 30.0  # seconds to wait for the cancelled requests to close
+_PENDING = object()  # a result not in yet
 
 
 class MapError(Exception):
@@ -149,6 +150,7 @@ def map_prompts(
     concurrency: int | None = None,
     keep_alive: Any = None,
     progress: bool | IO[str] = True,
+    on_result: Callable[[int, Any], None] | None = None,
     endpoint: ServerEndpoint | None = None,
 ) -> Any:
     """Run every prompt through ``model``; results in input order.
@@ -160,7 +162,8 @@ def map_prompts(
     or ``"generate"``. ``concurrency``: requests at once (default: the
     model's slots, ``parallel`` in ``/api/ps``, once it is loaded).
     ``progress``: a bar (tqdm: a widget in a notebook, text in a terminal),
-    False for none, or a text file to draw it in.
+    False for none, or a text file to draw it in. ``on_result(position,
+    value)`` is called (in this thread) as each item ends, e.g. to save it.
 
     A failed item is a ``MapError`` in its place (the others are kept); the
     stop button cancels the run and returns what finished. A list comes back
@@ -185,6 +188,7 @@ def map_prompts(
         parse,
         concurrency,
         options,
+        on_result,
     )
     values = run.wait(progress) if items else []
     if any(isinstance(v, MapError) for v in values):
@@ -216,7 +220,9 @@ class BatchRun:
         parse: Callable[[str], Any] | None,
         concurrency: int | None,
         load_options: dict[str, Any],
+        on_result: Callable[[int, Any], None] | None = None,
     ) -> None:
+        self.on_result = on_result
         self.endpoint = endpoint
         self.load_options = load_options
         self.model = model
@@ -234,18 +240,17 @@ class BatchRun:
 
     # -- the waiting thread ----------------------------------------------------------
     def wait(self, progress: bool | IO[str]) -> list[Any]:
-        values: list[Any] = [None] * len(self.items)
-        finished = [False] * len(self.items)
+        values: list[Any] = [_PENDING] * len(self.items)
         bar = _bar(len(self.items), self.model, progress) if progress else None
         thread = threading.Thread(target=self._thread, daemon=True, name="jupyter-llm-map")
         thread.start()
         failure: BaseException | None = None
         try:
-            failure = self._consume(values, finished, bar)
+            failure = self._consume(values, bar)
         except KeyboardInterrupt:
             self.cancel()
             try:
-                failure = self._consume(values, finished, bar, timeout=CANCEL_WAIT)
+                failure = self._consume(values, bar, timeout=CANCEL_WAIT)
             except KeyboardInterrupt:
                 pass  # a second stop: stop waiting for the requests to close
             if bar is not None:
@@ -255,13 +260,13 @@ class BatchRun:
                 bar.close()
         if failure is not None:
             raise failure
-        for i, done in enumerate(finished):
-            if not done:
-                values[i] = MapError(i, "cancelled", cancelled=True)
-        return values
+        return [
+            MapError(i, "cancelled", cancelled=True) if v is _PENDING else v
+            for i, v in enumerate(values)
+        ]
 
     def _consume(
-        self, values: list[Any], finished: list[bool], bar: Any, timeout: float | None = None
+        self, values: list[Any], bar: Any, timeout: float | None = None
     ) -> BaseException | None:
         """Apply events until the run ends; its failure, if it failed as a whole."""
         while True:
@@ -274,7 +279,9 @@ class BatchRun:
                 return event[1]
             if kind == "item":
                 _, index, value = event
-                values[index], finished[index] = value, True
+                values[index] = value
+                if self.on_result is not None:
+                    self.on_result(index, value)
                 if bar is not None:
                     bar.update(1)
                     if errors := sum(isinstance(v, MapError) for v in values):
