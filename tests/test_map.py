@@ -406,3 +406,43 @@ def test_cli_run_shows_the_load_progress(gated, gate):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- the scheduler's side, with a fake runner factory ------------------------------------------
+async def test_the_scheduler_keeps_a_loading_models_progress():
+    """What a factory reports during its load is the model's progress until the
+    load ends; the loaded model then reports its slots."""
+    import asyncio
+
+    from test_scheduler import ONE_GPU, entry, make
+
+    from jupyter_llm.api.ps import ps_body
+    from jupyter_llm.runner.progress import report_load_progress
+    from jupyter_llm.scheduler import LoadOptions
+    from jupyter_llm.testing import FakeRunnerFactory
+
+    reported, proceed = asyncio.Event(), asyncio.Event()
+
+    class Paused(FakeRunnerFactory):
+        async def __call__(self, request):
+            report_load_progress(1.7)  # clamped
+            reported.set()
+            await proceed.wait()
+            return await super().__call__(request)
+
+    scheduler, _ = make(ONE_GPU, Paused(), num_parallel=3)
+    use = asyncio.ensure_future(scheduler.acquire(entry("m"), LoadOptions(), None))
+    async with asyncio.timeout(10):
+        await reported.wait()
+    assert scheduler.loading_models() == {"m:latest": 1.0}
+    assert ps_body(scheduler) == {
+        "models": [],
+        "loading": [{"name": "m:latest", "model": "m:latest", "progress": 1.0}],
+    }
+    proceed.set()
+    lease = await asyncio.wait_for(use, 10)
+    lease.release()
+    body = ps_body(scheduler)
+    assert body["loading"] == [] and [m["parallel"] for m in body["models"]] == [3]
+    report_load_progress(0.5)  # outside a load: goes nowhere
+    assert scheduler.loading_models() == {}
