@@ -9,7 +9,7 @@ Started as the runner "interpreter" through a wrapper script:
 
 import os
 import sys
-import threading
+import time
 from pathlib import Path
 
 from jupyter_llm.runner import engine, service
@@ -25,10 +25,9 @@ def init(self, params, progress=None):
         progress(value)
         if 0 < value < 1 and not paused[0]:
             paused[0] = True
-            opened = threading.Event()
-            for _ in range(1200):  # 120 s at most
-                if gate.exists() or opened.wait(0.1):
-                    break
+            deadline = time.monotonic() + 120
+            while not gate.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     _init(self, params, gated if progress is not None else None)
 

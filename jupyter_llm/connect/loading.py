@@ -10,6 +10,7 @@ again. Used by ``%%llm``, ``jupyter llm run`` and ``jupyter_llm.map``.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -74,7 +75,11 @@ class LoadWatcher:
         self.seen: list[float] = []  # every fraction handed to on_progress
         self._stop = threading.Event()
         self._lock = threading.Lock()  # held while on_progress runs
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="jupyter-llm-load")
+        # the caller's context: a kernel's output from the thread goes to its cell
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(
+            target=context.run, args=(self._loop,), daemon=True, name="jupyter-llm-load"
+        )
 
     def start(self) -> LoadWatcher:
         self._thread.start()

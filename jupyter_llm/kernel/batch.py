@@ -173,7 +173,7 @@ def map_prompts(
         raise ValueError("mode must be 'chat' or 'generate'")
     if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
         raise ValueError("concurrency must be a positive integer")
-    series = prompts if _is_series(prompts) else None
+    series = prompts if is_series(prompts) else None
     items = to_items(list(prompts))
     fmt, parse = structured_format(format) if format is not None else (None, None)
     options = dict(options or {})
@@ -202,8 +202,9 @@ def map_prompts(
     return MapResults(values, run.metrics, run.slots)
 
 
-def _is_series(value: Any) -> bool:
-    return type(value).__module__.startswith("pandas") and hasattr(value, "index")
+def is_series(value: Any) -> bool:
+    """A pandas Series (checked without importing pandas)."""
+    return type(value).__name__ == "Series" and type(value).__module__.startswith("pandas")
 
 
 class BatchRun:

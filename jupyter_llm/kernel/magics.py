@@ -218,7 +218,7 @@ class LLMMagics(Magics):
 
     def _map_cell(self, args: CellArgs, cell: str, ns: dict[str, Any]) -> Any:
         """``--map VAR``: the cell as a template, one prompt per element."""
-        from jupyter_llm.kernel.batch import map_prompts
+        from jupyter_llm.kernel.batch import is_series, map_prompts
 
         model = args.model or self.default_model
         if not model:
@@ -228,7 +228,11 @@ class LLMMagics(Magics):
         if args.map not in ns:
             raise MagicUsageError(f"--map: {args.map!r} is not defined")
         values = ns[args.map]
-        if isinstance(values, str | bytes | dict) or not hasattr(values, "__iter__"):
+        if (
+            isinstance(values, str | bytes | dict)
+            or type(values).__name__ == "DataFrame"
+            or not hasattr(values, "__iter__")
+        ):
             raise MagicUsageError(f"--map: {args.map!r} must be a list or a Series")
         resolve_format(args.format, ns)  # a clear error for a bad -f, before anything runs
 
@@ -237,11 +241,7 @@ class LLMMagics(Magics):
                 return interpolate(cell, {**ns, "item": item}).strip()
             return cell.replace("{item}", str(item)).strip()
 
-        prompts = (
-            values.map(render)
-            if hasattr(values, "index") and hasattr(values, "map")
-            else [render(v) for v in values]
-        )
+        prompts = values.map(render) if is_series(values) else [render(v) for v in values]
         target = None if args.format in (None, "json") else ns[args.format]
         try:
             results = map_prompts(
