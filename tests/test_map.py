@@ -288,8 +288,8 @@ def test_interrupt_cancels_every_request_and_keeps_what_finished(gated, tmp_path
 # -- load progress, seen before the first token --------------------------------------------------
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory, demo_gguf):
-    """A server whose runners pause their load at its first progress value
-    until ``gate`` exists."""
+    """A server (one slot per model) whose runners pause their load at its
+    first progress value until ``gate`` exists."""
     root = tmp_path_factory.mktemp("gated")
     store = ModelStore(root / "models")
     store.create("tiny", {"t.gguf": store.add_blob_from_file(demo_gguf)})
@@ -299,6 +299,7 @@ def gated(tmp_path_factory, demo_gguf):
     python.chmod(0o755)
     gate = root / "gate"
     env = {
+        "JUPYTER_LLM_NUM_PARALLEL": "1",  # the stop-button test relies on one slot
         "JUPYTER_LLM_PYTHON": str(python),
         "JUPYTER_LLM_TEST_LOAD_GATE": str(gate),
         "JUPYTER_RUNTIME_DIR": str(root),
