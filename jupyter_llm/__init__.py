@@ -30,3 +30,14 @@ def openai_client() -> object:
     from jupyter_llm.connect import find_server
 
     return find_server().openai_client()
+
+
+def __getattr__(name: str) -> object:
+    """``jupyter_llm.map`` (``kernel.batch.map_prompts``), imported on first use:
+    a list or pandas Series of prompts through one model, as many at once as
+    it has slots, with a progress bar; results in input order."""
+    if name == "map":
+        from jupyter_llm.kernel.batch import map_prompts
+
+        return map_prompts
+    raise AttributeError(f"module 'jupyter_llm' has no attribute {name!r}")

@@ -20,6 +20,7 @@ from typing import Any
 
 from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
 from jupyter_llm.connect.create import create_from_path
+from jupyter_llm.connect.loading import LoadWatcher, loading_text
 from jupyter_llm.connect.terminal import terminal_text
 from jupyter_llm.connect.views import loaded_table, model_details, models_table
 
@@ -99,13 +100,20 @@ def cmd_run(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
 
     def reply(messages: list[dict[str, str]]) -> str:
         parts = []
-        for chunk in endpoint.stream(
-            "api/chat", {"model": args.name, "messages": messages, "options": options}
-        ):
-            text = chunk.get("message", {}).get("content", "")
-            parts.append(text)
-            sys.stdout.write(terminal_text(text))
-            sys.stdout.flush()
+        body = {"model": args.name, "messages": messages, "options": options}
+        line = LoadLine(args.name)
+        watcher = LoadWatcher(endpoint, args.name, line.show).start()
+        try:
+            for chunk in endpoint.stream("api/chat", body):
+                watcher.stop()
+                line.clear()
+                text = chunk.get("message", {}).get("content", "")
+                parts.append(text)
+                sys.stdout.write(terminal_text(text))
+                sys.stdout.flush()
+        finally:
+            watcher.stop()
+            line.clear()
         sys.stdout.write("\n")
         return "".join(parts)
 
@@ -128,6 +136,29 @@ def cmd_run(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
             continue
         history.append({"role": "user", "content": line})
         history.append({"role": "assistant", "content": reply(history)})
+
+
+class LoadLine:
+    """``loading NAME: 45%`` on stderr while the model loads: one line redrawn
+    on a terminal (and erased when the answer starts), a line per change
+    otherwise."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.tty = sys.stderr.isatty()
+        self.shown = False
+
+    def show(self, fraction: float) -> None:
+        text = terminal_text(loading_text(self.model, fraction))
+        sys.stderr.write(f"\r{text}\x1b[K" if self.tty else f"{text}\n")
+        sys.stderr.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown and self.tty:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+        self.shown = False
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,6 +41,7 @@ from jupyter_llm.memory.measured import backend_names, measured_allocations
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.runner.launch import LoadRequest, gpu_library
+from jupyter_llm.runner.progress import reporting_load_progress
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class Loaded:
     measured: bool
     keep_alive: float
     slots: asyncio.Semaphore
+    parallel: int = 1  # requests it serves at once (the number of slots)
     refcount: int = 0
     waiting: int = 0
     drainers: int = 0  # loads waiting (without the load lock) for its requests to end
@@ -206,6 +208,7 @@ class Scheduler:
         self._changed = asyncio.Condition()
         self._closing = False
         self._background: set[asyncio.Future[None]] = set()
+        self._loading: dict[str, float] = {}  # model -> load progress, while it loads
 
     # -- public --------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -406,7 +409,7 @@ class Scheduler:
                 ", ".join(placement.gpus) or "cpu", wanted.num_ctx,
             )  # fmt: skip
             try:
-                runner = await self._start_runner(request)
+                runner = await self._start_tracked(entry.name.display, request)
             except AllocationFailed as e:
                 if not self.settings.new_estimates:
                     raise
@@ -416,6 +419,24 @@ class Scheduler:
                 log.info("allocation failed, retrying with %d %% less free memory", 10 * backoff)
                 continue
             return self._loaded_record(entry, runner, wanted, request, keep_alive)
+
+    # -- load progress -------------------------------------------------------------
+    def loading_models(self) -> dict[str, float]:
+        """The models whose runner is loading now, each with its progress (0..1)."""
+        return dict(self._loading)
+
+    async def _start_tracked(self, key: str, request: LoadRequest) -> Runner:
+        """The runner factory, with the load's progress kept under ``key``."""
+        self._loading[key] = 0.0
+
+        def report(fraction: float) -> None:
+            self._loading[key] = fraction
+
+        try:
+            with reporting_load_progress(report):
+                return await self._start_runner(request)
+        finally:
+            self._loading.pop(key, None)
 
     def _loaded_record(
         self,
@@ -440,6 +461,7 @@ class Scheduler:
             measured=measured,
             keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
             slots=asyncio.Semaphore(runner.n_seq),
+            parallel=runner.n_seq,
         )
 
     def _gpu_slots(self, devices: list[DeviceInfo], backoff: int) -> list[GpuSlot]:

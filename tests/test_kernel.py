@@ -446,7 +446,8 @@ def test_interrupt_cancels_generation_on_the_server(live, endless):
 
         def tokens_shown(msg: dict) -> bool:
             text = msg["content"].get("data", {}).get("text/markdown", "")
-            return msg["msg_type"] == "update_display_data" and text not in ("", "…")
+            shown = text not in ("", "…") and not text.startswith("*loading ")  # not the load
+            return msg["msg_type"] == "update_display_data" and shown
 
         iopub_until(kc, msg_id, tokens_shown, 60, "the first streamed tokens")
         assert in_use(live, endless), "the generation is not running on the server"

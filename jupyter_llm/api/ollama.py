@@ -19,7 +19,7 @@ from tornado import web
 from jupyter_llm import __version__
 from jupyter_llm.api.base import LLM, LLM_MODELS, NDJSON, LLMHandler, now_iso
 from jupyter_llm.api.generation import Finished, Job, complete, embed, load_only, unload
-from jupyter_llm.api.ps import describe_loaded
+from jupyter_llm.api.ps import ps_body
 from jupyter_llm.api.requests import (
     ChatRequest,
     CompletionRequest,
@@ -81,8 +81,7 @@ class PsHandler(LLMHandler):
     @web.authenticated
     @authorized("read")
     async def get(self) -> None:
-        loaded = self.llm.scheduler.loaded_models()
-        self.write_json({"models": [describe_loaded(m) for m in loaded]})
+        self.write_json(ps_body(self.llm.scheduler))
 
 
 def model_summary(entry: ModelEntry) -> dict[str, Any]:

@@ -1,5 +1,7 @@
-"""The ``/api/ps`` view of a loaded model: Ollama's fields plus where each
-byte lives (our addition, read by the sidebar and ``jupyter llm ps``)."""
+"""The ``/api/ps`` body: each loaded model with Ollama's fields plus where each
+byte lives and how many requests it serves at once (``parallel``), and the
+models being loaded with their progress (``loading``). Our additions are read
+by the sidebar, ``jupyter llm`` and the kernel; Ollama's clients ignore them."""
 
 from __future__ import annotations
 
@@ -9,9 +11,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jupyter_llm.memory import CPU
-from jupyter_llm.scheduler import Loaded
+from jupyter_llm.scheduler import Loaded, Scheduler
 
 FOREVER_ISO = "2318-01-01T00:00:00Z"  # what Ollama reports for keep_alive < 0
+
+
+def ps_body(scheduler: Scheduler) -> dict[str, Any]:
+    return {
+        "models": [describe_loaded(m) for m in scheduler.loaded_models()],
+        "loading": describe_loading(scheduler.loading_models()),
+    }
+
+
+def describe_loading(loading: dict[str, float]) -> list[dict[str, Any]]:
+    """``[{"name", "model", "progress"}]``: progress is the fraction loaded, 0..1."""
+    return [
+        {"name": name, "model": name, "progress": round(progress, 4)}
+        for name, progress in sorted(loading.items())
+    ]
 
 
 def describe_loaded(loaded: Loaded) -> dict[str, Any]:
@@ -33,6 +50,7 @@ def describe_loaded(loaded: Loaded) -> dict[str, Any]:
         "num_gpu_layers": loaded.placement.n_gpu_layers,
         "num_layers": loaded.placement.n_layers,
         "pid": loaded.runner.pid,
+        "parallel": loaded.parallel,
         "allocations": [
             {"device": a.device, "weights": a.weights, "kv_cache": a.kv_cache,
              "graph": a.graph, "measured": loaded.measured}

@@ -6,6 +6,8 @@ kernel (``kernel``), which import it and never each other.
 - ``discovery``: ``find_server``, which server to use (or an embedded one);
 - ``embedded``: the extension served from a thread of this process;
 - ``labels`` and ``views``: how the API's answers read to a person;
+- ``loading``: a model's load progress and slots from ``/api/ps``, and the
+  ``LoadWatcher`` that shows it until the first token;
 - ``create``: creating a model from a local Modelfile or GGUF.
 """
 

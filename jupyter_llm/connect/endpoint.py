@@ -41,6 +41,14 @@ class ServerEndpoint:
             timeout=httpx.Timeout(timeout, connect=10.0),
         )
 
+    def async_http(self, timeout: float | None = None) -> httpx.AsyncClient:
+        """An async client; ``timeout`` None waits as long as a generation takes."""
+        return httpx.AsyncClient(
+            base_url=self.llm_url + "/",
+            headers=self.headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+
     def request(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
         """One JSON request; a server error becomes ``LLMClientError``."""
         with self.http() as client:

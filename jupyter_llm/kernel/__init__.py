@@ -1,3 +1,4 @@
 """Kernel side: the ``%%llm``/``%llm`` magics (``magics``), what they return
-(``results``) and the ``DeviceDashboard`` widget (``widgets``). Finding and
-talking to the server is ``jupyter_llm.connect``, shared with the CLI."""
+(``results``), ``jupyter_llm.map`` (``batch``), structured output shared by
+both (``formats``) and the ``DeviceDashboard`` widget (``widgets``). Finding
+and talking to the server is ``jupyter_llm.connect``, shared with the CLI."""

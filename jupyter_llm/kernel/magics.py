@@ -24,7 +24,9 @@ from traitlets import Float, Unicode
 
 from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
 from jupyter_llm.connect.create import create_from_path
+from jupyter_llm.connect.loading import LoadWatcher, loading_text
 from jupyter_llm.connect.views import loaded_table, model_details, models_table
+from jupyter_llm.kernel.formats import structured_format
 from jupyter_llm.kernel.markdown import safe_markdown
 from jupyter_llm.kernel.results import Chat, Generation, Metrics
 
@@ -32,6 +34,9 @@ HELP = """%%llm MODEL [options]   (the prompt is the cell body)
   -s/--system TEXT   -f/--format json|VAR   -o/--out VAR   --options JSON
   -t/--temperature T   --seed N   -n/--num-predict N   --num-ctx N   --keep-alive D
   --chat NAME (multi-turn)   --no-stream   -i/--interpolate ({var} from the namespace)
+  --map VAR [--concurrency N]: the cell is a template, {item} each element of the
+    list or Series VAR; runs them all, as many at once as the model's slots
+    (or N), with a progress bar; -o stores the results (in order)
 %llm models | ps | pull NAME [--insecure] | create NAME FILE_OR_MODELFILE | rm NAME
 %llm show NAME | unload NAME|--all | devices | help"""
 
@@ -56,6 +61,8 @@ class CellArgs:
     chat: str | None = None
     stream: bool = True
     interpolate: bool = False
+    map: str | None = None
+    concurrency: int | None = None
 
 
 def parse_cell_args(line: str) -> CellArgs:
@@ -73,6 +80,8 @@ def parse_cell_args(line: str) -> CellArgs:
     p.add_argument("--chat")
     p.add_argument("--no-stream", action="store_true")
     p.add_argument("-i", "--interpolate", action="store_true")
+    p.add_argument("--map")
+    p.add_argument("--concurrency", type=int)
     try:
         a = p.parse_args(shlex.split(line))
     except ValueError as e:
@@ -103,6 +112,8 @@ def parse_cell_args(line: str) -> CellArgs:
         chat=a.chat,
         stream=not a.no_stream,
         interpolate=a.interpolate,
+        map=a.map,
+        concurrency=a.concurrency,
     )
 
 
@@ -121,22 +132,15 @@ def resolve_format(value: str | None, namespace: dict[str, Any]) -> tuple[Any, C
     if value is None:
         return None, None
     if value == "json":
-        return "json", json.loads
+        return structured_format("json")
     if value not in namespace:
         raise MagicUsageError(f"-f: {value!r} is neither 'json' nor a variable")
-    target = namespace[value]
-    if isinstance(target, dict):
-        import jsonschema
-
-        def parse(text: str) -> Any:
-            data = json.loads(text)
-            jsonschema.validate(data, target)
-            return data
-
-        return target, parse
-    if isinstance(target, type) and hasattr(target, "model_json_schema"):
-        return target.model_json_schema(), target.model_validate_json
-    raise MagicUsageError(f"-f: {value!r} must be a dict (JSON Schema) or a pydantic model class")
+    try:
+        return structured_format(namespace[value])
+    except TypeError:
+        raise MagicUsageError(
+            f"-f: {value!r} must be a dict (JSON Schema) or a pydantic model class"
+        ) from None
 
 
 @magics_class
@@ -168,8 +172,10 @@ class LLMMagics(Magics):
             show_error(str(e))
             return None
 
-    def _run_cell(self, args: CellArgs, cell: str) -> Generation:
+    def _run_cell(self, args: CellArgs, cell: str) -> Any:
         ns = self.shell.user_ns if self.shell is not None else {}
+        if args.map is not None:
+            return self._map_cell(args, cell, ns)
         chat = None
         if args.chat:
             chat = ns.get(args.chat)
@@ -210,14 +216,68 @@ class LLMMagics(Magics):
             ns[args.out] = data if data is not None else text
         return result
 
+    def _map_cell(self, args: CellArgs, cell: str, ns: dict[str, Any]) -> Any:
+        """``--map VAR``: the cell as a template, one prompt per element."""
+        from jupyter_llm.kernel.batch import is_series, map_prompts
+
+        model = args.model or self.default_model
+        if not model:
+            raise MagicUsageError("no model: %%llm MODEL, or %config LLMMagics.default_model")
+        if args.chat:
+            raise MagicUsageError("--map and --chat do not go together")
+        if args.map not in ns:
+            raise MagicUsageError(f"--map: {args.map!r} is not defined")
+        values = ns[args.map]
+        if (
+            isinstance(values, str | bytes | dict)
+            or type(values).__name__ == "DataFrame"
+            or not hasattr(values, "__iter__")
+        ):
+            raise MagicUsageError(f"--map: {args.map!r} must be a list or a Series")
+        resolve_format(args.format, ns)  # a clear error for a bad -f, before anything runs
+
+        def render(item: Any) -> str:
+            if args.interpolate:
+                return interpolate(cell, {**ns, "item": item}).strip()
+            return cell.replace("{item}", str(item)).strip()
+
+        prompts = values.map(render) if is_series(values) else [render(v) for v in values]
+        target = None if args.format in (None, "json") else ns[args.format]
+        try:
+            results = map_prompts(
+                model,
+                prompts,
+                system=args.system,
+                format=args.format if target is None else target,
+                options=args.options,
+                concurrency=args.concurrency,
+                keep_alive=args.keep_alive,
+                progress=args.stream,
+                endpoint=self.endpoint,
+            )
+        except (TypeError, ValueError) as e:
+            raise MagicUsageError(f"--map: {e}") from None
+        if args.out:
+            ns[args.out] = results
+        return results
+
     def _stream(self, body: dict[str, Any], live: bool) -> tuple[str, dict[str, Any]]:
-        """Text and the final chunk; shown live in one display, throttled."""
+        """Text and the final chunk; shown live in one display, throttled. Until
+        the first chunk, a model that is loading shows its progress there."""
         handle = display(Markdown("…"), display_id=True) if live else None
         parts: list[str] = []
         final: dict[str, Any] = {"done_reason": "cancel"}
         shown = 0.0
+        watcher = LoadWatcher(
+            self.endpoint,
+            body["model"],
+            lambda f: handle.update(Markdown(f"*{loading_text(body['model'], f)}*")),
+        )
         try:
+            if handle is not None:
+                watcher.start()
             for chunk in self.endpoint.stream("api/chat", body):
+                watcher.stop()
                 if chunk.get("done"):
                     final = chunk
                     break
@@ -229,6 +289,7 @@ class LLMMagics(Magics):
         except KeyboardInterrupt:
             pass  # leaving the stream closes the connection: the server cancels
         finally:
+            watcher.stop()
             if handle is not None:
                 handle.update(HTML(""))  # the returned Generation shows the result
         return "".join(parts), final

@@ -21,6 +21,7 @@ from typing import Any
 from jupyter_llm.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
 from jupyter_llm.runner.launch import LoadRequest, LoadSpec, launch_spec
 from jupyter_llm.runner.process import RunnerProcess
+from jupyter_llm.runner.progress import report_load_progress
 
 HEALTH_POLL_MAX = 5.0  # seconds between the watchdog's health checks, at most
 # Numbers one embedding request may return: the server holds them as Python
@@ -66,6 +67,7 @@ class RunnerProxy:
                 for message in batch:
                     if message.get("type") == "progress":
                         self.progress = float(message.get("progress", 0.0))
+                        report_load_progress(self.progress)
                     else:
                         self.info = message
         except TimeoutError:
