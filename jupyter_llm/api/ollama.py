@@ -192,6 +192,9 @@ class CreateHandler(LLMHandler):
         source = body.get("from")
         if source is not None:
             source = parse_model_name(source, "from")
+        for key, what in (("quantize", "quantizing"), ("adapters", "LoRA adapters")):
+            if body.get(key):  # never silently a model other than the one asked for
+                raise InvalidRequest(f"{key}: {what} is not supported here")
         if body.get("files") is None and source is None:
             raise InvalidRequest("files is required (upload a GGUF with /api/blobs first), or from")
         parameters = options_field(body.get("parameters"), "parameters")
