@@ -174,3 +174,19 @@ async def test_create_refuses_what_it_cannot_do(jp_fetch, installed_model, extra
         await post(jp_fetch, "api/create", {"model": "q", "from": "tiny", **extra})
     assert info.value.code == 400
     assert message in json.loads(info.value.response.body)["error"]
+
+
+@pytest.mark.parametrize(
+    ("info", "template", "expected"),
+    [
+        ({}, "", ["completion"]),
+        ({"tokenizer.ggml.fim_pre_token_id": 1}, "", ["completion", "insert"]),
+        ({"bert.pooling_type": 1}, "", ["embedding"]),  # Ollama: embedding, not completion
+        ({}, "{% if tools %}", ["completion", "tools"]),
+        ({}, "<tool_call>", ["completion", "tools"]),
+    ],
+)
+def test_capabilities_are_ollamas(info, template, expected):
+    from jupyter_llm.api.ollama import model_capabilities
+
+    assert model_capabilities(info, template) == expected

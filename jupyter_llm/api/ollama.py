@@ -458,13 +458,7 @@ class ShowHandler(LLMHandler):
         entry = await self.blocking(self.llm.store.get, name)
         info = await self.blocking(read_metadata, entry.model_path, verbose)
         template = entry.template or str(info.get("tokenizer.chat_template") or "")
-        capabilities = ["completion"]
-        if "tokenizer.ggml.fim_pre_token_id" in info:
-            capabilities.append("insert")
-        if "tools" in template:
-            capabilities.append("tools")
-        if any(key.endswith(".pooling_type") for key in info):
-            capabilities.append("embedding")
+        capabilities = model_capabilities(info, template)
         self.write_json(
             {
                 "license": entry.license or "",
@@ -479,6 +473,20 @@ class ShowHandler(LLMHandler):
                 "modified_at": entry.modified_at.isoformat().replace("+00:00", "Z"),
             }
         )
+
+
+def model_capabilities(info: dict[str, Any], template: str) -> list[str]:
+    """Ollama's ``capabilities``: a model that declares a pooling type embeds,
+    any other completes (never both, as in Ollama's server/images.go)."""
+    if any(key.endswith(".pooling_type") for key in info):
+        capabilities = ["embedding"]
+    else:
+        capabilities = ["completion"]
+        if "tokenizer.ggml.fim_pre_token_id" in info:
+            capabilities.append("insert")
+    if "tools" in template or "tool_call" in template:
+        capabilities.append("tools")
+    return capabilities
 
 
 def format_parameters(params: dict[str, Any]) -> str:
