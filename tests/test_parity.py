@@ -190,3 +190,25 @@ def test_capabilities_are_ollamas(info, template, expected):
     from jupyter_llm.api.ollama import model_capabilities
 
     assert model_capabilities(info, template) == expected
+
+
+async def test_empty_template_and_suffix_mean_unset(jp_fetch, installed_model):
+    """Older ollama clients send "template": "", "suffix": "", "system": "" and
+    "context": [] with every request; Ollama reads them all as unset."""
+
+    async def generate(**extra):
+        body = {
+            "model": "tiny",
+            "prompt": "hello",
+            "stream": False,
+            "options": {"temperature": 0, "num_predict": 12},
+            **extra,
+        }
+        return await post(jp_fetch, "api/generate", body)
+
+    plain = await generate()
+    legacy = await generate(template="", suffix="", system="", context=[], images=[])
+    assert legacy["response"] == plain["response"]
+    assert legacy["prompt_eval_count"] == plain["prompt_eval_count"]
+    raw = await generate(raw=True)  # the check above can fail: raw skips the template
+    assert raw["prompt_eval_count"] != plain["prompt_eval_count"]
