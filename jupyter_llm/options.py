@@ -186,7 +186,7 @@ def parse_options(raw: Any, field: str = "options") -> dict[str, Any]:
     value is a ``ValueError``."""
     options, unknown = split_options(raw, field)
     if unknown:
-        log.warning("%s: ignoring unknown options: %s", field, ", ".join(unknown))
+        log.warning("%s: ignoring unknown options: %s", field, _names(unknown))
     return options
 
 
@@ -217,6 +217,12 @@ def _integral(spec: Option, value: Any) -> Any:
     return value
 
 
+def _names(names: list[str], most: int = 20) -> str:
+    """Names for one log line, however many a client sent."""
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
+
+
 def _printable(name: str) -> str:
     """A client's option name, safe for one log line."""
     text = name if len(name) <= 64 else name[:64] + "..."
@@ -226,23 +232,24 @@ def _printable(name: str) -> str:
 def model_params(raw: Any, model: str) -> dict[str, Any]:
     """A model's parameters (from its manifest) as options: each one checked
     like a request's; unknown names and bad values dropped with a warning
-    naming ``model``. Integral floats count as integers, as Ollama writes
-    them, and a ``stop`` string becomes a list."""
+    naming ``model`` (the unknown names in one). Integral floats count as
+    integers, as Ollama writes them, and a ``stop`` string becomes a list."""
     if not isinstance(raw, dict):
         log.warning("model %s: its parameters are not an object; all ignored", model)
         return {}
     params: dict[str, Any] = {}
+    unknown: list[str] = []
     for name, value in raw.items():
-        if value is None:
-            continue
         spec = OPTION_TYPES.get(name)
         if spec is None:
-            log.warning("model %s: unknown parameter %r dropped", model, name)
-            continue
-        try:
-            params[name] = _param_value(name, spec, value)
-        except ValueError as e:
-            log.warning("model %s: parameter %s dropped: %s", model, name, e)
+            unknown.append(_printable(name))
+        elif value is not None:
+            try:
+                params[name] = _param_value(name, spec, value)
+            except ValueError as e:
+                log.warning("model %s: parameter %s dropped: %s", model, name, e)
+    if unknown:  # one line for them all, as for a request's options
+        log.warning("model %s: ignoring unknown parameters: %s", model, _names(unknown))
     return params
 
 

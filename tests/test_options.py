@@ -134,6 +134,15 @@ def test_unknown_options_are_named_once(caplog):
     ]
 
 
+def test_the_warning_stays_one_short_line(caplog):
+    raw = {f"x{i}": 1 for i in range(10_000)} | {"y" * 1000: 1}
+    with caplog.at_level("WARNING", logger="jupyter_llm.options"):
+        assert parse_options(raw) == {}
+    [record] = caplog.records
+    assert record.getMessage().endswith("x19 and 9981 more")
+    assert len(record.getMessage()) < 400
+
+
 def test_known_options_warn_nothing(caplog):
     with caplog.at_level("WARNING", logger="jupyter_llm.options"):
         parse_options({"temperature": 0, "draft_num_predict": 2})
