@@ -34,8 +34,12 @@ class Option(NamedTuple):
     high: float | None = None
 
 
-# Ollama's Options. Known but unused ones are accepted, as Ollama does, so
-# existing clients keep working.
+# Ollama's Options (api/types.go ``Options`` and ``Runner``). Known but unused
+# ones are accepted, as Ollama does, so existing clients keep working. Names
+# Ollama no longer knows (``tfs_z``, ``penalize_newline``, ``numa``,
+# ``low_vram``, ``use_mlock``, ``vocab_only``) are unknown here too: ignored
+# with a warning. ``mirostat*`` left Ollama's table but llama.cpp still has
+# them, so they stay and work.
 OPTION_TYPES: dict[str, Option] = {
     "num_predict": Option(int, -2),
     "temperature": Option(_NUM, 0),
@@ -56,15 +60,34 @@ OPTION_TYPES: dict[str, Option] = {
     "main_gpu": Option(int, 0),
     "use_mmap": Option(bool),
     "num_keep": Option(int, -1),
-    "penalize_newline": Option(bool),
-    "numa": Option(bool),
-    "low_vram": Option(bool),
-    "use_mlock": Option(bool),
-    "vocab_only": Option(bool),
-    "tfs_z": Option(_NUM),
+    "draft_num_predict": Option(int, 0),  # no draft models here: accepted, no effect
     "mirostat": Option(int, 0, 2),
     "mirostat_tau": Option(_NUM),
     "mirostat_eta": Option(_NUM),
+}
+
+# What a request that sets nothing gets: Ollama's ``api.DefaultOptions()``
+# (api/types.go), the per-request part. The load-time part (num_ctx from
+# ``context_length``, num_batch 512, num_gpu -1 = decided by the scheduler,
+# num_thread 0 = the runtime decides) is applied by the scheduler. mirostat is
+# llama.cpp's default (off), as Ollama no longer has it.
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "num_predict": -1,
+    "num_keep": 4,
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.9,
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "repeat_last_n": 64,
+    "repeat_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "seed": -1,
+    "stop": [],
+    "mirostat": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
 }
 
 # The per-request part, as the runner takes it (the rest are load options).
@@ -86,6 +109,9 @@ SAMPLING_OPTIONS = (
     "stop",
     "num_keep",
 )
+
+# The runner's defaults for each per-request option the client leaves out.
+DEFAULT_SAMPLING: dict[str, Any] = {k: DEFAULT_OPTIONS[k] for k in SAMPLING_OPTIONS}
 
 
 class OpenAIField(NamedTuple):
@@ -156,54 +182,95 @@ def _number(x: float | None) -> str:
 
 def parse_options(raw: Any, field: str = "options") -> dict[str, Any]:
     """Ollama ``options`` (or ``parameters``): known names type- and
-    range-checked, unknown names refused, ``null`` values left out."""
+    range-checked, ``null`` values left out. Unknown names are ignored with
+    one warning naming them all, as Ollama does; a known name with a bad
+    value is a ``ValueError``."""
+    options, unknown = split_options(raw, field)
+    if unknown:
+        log.warning("%s: ignoring unknown options: %s", field, _names(unknown))
+    return options
+
+
+def split_options(raw: Any, field: str = "options") -> tuple[dict[str, Any], list[str]]:
+    """``parse_options`` without the log: the checked options and the
+    unknown names, in the client's order."""
     if raw is None:
-        return {}
+        return {}, []
     if not isinstance(raw, dict):
         raise ValueError(f"{field} must be an object")
     options: dict[str, Any] = {}
+    unknown: list[str] = []
     for name, value in raw.items():
-        if name not in OPTION_TYPES:
-            raise ValueError(f"{field}.{name} is not a known option")
-        if value is not None:
-            options[name] = check_option(f"{field}.{name}", OPTION_TYPES[name], value)
-    return options
+        spec = OPTION_TYPES.get(name)
+        if spec is None:
+            unknown.append(_printable(name))
+        elif value is not None:
+            options[name] = check_option(f"{field}.{name}", spec, _integral(spec, value))
+    return options, unknown
+
+
+def _integral(spec: Option, value: Any) -> Any:
+    """An integral float (``100.0``, as Python clients may write it) for an
+    integer option is that integer; any other value is left to the check."""
+    if spec.kind is int and isinstance(value, float) and value.is_integer():
+        if -INT_LIMIT <= value < INT_LIMIT:
+            return int(value)
+    return value
+
+
+def _names(names: list[str], most: int = 20) -> str:
+    """Names for one log line, however many a client sent."""
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
+
+
+def _printable(name: str) -> str:
+    """A client's option name, safe for one log line."""
+    text = name if len(name) <= 64 else name[:64] + "..."
+    return text if text.isprintable() else repr(text)
 
 
 def model_params(raw: Any, model: str) -> dict[str, Any]:
     """A model's parameters (from its manifest) as options: each one checked
     like a request's; unknown names and bad values dropped with a warning
-    naming ``model``. Integral floats count as integers, as Ollama writes
-    them, and a ``stop`` string becomes a list."""
+    naming ``model`` (the unknown names in one). Integral floats count as
+    integers, as Ollama writes them, and a ``stop`` string becomes a list."""
     if not isinstance(raw, dict):
         log.warning("model %s: its parameters are not an object; all ignored", model)
         return {}
     params: dict[str, Any] = {}
+    unknown: list[str] = []
     for name, value in raw.items():
-        if value is None:
-            continue
         spec = OPTION_TYPES.get(name)
         if spec is None:
-            log.warning("model %s: unknown parameter %r dropped", model, name)
-            continue
-        try:
-            params[name] = _param_value(name, spec, value)
-        except ValueError as e:
-            log.warning("model %s: parameter %s dropped: %s", model, name, e)
+            unknown.append(_printable(name))
+        elif value is not None:
+            try:
+                params[name] = _param_value(name, spec, value)
+            except ValueError as e:
+                log.warning("model %s: parameter %s dropped: %s", model, name, e)
+    if unknown:  # one line for them all, as for a request's options
+        log.warning("model %s: ignoring unknown parameters: %s", model, _names(unknown))
     return params
 
 
 def _param_value(name: str, spec: Option, value: Any) -> Any:
-    if spec.kind is int and isinstance(value, float) and value.is_integer():
-        value = int(value)
+    value = _integral(spec, value)
     if name == "stop" and isinstance(value, str):
         value = [value]
     return check_option(name, spec, value)
 
 
+# What Ollama's OpenAI layer (openai/openai.go, FromChatRequest and
+# FromCompleteRequest) sets when the request leaves a field out: OpenAI's own
+# defaults, not api.DefaultOptions. Everything else falls through to the
+# model's parameters, then DEFAULT_OPTIONS.
+OPENAI_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
+
+
 def openai_options(body: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's sampling fields of ``body`` as Ollama options, checked against
-    the same table, with OpenAI's defaults where the request sets none."""
+    the same table, with ``OPENAI_DEFAULTS`` where the request sets none."""
     options: dict[str, Any] = {}
     for key, (option, low, high) in OPENAI_FIELDS.items():
         value = body.get(key)
@@ -216,10 +283,7 @@ def openai_options(body: dict[str, Any]) -> dict[str, Any]:
         options[option] = [value] if option == "stop" and isinstance(value, str) else value
     if body.get("n", 1) != 1:
         raise ValueError("n must be 1: one choice per request")
-    options.setdefault("temperature", 1.0)  # OpenAI's default
-    if "frequency_penalty" not in options and "presence_penalty" not in options:
-        options["repeat_penalty"] = 1.0  # OpenAI applies none by default
-    return options
+    return {**OPENAI_DEFAULTS, **options}
 
 
 def sampling_options(options: dict[str, Any]) -> dict[str, Any]:

@@ -206,7 +206,13 @@ BAD_INPUTS = [
         "options.num_predict must be an integer",
     ),
     ("api/generate", {"model": "tiny", "options": {"stop": [1]}}, None, 400, "options.stop"),
-    ("api/generate", {"model": "tiny", "options": {"bogus": 1}}, None, 400, "options.bogus"),
+    (
+        "api/generate",
+        {"model": "tiny", "options": {"bogus": 1, "top_k": "x"}},  # unknown: ignored, warned
+        None,
+        400,
+        "options.top_k must be an integer",
+    ),
     ("api/generate", {"model": "tiny", "keep_alive": [1]}, None, 400, "keep_alive"),
     ("api/generate", {"model": "tiny", "keep_alive": "10 minutes"}, None, 400, "keep_alive"),
     ("api/generate", {"model": "tiny", "format": 7}, None, 400, "invalid format: 7"),

@@ -19,13 +19,12 @@ BLOB = "api/blobs/sha256:" + "0" * 64
 MODEL = "v1/models/sha256:" + "0" * 64  # the route table's placeholder
 
 EXPECTED = {
-    ("api/version", "GET"): (READ, LLM),
-    ("api/devices", "GET"): (READ, LLM),
-    ("api/tags", "GET"): (READ, LLM),
-    ("api/ps", "GET"): (READ, LLM),
+    **{
+        (path, method): (READ, LLM)
+        for path in ("api/version", "api/devices", "api/tags", "api/ps", "v1/models", MODEL)
+        for method in ("GET", "HEAD")
+    },
     ("api/show", "POST"): (READ, LLM),
-    ("v1/models", "GET"): (READ, LLM),
-    (MODEL, "GET"): (READ, LLM),
     ("api/generate", "POST"): (EXECUTE, LLM),
     ("api/chat", "POST"): (EXECUTE, LLM),
     ("api/embed", "POST"): (EXECUTE, LLM),

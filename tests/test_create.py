@@ -99,7 +99,7 @@ async def test_model_system_and_messages_reach_the_template(jp_fetch, installed_
     ("body", "match"),
     [
         ({"model": "x", "from": "nope"}, "not found"),
-        ({"model": "x", "from": "tiny", "parameters": {"bogus": 1}}, "parameters.bogus"),
+        ({"model": "x", "from": "tiny", "parameters": {"bogus": 1, "top_k": 0.5}}, "top_k"),
         ({"model": "x", "from": "tiny", "parameters": {"temperature": "hot"}}, "temperature"),
         ({"model": "x", "from": "tiny", "messages": [{"role": "x"}]}, "messages[0].role"),
         ({"model": "x", "from": "tiny", "license": 3}, "license"),

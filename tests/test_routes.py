@@ -1,5 +1,6 @@
-"""Every route the app mounts refuses requests without a valid token. The list
-comes from the app itself, so a new route cannot be forgotten."""
+"""Every route the app mounts refuses requests without a valid token, except
+the root heartbeat, which answers everyone and tells nothing. The list comes
+from the app itself, so a new route cannot be forgotten."""
 
 import re
 
@@ -7,14 +8,20 @@ import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from jupyter_llm.api import handlers
+from jupyter_llm.api.ollama import RootHandler
 
 METHODS = ("get", "head", "post", "put", "delete", "patch")
+PUBLIC = {RootHandler}  # the only handlers without a token
 
 
-def routes():
+def routes(public: bool = False):
+    """(path, METHOD) of every route, the authenticated ones or the public ones."""
     out = []
     for pattern, handler in handlers():
-        path = re.sub(r"\(\?P<(\w+)>[^)]*\)", "sha256:" + "0" * 64, pattern)
+        if (handler in PUBLIC) != public:
+            continue
+        path = "" if pattern == "?" else pattern
+        path = re.sub(r"\(\?P<(\w+)>[^)]*\)", "sha256:" + "0" * 64, path)
         for method in METHODS:
             if method in handler.__dict__ or any(
                 method in base.__dict__
@@ -65,4 +72,49 @@ def test_every_route_names_its_authorization_resource():
 
     assert not hasattr(LLMHandler, "auth_resource")  # each route chooses, none inherits it
     for pattern, handler in handlers():
-        assert getattr(handler, "auth_resource", None) in ("llm", "llm.models"), pattern
+        if handler not in PUBLIC:
+            assert getattr(handler, "auth_resource", None) in ("llm", "llm.models"), pattern
+
+
+def test_the_public_routes_are_the_heartbeat_only():
+    assert routes(public=True) == [("", "GET"), ("", "HEAD")]
+
+
+@pytest.mark.parametrize("slash", ["", "/"])
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+@pytest.mark.parametrize("auth", [None, "token wrong"])
+async def test_the_root_answers_like_ollama_without_a_token(
+    jp_base_url, http_server, http_server_port, slash, method, auth
+):
+    client = AsyncHTTPClient(force_instance=True)
+    url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm{slash}"
+    r = await client.fetch(
+        url, method=method, headers={"Authorization": auth} if auth else {}, request_timeout=10
+    )
+    assert r.code == 200
+    assert r.headers["Content-Type"] == "text/plain; charset=utf-8"
+    assert r.headers["Content-Length"] == str(len("Ollama is running"))
+    assert r.body == (b"Ollama is running" if method == "GET" else b"")
+
+
+async def test_the_root_does_not_count_as_activity(
+    jp_serverapp, jp_base_url, http_server, http_server_port
+):
+    """A client polling the heartbeat must not keep an idle server from culling."""
+    settings = jp_serverapp.web_app.settings
+    settings.pop("api_last_activity", None)
+    client = AsyncHTTPClient(force_instance=True)
+    token = jp_serverapp.identity_provider.token
+    r = await client.fetch(
+        f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/",
+        headers={"Authorization": f"token {token}"},
+        request_timeout=10,
+    )
+    assert r.code == 200
+    assert "api_last_activity" not in settings
+    await client.fetch(
+        f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/version",
+        headers={"Authorization": f"token {token}"},
+        request_timeout=10,
+    )
+    assert "api_last_activity" in settings  # the check above can fail

@@ -1,6 +1,7 @@
 """Handler base: Jupyter auth, JSON in, ``{"error": ...}`` out, never a traceback.
 
-Every route is authenticated and authorized: each handler class names its
+Every route is authenticated and authorized (all but the root heartbeat,
+``ollama.RootHandler``, which is no ``LLMHandler``): each handler class names its
 ``auth_resource`` (``LLM`` or ``LLM_MODELS``, none is inherited from here) and
 each method asks jupyter_server's ``Authorizer`` with ``@authorized(action)``:
 ``read`` for what is there, ``execute`` to run a model, ``write`` to change

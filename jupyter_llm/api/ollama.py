@@ -13,7 +13,8 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
-from jupyter_server.auth.decorator import authorized
+from jupyter_server.auth.decorator import allow_unauthenticated, authorized
+from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from jupyter_llm import __version__
@@ -39,6 +40,29 @@ log = logging.getLogger(__name__)
 MAX_BLOB_SIZE = 1 << 40  # 1 TiB: blobs stream to disk, so only the disk bounds them
 
 
+class RootHandler(APIHandler):
+    """``GET/HEAD {base_url}llm/`` (and ``llm``): Ollama's heartbeat, which
+    clients probe before using a server. It answers without a token: it
+    tells nothing beyond "this URL is an Ollama-compatible API", like
+    jupyter_server's own unauthenticated ``/api``, and a client learns the
+    same from any 403. It does not count as activity, so a polling client
+    does not keep an idle server alive. Host and origin checks still apply.
+    """
+
+    _track_activity = False
+
+    @allow_unauthenticated
+    def get(self) -> None:
+        self.finish(HEARTBEAT, set_content_type="text/plain; charset=utf-8")
+
+    @allow_unauthenticated
+    def head(self) -> None:
+        self.get()
+
+
+HEARTBEAT = "Ollama is running"
+
+
 class VersionHandler(LLMHandler):
     auth_resource = LLM
 
@@ -46,6 +70,8 @@ class VersionHandler(LLMHandler):
     @authorized("read")
     async def get(self) -> None:
         self.write_json({"version": __version__})
+
+    head = get  # a probe: the same status and headers, no body
 
 
 class DevicesHandler(LLMHandler):
@@ -64,6 +90,8 @@ class DevicesHandler(LLMHandler):
             }
         )
 
+    head = get  # a probe: the same status and headers, no body
+
 
 class TagsHandler(LLMHandler):
     auth_resource = LLM
@@ -74,6 +102,8 @@ class TagsHandler(LLMHandler):
         entries = await self.blocking(self.llm.store.list)
         self.write_json({"models": [model_summary(e) for e in entries]})
 
+    head = get  # a probe: the same status and headers, no body
+
 
 class PsHandler(LLMHandler):
     auth_resource = LLM
@@ -82,6 +112,8 @@ class PsHandler(LLMHandler):
     @authorized("read")
     async def get(self) -> None:
         self.write_json(ps_body(self.llm.scheduler))
+
+    head = get  # a probe: the same status and headers, no body
 
 
 def model_summary(entry: ModelEntry) -> dict[str, Any]:
@@ -159,6 +191,9 @@ class CreateHandler(LLMHandler):
         source = body.get("from")
         if source is not None:
             source = parse_model_name(source, "from")
+        for key, what in (("quantize", "quantizing"), ("adapters", "LoRA adapters")):
+            if body.get(key):  # never silently a model other than the one asked for
+                raise InvalidRequest(f"{key}: {what} is not supported here")
         if body.get("files") is None and source is None:
             raise InvalidRequest("files is required (upload a GGUF with /api/blobs first), or from")
         parameters = options_field(body.get("parameters"), "parameters")
@@ -426,13 +461,7 @@ class ShowHandler(LLMHandler):
         entry = await self.blocking(self.llm.store.get, name)
         info = await self.blocking(read_metadata, entry.model_path, verbose)
         template = entry.template or str(info.get("tokenizer.chat_template") or "")
-        capabilities = ["completion"]
-        if "tokenizer.ggml.fim_pre_token_id" in info:
-            capabilities.append("insert")
-        if "tools" in template:
-            capabilities.append("tools")
-        if any(key.endswith(".pooling_type") for key in info):
-            capabilities.append("embedding")
+        capabilities = model_capabilities(info, template)
         self.write_json(
             {
                 "license": entry.license or "",
@@ -447,6 +476,20 @@ class ShowHandler(LLMHandler):
                 "modified_at": entry.modified_at.isoformat().replace("+00:00", "Z"),
             }
         )
+
+
+def model_capabilities(info: dict[str, Any], template: str) -> list[str]:
+    """Ollama's ``capabilities``: a model that declares a pooling type embeds,
+    any other completes (never both, as in Ollama's server/images.go)."""
+    if any(key.endswith(".pooling_type") for key in info):
+        capabilities = ["embedding"]
+    else:
+        capabilities = ["completion"]
+        if "tokenizer.ggml.fim_pre_token_id" in info:
+            capabilities.append("insert")
+    if "tools" in template or "tool_call" in template:
+        capabilities.append("tools")
+    return capabilities
 
 
 def format_parameters(params: dict[str, Any]) -> str:
@@ -487,9 +530,11 @@ class DeleteHandler(LLMHandler):
         self.finish()
 
 
-def handlers() -> list[tuple[str, type[LLMHandler]]]:
-    """Routes relative to ``{base_url}llm/``."""
+def handlers() -> list[tuple[str, type[APIHandler]]]:
+    """Routes relative to ``{base_url}llm/`` (``?``: the root, with or without
+    its slash)."""
     return [
+        (r"?", RootHandler),
         (r"api/version", VersionHandler),
         (r"api/devices", DevicesHandler),
         (r"api/tags", TagsHandler),

@@ -292,6 +292,8 @@ class ModelsHandler(OpenAIHandler):
         entries = await self.blocking(self.llm.store.list)
         self.write_json({"object": "list", "data": [model_object(e) for e in entries]})
 
+    head = get  # a probe: the same status and headers, no body
+
 
 class ModelHandler(OpenAIHandler):
     auth_resource = LLM
@@ -301,6 +303,8 @@ class ModelHandler(OpenAIHandler):
     async def get(self, model: str) -> None:
         entry = await self.blocking(self.llm.store.get, parse_model_name(model))
         self.write_json(model_object(entry))
+
+    head = get
 
 
 def handlers() -> list[tuple[str, type[LLMHandler]]]:

@@ -164,8 +164,9 @@ class GenerateRequest(CompletionRequest):
             prompt=_typed(body, "prompt", str, "a string", ""),
             system=_typed(body, "system", str, "a string"),
             raw=_typed(body, "raw", bool, "a boolean", False),
-            template=_typed(body, "template", str, "a string"),
-            suffix=_typed(body, "suffix", str, "a string"),
+            # "" is unset, as in Ollama (older clients send "" for both)
+            template=_typed(body, "template", str, "a string") or None,
+            suffix=_typed(body, "suffix", str, "a string") or None,
             context=context,
         )
 

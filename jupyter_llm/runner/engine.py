@@ -25,6 +25,7 @@ from typing import Any
 import llama_cpp
 
 from jupyter_llm.memory.measured import AllocationLog
+from jupyter_llm.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
 from jupyter_llm.runner.chat_template import ChatTemplate
 from jupyter_llm.runner.context_window import (
     SlotView,
@@ -37,26 +38,6 @@ from jupyter_llm.runner.sequence import Completion, Job, Sequence, build_sampler
 
 Emit = Callable[[str], None]
 Cancelled = Callable[[], bool]
-
-# Ollama's defaults (api.DefaultOptions) for what the client leaves out.
-DEFAULT_SAMPLING: dict[str, Any] = {
-    "num_predict": -1,
-    "temperature": 0.8,
-    "top_k": 40,
-    "top_p": 0.9,
-    "min_p": 0.0,
-    "repeat_penalty": 1.1,
-    "repeat_last_n": 64,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "seed": -1,
-    "stop": [],
-    "typical_p": 1.0,
-    "mirostat": 0,
-    "mirostat_tau": 5.0,
-    "mirostat_eta": 0.1,
-    "num_keep": 4,
-}
 
 
 @dataclass
