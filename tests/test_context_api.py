@@ -12,20 +12,25 @@ SMALL = 256  # llama.cpp's smallest context (it pads num_ctx up to this)
 
 async def generate(jp_fetch, **body):
     r = await jp_fetch(
-        "llm", "api", "generate", method="POST", body=json.dumps({"stream": False, **body})
+        "llm",
+        "api",
+        "generate",
+        method="POST",
+        body=json.dumps({"stream": False, **body}),
+        request_timeout=300,  # a deadline, not a measurement
     )
     return json.loads(r.body)
 
 
 async def test_one_generation_runs_past_num_ctx(jp_fetch, installed_model):
-    past = 2 * SMALL + 10
+    past = SMALL + 20
     options = {**GREEDY, "num_ctx": SMALL, "num_predict": past}
     done = await generate(jp_fetch, model=installed_model, prompt="hello", options=options)
     assert (done["done_reason"], done["eval_count"]) == ("length", past)
 
 
 async def test_shift_false_stops_at_the_end_of_the_context(jp_fetch, installed_model):
-    options = {**GREEDY, "num_ctx": SMALL, "num_predict": 2 * SMALL}
+    options = {**GREEDY, "num_ctx": SMALL, "num_predict": SMALL + 20}
     done = await generate(
         jp_fetch, model=installed_model, prompt="hello", options=options, shift=False
     )
