@@ -98,7 +98,7 @@ class Puller:
                         gen = self._pull_hf(client, model)
                     else:
                         gen = self._pull_registry(client, model, insecure)
-                async with contextlib.aclosing(gen):  # its downloads learn at once
+                async with contextlib.aclosing(gen):  # closed at once, and its downloads told
                     async for event in gen:
                         yield event
         finally:
@@ -131,8 +131,9 @@ class Puller:
             for layer in [*layers, config]:
                 digest, size = layer["digest"], layer["size"]
                 url = f"{base}/blobs/{digest}"
-                async for event in self._fetch_blob(url, digest, size, hold):
-                    yield event
+                async with contextlib.aclosing(self._fetch_blob(url, digest, size, hold)) as blob:
+                    async for event in blob:
+                        yield event
             yield {"status": "verifying sha256 digest"}
             yield {"status": "writing manifest"}
             await asyncio.get_running_loop().run_in_executor(
@@ -160,10 +161,11 @@ class Puller:
         async with self._hold([digest] if digest else []) as hold:
             await self._check_disk([size] if not (digest and await self._has(digest)) else [])
             url = f"{self.hf_endpoint}/{repo}/resolve/main/{file}"
-            async for event in self._fetch_blob(url, digest, size, hold):
-                if event.get("digest"):
-                    digest = event["digest"]
-                yield event
+            async with contextlib.aclosing(self._fetch_blob(url, digest, size, hold)) as blob:
+                async for event in blob:
+                    if event.get("digest"):
+                        digest = event["digest"]
+                    yield event
             named = ModelName("hf.co", model.namespace, model.name, quant)
             async for event in self._finish_gguf(named, digest, file):
                 yield event
@@ -186,9 +188,10 @@ class Puller:
         await self._check_disk([size])
         digest = None
         async with self._hold([]) as hold:
-            async for event in self._fetch_blob(url, None, size, hold):
-                digest = event.get("digest") or digest
-                yield event
+            async with contextlib.aclosing(self._fetch_blob(url, None, size, hold)) as blob:
+                async for event in blob:
+                    digest = event.get("digest") or digest
+                    yield event
             async for event in self._finish_gguf(model, digest, file):
                 yield event
 
