@@ -89,3 +89,9 @@ def server(remote: Remote):
     s = LoopbackServer(remote)
     yield s
     s.close()
+
+
+@pytest.fixture
+def puller(jp_serverapp):
+    """The server's ``Puller``, whose ``retry`` policy a test may replace."""
+    return jp_serverapp.web_app.settings["jupyter_llm"].puller

@@ -1,7 +1,8 @@
 """A loopback HTTP server speaking the protocols ``pull`` uses: an Ollama/Docker
 registry (with token auth and CDN redirects), Hugging Face's model API and
 file downloads, and plain file URLs, all with Range support and switches to
-misbehave: drop the connection mid-blob, serve the wrong bytes, pause a
+misbehave: drop the connection mid-blob (once, at given offsets, or every
+time), answer with an error status, serve the wrong bytes, pause a
 download at a known byte until the test lets it go on, send more than a
 body's declared size (``Trick``), answer a resume with the wrong range.
 File downloads carry an ETag and honour If-Range unless told not to."""
@@ -25,9 +26,11 @@ def sha(data: bytes) -> str:
 
 @dataclass
 class Pause:
-    """Send ``at`` bytes of a body, set ``reached``, wait for ``go``, send the rest."""
+    """Send ``at`` bytes of a body, set ``reached``, wait for ``go``, send the
+    rest (or, with ``drop``, close the connection instead)."""
 
     at: int
+    drop: bool = False
     reached: threading.Event = field(default_factory=threading.Event)
     go: threading.Event = field(default_factory=threading.Event)
 
@@ -57,6 +60,9 @@ class Remote:
     token: str | None = None  # require Bearer auth on the registry
     realm: str | None = None  # the token URL a challenge names (default: this server's)
     drop_after: int | None = None  # send this many bytes of the next blob, then close
+    drops: list[int] = field(default_factory=list)  # file offsets: each body stops at the next
+    drop_each: int | None = None  # send at most this many bytes of every body, then close
+    statuses: list[int] = field(default_factory=list)  # answer the next downloads with these
     corrupt: set[str] = field(default_factory=set)  # digests served with wrong bytes
     pauses: dict[str, Pause] = field(default_factory=dict)  # request path -> pause
     tricks: dict[str, Trick] = field(default_factory=dict)  # request path -> misanswer
@@ -172,6 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
         pause = r.pauses.pop(self.path.split("?")[0], None) if not head else None
         if data is None:
             return self._send(404, b"{}")
+        if r.statuses and not head:
+            return self._send(r.statuses.pop(0), b"{}")
         start = 0
         status = 200
         headers = {"Accept-Ranges": "bytes", "ETag": etag(data)}
@@ -197,8 +205,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(k, v)
             self.end_headers()
             return
+        cut = None
         if r.drop_after is not None:
             cut, r.drop_after = r.drop_after, None
+        elif r.drops and r.drops[0] > start:
+            cut = r.drops.pop(0) - start
+        elif r.drop_each is not None:
+            cut = r.drop_each
+        if cut is not None:
             self._start(status, len(body), headers)
             self.wfile.write(body[:cut])
             self.wfile.flush()
@@ -211,6 +225,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             pause.reached.set()
             pause.go.wait(DEADLINE)
+            if pause.drop:
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
             self.wfile.write(body[pause.at :])
             return
         self._send(status, body, headers)

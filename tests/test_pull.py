@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
-from loopback import DEADLINE, Pause, pull_events, sha
+from loopback import DEADLINE, Pause, etag, pull_events, sha
 from tornado.httpclient import HTTPClientError
 
 from jupyter_llm.errors import PullFailed
-from jupyter_llm.models.pull import pick_gguf, url_model_name, validate_manifest
+from jupyter_llm.models.download import (
+    Interrupted,
+    RetryNote,
+    RetryPolicy,
+    is_retryable,
+    retry_status,
+)
+from jupyter_llm.models.pull import pick_gguf, retry_line, url_model_name, validate_manifest
 from jupyter_llm.models.store import MEDIA_PARAMS, MEDIA_SYSTEM
 
 
@@ -90,24 +98,201 @@ async def test_wrong_digest_is_refused_and_nothing_listed(
     assert not list(blobs.glob("*-partial"))
 
 
-async def test_dropped_connection_then_resume_with_range(
-    jp_fetch, server, remote, demo_gguf, models_dir
+FAST = RetryPolicy(attempts=5, base_delay=0.001)  # retries without waiting long
+
+
+def model_layer(remote, ns="library/tiny/latest"):
+    return json.loads(remote.manifests[ns])["layers"][0]
+
+
+def blob_path(models_dir, digest, suffix=""):
+    return models_dir / "blobs" / (digest.replace(":", "-") + suffix)
+
+
+async def test_a_connection_dropped_twice_is_retried_with_range(
+    jp_fetch, server, remote, demo_gguf, models_dir, puller
 ):
     data = demo_gguf.read_bytes()
-    manifest = remote.add_model("library", "tiny", "latest", data)
-    remote.drop_after = len(data) // 3
-    events = await pull(jp_fetch, {"model": f"{server.host}/library/tiny", "insecure": True})
-    assert "interrupted" in events[-1]["error"]
-    assert await tags(jp_fetch) == []  # no half-pulled model is listed
-    partial = (
-        models_dir / "blobs" / (manifest["layers"][0]["digest"].replace(":", "-") + "-partial")
-    )
-    assert partial.stat().st_size == len(data) // 3
-
+    n = len(data)
+    remote.add_model("library", "tiny", "latest", data)
+    digest = model_layer(remote)["digest"]
+    puller.retry = FAST
+    remote.drops = [n // 4, n // 2]  # the first body stops at n/4, the resumed one at n/2
     events = await pull(jp_fetch, {"model": f"{server.host}/library/tiny", "insecure": True})
     assert events[-1] == {"status": "success"}
-    assert f"bytes={len(data) // 3}-" in remote.ranges
+    assert remote.ranges == [f"bytes={n // 4}-", f"bytes={n // 2}-"]
+    assert sum(r == f"GET /cdn/{digest}" for r in remote.requests) == 3
+    assert remote.if_ranges == [etag(data)] * 2  # each resume named the file it began
+    retries = [e["status"] for e in events if e["status"].startswith("retrying")]
+    assert len(retries) == 2
+    assert f"from byte {n // 4} (attempt 2 of 5)" in retries[0]
+    assert f"from byte {n // 2} (attempt 3 of 5)" in retries[1]
+    assert all("RemoteProtocolError" in line for line in retries)
+    # the blob's progress: before and after the retries, never going back
+    where = [i for i, e in enumerate(events) if e.get("digest") == digest]
+    first_retry = next(i for i, e in enumerate(events) if e["status"].startswith("retrying"))
+    assert where[0] < first_retry and where[-1] > first_retry
+    completed = [events[i]["completed"] for i in where]
+    assert completed == sorted(completed) and completed[-1] == n
+    assert all(events[i]["total"] == n for i in where)
+    # the blob verifies and nothing partial is left
+    assert sha(blob_path(models_dir, digest).read_bytes()) == digest
+    assert not list((models_dir / "blobs").glob("*-partial*"))
+    assert await tags(jp_fetch) == [f"{server.host}/library/tiny:latest"]
+
+
+async def test_a_connection_dropping_every_time_fails_then_a_pull_resumes(
+    jp_fetch, server, remote, demo_gguf, models_dir, puller
+):
+    data = demo_gguf.read_bytes()
+    step = len(data) // 8
+    remote.add_model("library", "tiny", "latest", data)
+    digest = model_layer(remote)["digest"]
+    puller.retry = RetryPolicy(attempts=3, base_delay=0.001)
+    remote.drop_each = step
+    events = await pull(jp_fetch, {"model": f"{server.host}/library/tiny", "insecure": True})
+    error = events[-1]["error"]
+    assert "download interrupted after 3 attempts" in error and "pull again to resume" in error
+    assert f"{3 * step} of {len(data)} bytes are kept" in error
+    assert sum(e["status"].startswith("retrying") for e in events[:-1]) == 2
+    assert remote.ranges == [f"bytes={step}-", f"bytes={2 * step}-"]
+    assert blob_path(models_dir, digest, "-partial").stat().st_size == 3 * step
+    assert await tags(jp_fetch) == []  # no half-pulled model is listed
+
+    remote.drop_each = None
+    events = await pull(jp_fetch, {"model": f"{server.host}/library/tiny", "insecure": True})
+    assert events[-1] == {"status": "success"}
+    assert remote.ranges[-1] == f"bytes={3 * step}-"
+    assert sha(blob_path(models_dir, digest).read_bytes()) == digest
     assert (await generate(jp_fetch, f"{server.host}/library/tiny:latest"))["eval_count"] == 2
+
+
+@pytest.mark.parametrize(
+    ("statuses", "outcome", "gets"),
+    [
+        ([503], "success", 2),
+        ([500, 502, 504], "success", 4),
+        ([404], "HTTP 404", 1),  # a refusal is final: no retry
+        ([403], "HTTP 403", 1),
+        ([429], "HTTP 429", 1),
+    ],
+)
+async def test_server_errors_are_retried_refusals_are_not(
+    jp_fetch, server, remote, demo_gguf, puller, statuses, outcome, gets
+):
+    remote.add_model("library", "tiny", "latest", demo_gguf.read_bytes())
+    digest = model_layer(remote)["digest"]
+    puller.retry = FAST
+    remote.statuses = list(statuses)
+    events = await pull(jp_fetch, {"model": f"{server.host}/library/tiny", "insecure": True})
+    if outcome == "success":
+        assert events[-1] == {"status": "success"}
+        lines = [e["status"] for e in events if e["status"].startswith("retrying")]
+        assert [line.rsplit(": ", 1)[1] for line in lines] == [f"HTTP {s}" for s in statuses]
+    else:
+        assert outcome in events[-1]["error"]
+        assert not any(e.get("status", "").startswith("retrying") for e in events)
+    assert sum(r == f"GET /cdn/{digest}" for r in remote.requests) == gets
+
+
+async def test_a_client_leaving_during_the_backoff_cancels_the_pull(
+    jp_fetch,
+    jp_serverapp,
+    jp_base_url,
+    http_server_port,
+    server,
+    remote,
+    demo_gguf,
+    models_dir,
+    puller,
+):
+    import asyncio
+
+    data = demo_gguf.read_bytes()
+    n = len(data)
+    remote.add_model("library", "tiny", "latest", data)
+    digest = model_layer(remote)["digest"]
+    puller.retry = RetryPolicy(base_delay=3600, max_delay=3600)  # far past any deadline
+    remote.drops = [n // 3]
+    body = {"model": f"{server.host}/library/tiny", "insecure": True}
+    reader, writer = await open_pull(jp_serverapp, jp_base_url, http_server_port, body)
+    await asyncio.wait_for(reader.readuntil(b"retrying"), DEADLINE)  # in the backoff now
+    assert puller.in_progress() == {digest: 1}
+    writer.close()
+    await until(lambda: not puller.in_progress())  # an hour's backoff would outlast this
+    assert sum(r == f"GET /cdn/{digest}" for r in remote.requests) == 1  # no retry ran
+    assert blob_path(models_dir, digest, "-partial").stat().st_size == n // 3
+    # a later pull starts afresh (it did not join a download left waiting) and resumes
+    puller.retry = FAST
+    events = await pull(jp_fetch, body)
+    assert events[-1] == {"status": "success"}
+    assert remote.ranges == [f"bytes={n // 3}-"]
+    assert sha(blob_path(models_dir, digest).read_bytes()) == digest
+
+
+async def open_pull(jp_serverapp, jp_base_url, http_server_port, body):
+    """A streaming pull on a raw connection the test can close: (reader, writer)."""
+    import asyncio
+
+    data = json.dumps(body).encode()
+    port = http_server_port[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"POST {jp_base_url}llm/api/pull HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: token {jp_serverapp.identity_provider.token}\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def until(condition):
+    import asyncio
+
+    async with asyncio.timeout(DEADLINE):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_shared_download_outlives_the_pull_that_began_it(
+    jp_fetch,
+    jp_serverapp,
+    jp_base_url,
+    http_server_port,
+    server,
+    remote,
+    demo_gguf,
+    models_dir,
+    puller,
+):
+    """The first pull's client leaves while a second pull follows the download:
+    it goes on, is retried after a drop, and the second pull gets the model."""
+    import asyncio
+
+    data = demo_gguf.read_bytes()
+    remote.add_model("library", "tiny", "latest", data)
+    digest = model_layer(remote)["digest"]
+    puller.retry = FAST
+    pause = remote.pauses[f"/cdn/{digest}"] = Pause(at=len(data) // 5, drop=True)
+    body = {"model": f"{server.host}/library/tiny", "insecure": True}
+    __, first = await open_pull(jp_serverapp, jp_base_url, http_server_port, body)
+    second = None
+    try:
+        assert await asyncio.to_thread(pause.reached.wait, DEADLINE)
+        second = asyncio.ensure_future(pull(jp_fetch, body))
+        await until(lambda: puller.in_progress() == {digest: 2})
+        first.close()
+        await until(lambda: puller.running == 1)  # the first pull ended, client closed
+        assert puller.in_progress() == {digest: 1}
+    finally:
+        pause.go.set()
+    assert second is not None
+    events = await asyncio.wait_for(second, DEADLINE)
+    assert events[-1] == {"status": "success"}
+    assert remote.ranges == [f"bytes={len(data) // 5}-"]
+    assert sum(e["status"].startswith("retrying") for e in events) == 1
+    assert sha(blob_path(models_dir, digest).read_bytes()) == digest
 
 
 async def test_manifest_digest_traversal_refused(jp_fetch, server, remote, demo_gguf, models_dir):
@@ -312,3 +497,67 @@ async def test_pulled_parameters_are_checked_like_request_options(
     body = {"model": f"{server.host}/library/tiny", "prompt": "hi", "stream": False}
     r = await jp_fetch("llm", "api", "generate", method="POST", body=json.dumps(body))
     assert json.loads(r.body)["eval_count"] == 4
+
+
+@pytest.mark.parametrize(
+    ("policy", "delays"),
+    [
+        (RetryPolicy(), [1, 2, 4, 8]),
+        (RetryPolicy(attempts=8, base_delay=0.5, max_delay=10), [0.5, 1, 2, 4, 8, 10, 10]),
+        (RetryPolicy(base_delay=0), [0, 0, 0, 0]),
+    ],
+)
+def test_retry_backoff_doubles_up_to_its_cap(policy, delays):
+    assert [policy.delay(k) for k in range(1, policy.attempts)] == delays
+
+
+@pytest.mark.parametrize(
+    "policy", [{"attempts": 0}, {"base_delay": -1}, {"max_delay": -1}], ids=str
+)
+def test_bad_retry_policies_are_refused(policy):
+    with pytest.raises(ValueError, match="invalid retry policy"):
+        RetryPolicy(**policy)
+
+
+def httpx_error(name):
+    return getattr(httpx, name)("boom", request=httpx.Request("GET", "http://127.0.0.1/"))
+
+
+@pytest.mark.parametrize(
+    ("error", "retry"),
+    [
+        (httpx_error("ConnectError"), True),
+        (httpx_error("ReadTimeout"), True),
+        (httpx_error("ConnectTimeout"), True),
+        (httpx_error("ReadError"), True),
+        (httpx_error("RemoteProtocolError"), True),  # a body cut short
+        (Interrupted("the body ended after 5 of 9 bytes"), True),
+        (httpx_error("UnsupportedProtocol"), False),
+        (httpx_error("LocalProtocolError"), False),
+        (httpx_error("TooManyRedirects"), False),
+        (PullFailed("digest mismatch"), False),
+        (OSError(28, "No space left on device"), False),
+        (ValueError("a bug"), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+)
+def test_which_errors_are_retried(error, retry):
+    assert is_retryable(error) is retry
+
+
+@pytest.mark.parametrize(
+    ("status", "retry"),
+    [
+        *[(status, True) for status in (500, 502, 503, 504, 599)],
+        *[(status, False) for status in (400, 401, 403, 404, 416, 429)],
+    ],
+)
+def test_which_statuses_are_retried(status, retry):
+    assert retry_status(status) is retry
+
+
+def test_retry_line():
+    note = RetryNote(attempt=2, attempts=5, delay=0.25, reason="HTTP 503", offset=1024)
+    assert retry_line("abcdef012345", note) == (
+        "retrying abcdef012345 in 0.25s from byte 1024 (attempt 2 of 5): HTTP 503"
+    )

@@ -9,9 +9,11 @@ import errno
 import json
 
 import pytest
-from loopback import DEADLINE, Trick, etag, sha
+from loopback import DEADLINE, Pause, Trick, etag, sha
 from loopback import pull_events as pull
 from tornado.httpclient import HTTPClientError
+
+from jupyter_llm.models.download import RetryPolicy
 
 BIG = 10 << 30  # a Content-Length no pull should believe
 
@@ -127,14 +129,16 @@ def changed(data: bytes) -> bytes:
     return other
 
 
-async def interrupted_url_pull(jp_fetch, server, remote, data, models_dir) -> str:
-    """A URL pull cut off after a third of the file, leaving a partial."""
+async def interrupted_url_pull(jp_fetch, server, remote, data, models_dir, puller) -> str:
+    """A URL pull of one attempt, cut off after a third of the file, leaving a partial."""
     path = "/files/Tiny.gguf"
     remote.files[path] = data
     remote.drop_after = len(data) // 3
+    puller.retry = RetryPolicy(attempts=1)
     events = await pull(jp_fetch, {"model": f"{server.base}{path}"})
-    assert "interrupted" in events[-1]["error"]
+    assert "interrupted after 1 attempt (" in events[-1]["error"]
     assert any(name.endswith("-partial") for name in leftovers(models_dir))
+    puller.retry = RetryPolicy(base_delay=0.001)
     return path
 
 
@@ -149,10 +153,10 @@ async def pulled_blob(jp_fetch, models_dir) -> bytes:
 
 
 async def test_a_resume_after_the_file_changed_starts_again(
-    jp_fetch, server, remote, demo_gguf, models_dir
+    jp_fetch, server, remote, demo_gguf, models_dir, puller
 ):
     old = demo_gguf.read_bytes()
-    path = await interrupted_url_pull(jp_fetch, server, remote, old, models_dir)
+    path = await interrupted_url_pull(jp_fetch, server, remote, old, models_dir, puller)
     remote.files[path] = new = changed(old)  # the server honours If-Range: 200, whole file
     events = await pull(jp_fetch, {"model": f"{server.base}{path}"})
     assert events[-1] == {"status": "success"}
@@ -162,10 +166,10 @@ async def test_a_resume_after_the_file_changed_starts_again(
 
 
 async def test_a_resume_from_a_server_ignoring_if_range_starts_again(
-    jp_fetch, server, remote, demo_gguf, models_dir
+    jp_fetch, server, remote, demo_gguf, models_dir, puller
 ):
     old = demo_gguf.read_bytes()
-    path = await interrupted_url_pull(jp_fetch, server, remote, old, models_dir)
+    path = await interrupted_url_pull(jp_fetch, server, remote, old, models_dir, puller)
     remote.files[path] = new = changed(old)
     remote.if_range = False  # answers 206 of the new file, with the new file's ETag
     events = await pull(jp_fetch, {"model": f"{server.base}{path}"})
@@ -174,11 +178,37 @@ async def test_a_resume_from_a_server_ignoring_if_range_starts_again(
 
 
 async def test_a_resume_answered_from_the_wrong_byte_starts_again(
-    jp_fetch, server, remote, demo_gguf, models_dir
+    jp_fetch, server, remote, demo_gguf, models_dir, puller
 ):
     data = demo_gguf.read_bytes()
-    path = await interrupted_url_pull(jp_fetch, server, remote, data, models_dir)
+    path = await interrupted_url_pull(jp_fetch, server, remote, data, models_dir, puller)
     remote.wrong_range_start = True  # 206, but Content-Range starts at 0
     events = await pull(jp_fetch, {"model": f"{server.base}{path}"})
     assert events[-1] == {"status": "success"}
     assert sha(await pulled_blob(jp_fetch, models_dir)) == sha(data)
+
+
+async def test_a_retry_after_the_file_changed_starts_again(
+    jp_fetch, server, remote, demo_gguf, models_dir, puller
+):
+    """The file changes while its download is cut off: the retry names the file
+    it began (If-Range), gets the new one whole, and the new one is kept."""
+    import asyncio
+
+    old = demo_gguf.read_bytes()
+    path = "/files/Tiny.gguf"
+    remote.files[path] = old
+    puller.retry = RetryPolicy(base_delay=0.001)
+    pause = remote.pauses[path] = Pause(at=len(old) // 3, drop=True)
+    task = asyncio.ensure_future(pull(jp_fetch, {"model": f"{server.base}{path}"}))
+    try:
+        assert await asyncio.to_thread(pause.reached.wait, DEADLINE)
+        remote.files[path] = new = changed(old)
+    finally:
+        pause.go.set()
+    events = await asyncio.wait_for(task, DEADLINE)
+    assert events[-1] == {"status": "success"}
+    assert sum(e["status"].startswith("retrying") for e in events) == 1
+    assert remote.if_ranges == [etag(old)] and remote.ranges == []  # answered whole
+    assert sha(await pulled_blob(jp_fetch, models_dir)) == sha(new)
+    assert not [name for name in leftovers(models_dir) if "partial" in name]

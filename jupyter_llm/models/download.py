@@ -8,6 +8,14 @@ validator is unchanged; anything else starts again from byte 0, so two
 different files are never spliced together. A body never grows past its
 declared size (the manifest's, Hugging Face's or the HEAD's), and a full disk
 removes the partial rather than keeping a full disk for a resume.
+
+An interrupted attempt (the connection dropped or timed out, the body ended
+short, the server answered 5xx) is tried again by itself, resuming after the
+bytes already kept, up to ``RetryPolicy.attempts`` times with a doubling wait
+between; each retry is noted on the ``Download`` for the pulls to announce.
+Other failures (4xx, a digest mismatch, a server that cannot resume
+consistently) end the download at once, as before. When the attempts are used
+up the partial stays for a later pull to resume.
 """
 
 from __future__ import annotations
@@ -32,20 +40,95 @@ _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How many attempts an interrupted blob download gets, and the waits
+    between them: ``base_delay`` seconds, doubling after each failure, at most
+    ``max_delay``."""
+
+    attempts: int = 5
+    base_delay: float = 1.0
+    max_delay: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.base_delay < 0 or self.max_delay < 0:
+            raise ValueError(f"invalid retry policy: {self}")
+
+    def delay(self, failures: int) -> float:
+        """The wait after the ``failures``-th failed attempt (1, 2, ...)."""
+        return min(self.max_delay, self.base_delay * 2 ** (failures - 1))
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+@dataclass(frozen=True)
+class RetryNote:
+    """A retry about to happen: attempt ``attempt`` of ``attempts`` starts
+    after ``delay`` seconds, because of ``reason``; it resumes at byte ``offset``."""
+
+    attempt: int
+    attempts: int
+    delay: float
+    reason: str
+    offset: int
+
+
 @dataclass
 class Download:
     """One blob being fetched; shared by every pull that needs it. ``total`` is
-    its declared size (0: unknown until the server says)."""
+    its declared size (0: unknown until the server says). ``completed`` only
+    grows, unless the server's file changed and the download starts again."""
 
     digest: str | None
     total: int
     completed: int = 0
     task: asyncio.Task[str] | None = None
     holds: list[Hold] = field(default_factory=list)  # of the pulls waiting on it
+    retries: list[RetryNote] = field(default_factory=list)  # in order, never removed
+    followers: int = 0  # pulls reporting its progress; the last to leave cancels it
+
+
+@dataclass
+class _Kept:
+    """The partial as it stands: its bytes' hash, length and validator."""
+
+    hasher: Any
+    size: int = 0
+    validator: str | None = None
+
+    def reset(self) -> None:
+        self.hasher, self.size, self.validator = hashlib.sha256(), 0, None
 
 
 class _Restart(Exception):
     """The partial cannot be continued: start again from byte 0."""
+
+
+class Interrupted(Exception):
+    """An attempt that another may follow: the body ended short, or the server
+    answered 5xx."""
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Whether a download attempt that failed with ``error`` is worth another:
+    transport failures (connection refused or dropped, timeouts, a body cut
+    short) and ``Interrupted``; never a refusal, a mismatch or our own bug."""
+    if isinstance(error, (httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
+        return False
+    return isinstance(error, (httpx.TransportError, Interrupted))
+
+
+def retry_status(status: int) -> bool:
+    """Whether an HTTP status ends an attempt that another may follow (5xx)."""
+    return 500 <= status <= 599
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error)
+    if isinstance(error, Interrupted):
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def write_chunk(out: BinaryIO, hasher: Any, data: bytes) -> None:
@@ -99,9 +182,16 @@ class Partial:
         return value if isinstance(value, str) and value else None
 
 
-async def fetch(client: httpx.AsyncClient, url: str, store: ModelStore, d: Download) -> str:
+async def fetch(
+    client: httpx.AsyncClient,
+    url: str,
+    store: ModelStore,
+    d: Download,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> str:
     """Fetch ``url`` for ``d``; returns the verified digest once the blob is in
-    the store (and in every waiting pull's hold)."""
+    the store (and in every waiting pull's hold). Interrupted attempts are
+    tried again as ``retry`` says, each resuming where the last one stopped."""
     loop = asyncio.get_running_loop()
     key = (
         d.digest.replace(":", "-")
@@ -109,21 +199,39 @@ async def fetch(client: httpx.AsyncClient, url: str, store: ModelStore, d: Downl
         else f"url-{hashlib.sha256(url.encode()).hexdigest()[:32]}"
     )
     partial = Partial(store.blobs_dir, key)
-    hasher = hashlib.sha256()
+    kept = _Kept(hashlib.sha256())
     # a known digest proves the result anyway; a URL's bytes need their validator
-    have, validator = await loop.run_in_executor(
-        None, partial.resume_point, hasher, d.digest is None
+    kept.size, kept.validator = await loop.run_in_executor(
+        None, partial.resume_point, kept.hasher, d.digest is None
     )
+    failures = 0
     try:
-        try:
-            hasher = await _transfer(client, url, partial, d, hasher, have, validator)
-        except _Restart:
-            await loop.run_in_executor(None, partial.discard)
-            hasher = await _transfer(client, url, partial, d, hashlib.sha256(), 0, None)
+        while True:
+            try:
+                await _attempt(client, url, partial, d, kept)
+                break
+            except Exception as e:
+                if not is_retryable(e):
+                    raise
+                failures += 1
+                if failures >= retry.attempts:
+                    raise PullFailed(
+                        f"download interrupted after {failures} "
+                        f"attempt{'s' if failures > 1 else ''} (the last: {_reason(e)}); "
+                        f"{kept.size} of {d.total or '?'} bytes are kept: "
+                        "pull again to resume where it stopped"
+                    ) from e
+                delay = retry.delay(failures)
+                if d.digest is None and kept.validator is None:
+                    # nothing proves the server still has the same file: begin again
+                    await loop.run_in_executor(None, partial.discard)
+                    kept.reset()
+                d.retries.append(
+                    RetryNote(failures + 1, retry.attempts, delay, _reason(e), kept.size)
+                )
+                await asyncio.sleep(delay)
     except httpx.HTTPError as e:
-        raise PullFailed(
-            f"download interrupted ({type(e).__name__}): pull again to resume where it stopped"
-        ) from e
+        raise PullFailed(f"download {url} failed ({type(e).__name__}): {e}") from e
     except _Restart:
         await loop.run_in_executor(None, partial.discard)
         raise PullFailed(f"download {url}: the server cannot resume consistently") from None
@@ -135,12 +243,7 @@ async def fetch(client: httpx.AsyncClient, url: str, store: ModelStore, d: Downl
                 "the partial file was removed: free space and pull again"
             ) from None
         raise PullFailed(f"writing {partial.path.name}: {e.strerror or e}") from None
-    if d.total and d.completed < d.total:
-        raise PullFailed(
-            f"download interrupted after {d.completed} of {d.total} bytes: "
-            "pull again to resume where it stopped"
-        )
-    actual = f"sha256:{hasher.hexdigest()}"
+    actual = f"sha256:{kept.hasher.hexdigest()}"
     if d.digest is not None and actual != d.digest:
         await loop.run_in_executor(None, partial.discard)
         raise PullFailed(
@@ -151,37 +254,48 @@ async def fetch(client: httpx.AsyncClient, url: str, store: ModelStore, d: Downl
     return actual
 
 
+async def _attempt(
+    client: httpx.AsyncClient, url: str, partial: Partial, d: Download, kept: _Kept
+) -> None:
+    """One attempt: continue the partial, or start again once if it cannot be
+    continued. Raises ``Interrupted`` (or a transport error) for a retry."""
+    try:
+        await _transfer(client, url, partial, d, kept)
+    except _Restart:
+        await asyncio.get_running_loop().run_in_executor(None, partial.discard)
+        kept.reset()
+        await _transfer(client, url, partial, d, kept)
+    if d.total and kept.size < d.total:
+        raise Interrupted(f"the body ended after {kept.size} of {d.total} bytes")
+
+
 async def _transfer(
-    client: httpx.AsyncClient,
-    url: str,
-    partial: Partial,
-    d: Download,
-    hasher: Any,
-    have: int,
-    validator: str | None,
-) -> Any:
-    """One GET: the rest of the partial (``have`` > 0) or the whole file.
-    Returns the hasher holding every byte of the partial."""
+    client: httpx.AsyncClient, url: str, partial: Partial, d: Download, kept: _Kept
+) -> None:
+    """One GET: the rest of the partial (``kept.size`` > 0) or the whole file.
+    ``kept`` follows every byte written, however the GET ends."""
     loop = asyncio.get_running_loop()
+    have = kept.size
     headers = {"Accept-Encoding": "identity"}  # sizes are of the bytes stored
     if have:
         headers["Range"] = f"bytes={have}-"
-    if have and validator:
-        headers["If-Range"] = validator
+    if have and kept.validator:
+        headers["If-Range"] = kept.validator
     async with client.stream("GET", url, headers=headers) as response:
         status = response.status_code
         if status == 416 and have:
             if d.digest is not None and have == d.total:
                 d.completed = have  # it was all here already; the digest decides
-                return hasher
+                return
             raise _Restart
+        if retry_status(status):
+            raise Interrupted(f"HTTP {status}")
         if status not in (200, 206):
             raise PullFailed(f"download {url}: HTTP {status}")
         if status == 206:
-            _check_resume(response, have, validator, d.total)
+            _check_resume(response, have, kept.validator, d.total)
         else:
             have = 0  # a whole body: the server ignored the Range, or the file changed
-            hasher = hashlib.sha256()
         length = _content_length(response)
         if d.total and length is not None and have + length != d.total:
             how = "more than" if have + length > d.total else "not"
@@ -192,22 +306,23 @@ async def _transfer(
         if not d.total and length is not None:
             d.total = have + length
         limit = d.total or None
-        d.completed = have
         if have:
             out = await loop.run_in_executor(None, partial.append)
         else:
-            out = await loop.run_in_executor(None, partial.begin, _validator_of(response))
+            kept.reset()
+            kept.validator = _validator_of(response)
+            out = await loop.run_in_executor(None, partial.begin, kept.validator)
+        d.completed = have
         try:
-            await _receive(response, out, hasher, d, limit, partial, url)
+            await _receive(response, out, kept, d, limit, partial, url)
         finally:
             await loop.run_in_executor(None, out.close)
-    return hasher
 
 
 async def _receive(
     response: httpx.Response,
     out: BinaryIO,
-    hasher: Any,
+    kept: _Kept,
     d: Download,
     limit: int | None,
     partial: Partial,
@@ -222,12 +337,14 @@ async def _receive(
     async def flush() -> None:
         nonlocal pending, size
         data, pending, size = b"".join(pending), [], 0
-        await loop.run_in_executor(None, write_chunk, out, hasher, data)
+        await loop.run_in_executor(None, write_chunk, out, kept.hasher, data)
+        kept.size += len(data)
 
     try:
         async for chunk in response.aiter_bytes():
             if limit is not None and d.completed + len(chunk) > limit:
                 await loop.run_in_executor(None, partial.discard)
+                kept.reset()
                 raise PullFailed(
                     f"download {url}: the server sent more than the {limit} bytes declared"
                 )

@@ -4,12 +4,16 @@ Every blob downloads to ``blobs/sha256-<hex>-partial`` (or a URL-keyed partial
 when the digest is not known up front), resumes with HTTP Range after an
 interruption only when the server proves it is the same file, never past its
 declared size, and becomes a blob only once its sha256 matches (``download``).
+An interrupted download is tried again by itself (``Puller.retry``), each
+retry announced as a status line while the blob's progress keeps its place.
 Manifests and API answers are read with a size cap (``fetch``). The manifest is
 written last, so a killed server never leaves a model listed that cannot load.
 Until then the pull holds every blob it reuses or fetches (``ModelStore.hold``),
 so a concurrent delete of another model cannot free them. Concurrent pulls of
-one blob share one download. Proxies come from the usual
-environment variables (httpx's ``trust_env``).
+one blob share one download, which outlives a pull that leaves while others
+follow it; when the last one leaves (its client disconnected), the download is
+cancelled and its partial kept. Proxies come from the usual environment
+variables (httpx's ``trust_env``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import httpx
 
 from jupyter_llm.errors import InsufficientStorage, InvalidRequest, PullFailed
 from jupyter_llm.models import download as _download
-from jupyter_llm.models.download import Download
+from jupyter_llm.models.download import DEFAULT_RETRY, Download, RetryNote, RetryPolicy
 from jupyter_llm.models.fetch import MAX_HF_API, MAX_MANIFEST, MAX_TOKEN, Answer, read_capped
 from jupyter_llm.models.holds import Hold
 from jupyter_llm.models.hosts import (
@@ -59,14 +63,21 @@ Progress = dict[str, Any]
 class Puller:
     """Owns the HTTP client and the table of downloads in progress."""
 
-    def __init__(self, store: ModelStore, hf_endpoint: str | None = None) -> None:
+    def __init__(
+        self,
+        store: ModelStore,
+        hf_endpoint: str | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> None:
         self.store = store
+        self.retry = retry  # attempts and backoff for an interrupted blob
         self.hf_endpoint = (
             hf_endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
         ).rstrip("/")
         # token hosts trusted beside each registry's own (see models/hosts.py)
         self.trusted_auth_hosts = trusted_auth_hosts(os.environ.get(TRUSTED_AUTH_HOSTS_ENV, ""))
         self._downloads: dict[str, Download] = {}
+        self.running = 0  # pulls begun and not yet ended (their HTTP client closed)
 
     # -- entry point ---------------------------------------------------------------
     async def pull(
@@ -76,19 +87,22 @@ class Puller:
         if not isinstance(source, str) or not source.strip():
             raise InvalidRequest("model is required and must be a non-empty string")
         source = source.strip()
-        async with httpx.AsyncClient(
-            follow_redirects=True, timeout=httpx.Timeout(30.0, read=300.0), trust_env=True
-        ) as client:
-            if re.match(r"^https?://", source, re.I):
-                gen = self._pull_url(client, source, name, insecure)
-            else:
-                model = parse_model_name(source)
-                if model.host in HF_HOSTS:
-                    gen = self._pull_hf(client, model)
+        self.running += 1
+        try:
+            async with _client() as client:
+                if re.match(r"^https?://", source, re.I):
+                    gen = self._pull_url(client, source, name, insecure)
                 else:
-                    gen = self._pull_registry(client, model, insecure)
-            async for event in gen:
-                yield event
+                    model = parse_model_name(source)
+                    if model.host in HF_HOSTS:
+                        gen = self._pull_hf(client, model)
+                    else:
+                        gen = self._pull_registry(client, model, insecure)
+                async with contextlib.aclosing(gen):  # closed at once, and its downloads told
+                    async for event in gen:
+                        yield event
+        finally:
+            self.running -= 1
 
     # -- Ollama registry -----------------------------------------------------------
     async def _pull_registry(
@@ -117,8 +131,9 @@ class Puller:
             for layer in [*layers, config]:
                 digest, size = layer["digest"], layer["size"]
                 url = f"{base}/blobs/{digest}"
-                async for event in self._fetch_blob(client, url, digest, size, hold):
-                    yield event
+                async with contextlib.aclosing(self._fetch_blob(url, digest, size, hold)) as blob:
+                    async for event in blob:
+                        yield event
             yield {"status": "verifying sha256 digest"}
             yield {"status": "writing manifest"}
             await asyncio.get_running_loop().run_in_executor(
@@ -146,10 +161,11 @@ class Puller:
         async with self._hold([digest] if digest else []) as hold:
             await self._check_disk([size] if not (digest and await self._has(digest)) else [])
             url = f"{self.hf_endpoint}/{repo}/resolve/main/{file}"
-            async for event in self._fetch_blob(client, url, digest, size, hold):
-                if event.get("digest"):
-                    digest = event["digest"]
-                yield event
+            async with contextlib.aclosing(self._fetch_blob(url, digest, size, hold)) as blob:
+                async for event in blob:
+                    if event.get("digest"):
+                        digest = event["digest"]
+                    yield event
             named = ModelName("hf.co", model.namespace, model.name, quant)
             async for event in self._finish_gguf(named, digest, file):
                 yield event
@@ -172,9 +188,10 @@ class Puller:
         await self._check_disk([size])
         digest = None
         async with self._hold([]) as hold:
-            async for event in self._fetch_blob(client, url, None, size, hold):
-                digest = event.get("digest") or digest
-                yield event
+            async with contextlib.aclosing(self._fetch_blob(url, None, size, hold)) as blob:
+                async for event in blob:
+                    digest = event.get("digest") or digest
+                    yield event
             async for event in self._finish_gguf(model, digest, file):
                 yield event
 
@@ -202,10 +219,12 @@ class Puller:
             await loop.run_in_executor(None, hold.release)
 
     async def _fetch_blob(
-        self, client: httpx.AsyncClient, url: str, digest: str | None, size: int, hold: Hold
+        self, url: str, digest: str | None, size: int, hold: Hold
     ) -> AsyncIterator[Progress]:
         """Download (or join the download of) one blob, reporting progress. The
-        blob joins ``hold`` in the same step that moves it into the store."""
+        blob joins ``hold`` in the same step that moves it into the store. The
+        download has its own HTTP client: it outlives the pull that began it
+        while other pulls follow it."""
         if digest is not None and await self._has(digest):
             yield {
                 "status": f"pulling {digest[7:19]}",
@@ -216,33 +235,59 @@ class Puller:
             return
         key = digest or f"url:{url}"
         download = self._downloads.get(key)
+        if download is not None and download.followers == 0 and download.task is not None:
+            await asyncio.wait({download.task})  # being cancelled: let it close the partial
+            download = None
         if download is None or download.task is None or download.task.done():
             download = Download(digest=digest, total=size)
-            download.task = asyncio.ensure_future(
-                _download.fetch(client, url, self.store, download)
-            )
+            download.task = asyncio.ensure_future(self._run_download(url, download))
             self._downloads[key] = download
         download.holds.append(hold)
+        download.followers += 1
+        task = download.task
         label = digest[7:19] if digest else Path(urlparse(url).path).name[:24]
+        told = len(download.retries)  # retries before this pull joined are not its news
         try:
-            while not download.task.done():
+            while not task.done():
+                for note in download.retries[told:]:
+                    yield {"status": retry_line(label, note)}
+                told = len(download.retries)
                 yield {
                     "status": f"pulling {label}",
                     "digest": digest or "",
                     "total": download.total,
                     "completed": download.completed,
                 }
-                await asyncio.wait({download.task}, timeout=0.5)
-            final = download.task.result()
+                await asyncio.wait({task}, timeout=0.5)
+            for note in download.retries[told:]:
+                yield {"status": retry_line(label, note)}
+            final = task.result()
             await asyncio.get_running_loop().run_in_executor(None, self._keep, hold, final)
         finally:
-            if download.task.done() and self._downloads.get(key) is download:
+            download.followers -= 1
+            if download.followers == 0 and not task.done():
+                # the last pull following it left (its client went away): stop it,
+                # whether it is receiving or waiting to retry; the partial stays
+                task.cancel()
+                await asyncio.wait({task})
+            if task.done() and self._downloads.get(key) is download:
                 del self._downloads[key]
         yield {
             "status": f"pulling {label}",
             "digest": final,
             "total": download.total,
             "completed": download.total,
+        }
+
+    async def _run_download(self, url: str, download: Download) -> str:
+        async with _client() as client:
+            return await _download.fetch(client, url, self.store, download, self.retry)
+
+    def in_progress(self) -> dict[str, int]:
+        """The downloads running now (a digest, or ``url:`` and the URL), each
+        with the number of pulls following it."""
+        return {
+            key: d.followers for key, d in self._downloads.items() if d.task and not d.task.done()
         }
 
     async def _has(self, digest: str) -> bool:
@@ -295,6 +340,12 @@ class Puller:
                 f"not enough disk space: the pull needs {_gib(need)}, {_gib(free)} is free "
                 f"in {self.store.root}"
             )
+
+
+def _client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        follow_redirects=True, timeout=httpx.Timeout(30.0, read=300.0), trust_env=True
+    )
 
 
 def validate_manifest(raw: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -353,6 +404,14 @@ def pick_gguf(siblings: list[dict[str, Any]], quant: str) -> tuple[str, str | No
         f"sha256:{lfs['sha256']}" if re.fullmatch(r"[0-9a-f]{64}", str(lfs.get("sha256"))) else None
     )
     return choice["rfilename"], digest, int(lfs.get("size") or choice.get("size") or 0)
+
+
+def retry_line(label: str, note: RetryNote) -> str:
+    """The status line announcing a retry (shown by Ollama's client as a line of its own)."""
+    return (
+        f"retrying {label} in {note.delay:g}s from byte {note.offset} "
+        f"(attempt {note.attempt} of {note.attempts}): {note.reason}"
+    )
 
 
 def url_model_name(file: str) -> str:
