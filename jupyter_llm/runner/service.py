@@ -251,7 +251,7 @@ class RunnerService:
             inputs,
             truncate=bool(message.get("truncate", True)),
             dimensions=dimensions,
-            normalize=bool(message.get("normalize", True)),
+            normalize=_normalize_flag(message.get("normalize", True)),
             emit=emit,
             cancelled=lambda: rid in self.cancelled,
         )
@@ -265,6 +265,12 @@ class RunnerService:
         if self.engine is None:
             raise ValueError("no model is loaded in this runner")
         return self.engine
+
+
+def _normalize_flag(value: Any) -> bool | None:
+    """``normalize`` of an embed message: true, false, or null for "as
+    Ollama's legacy route does for this model" (``Engine.legacy_normalizes``)."""
+    return None if value is None else bool(value)
 
 
 def main(argv: list[str] | None = None) -> int:
