@@ -261,3 +261,15 @@ async def test_truncation_keeps_the_cls_token_and_refuses_when_asked(
     with pytest.raises(HTTPClientError) as info:
         await post(jp_fetch, "api/embed", {"model": "cls", "input": long_text, "truncate": False})
     assert info.value.code == 400 and "context length" in info.value.response.body.decode()
+
+
+async def test_a_reranker_is_a_clear_400(jp_fetch, models_dir, tmp_path):
+    spec = DemoModelSpec(arch="bert", n_head_kv=4, context_length=128, pooling_type=RANK)
+    install(models_dir, write_demo_model(tmp_path / "rank.gguf", spec), "rank")
+    for path, body in (
+        ("api/embed", {"model": "rank", "input": "hello"}),
+        ("v1/embeddings", {"model": "rank", "input": "hello"}),
+    ):
+        with pytest.raises(HTTPClientError) as info:
+            await post(jp_fetch, path, body)
+        assert info.value.code == 400 and "reranker" in info.value.response.body.decode()

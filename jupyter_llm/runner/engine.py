@@ -160,7 +160,6 @@ class Engine:
         self._n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
         self._embed_ctx: Any = None
         self._embed_batch: Any = None
-        self.pooling_name = ""  # the pooling embeddings use, once known
         self.beat: Callable[[], None] = lambda: None  # progress between decode steps
 
     def close(self) -> None:
@@ -284,7 +283,9 @@ class Engine:
             ctx = self._embedding_context(pooling)
         self._embed_ctx = ctx
         self._embed_batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
-        self.pooling_name = POOLING_NAMES.get(pooling, str(pooling))
+        name = POOLING_NAMES.get(pooling, str(pooling))
+        declares = POOLING_NAMES.get(declared, "none")
+        sys.stderr.write(f"embeddings pool by {name} (the model declares {declares})\n")
 
     def legacy_normalizes(self) -> bool:
         """Whether the legacy ``/api/embeddings`` normalises this model's vectors."""
