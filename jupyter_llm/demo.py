@@ -233,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-head", type=int, default=DemoModelSpec.n_head)
     parser.add_argument("--n-head-kv", type=int, default=DemoModelSpec.n_head_kv)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arch", choices=ARCHS, default=DemoModelSpec.arch)
+    parser.add_argument(
+        "--pooling-type", type=int, choices=range(5), help="0 none, 1 mean, 2 CLS, 3 last, 4 rank"
+    )
     args = parser.parse_args(argv)
     if not args.path and not args.install:
         parser.error("give a path, --install NAME, or both")
@@ -243,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         n_head=args.n_head,
         n_head_kv=args.n_head_kv,
         seed=args.seed,
+        arch=args.arch,
+        pooling_type=args.pooling_type,
     )
     if args.install:
         import tempfile

@@ -273,3 +273,32 @@ async def test_a_reranker_is_a_clear_400(jp_fetch, models_dir, tmp_path):
         with pytest.raises(HTTPClientError) as info:
             await post(jp_fetch, path, body)
         assert info.value.code == 400 and "reranker" in info.value.response.body.decode()
+
+
+# -- the generated models -----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("arch", "pooling"), [("llama", None), ("llama", MEAN), ("qwen3", LAST), ("bert", CLS)]
+)
+def test_demo_models_declare_the_pooling_asked(tmp_path, arch, pooling):
+    import gguf
+
+    spec = DemoModelSpec(arch=arch, pooling_type=pooling, n_head_kv=4 if arch == "bert" else 2)
+    reader = gguf.GGUFReader(str(write_demo_model(tmp_path / "m.gguf", spec)))
+    assert reader.get_field("general.architecture").contents() == arch
+    field = reader.get_field(f"{arch}.pooling_type")
+    assert (field.contents() if field else None) == pooling
+    names = {t.name for t in reader.tensors}
+    assert ("blk.0.attn_q_norm.weight" in names) == (arch == "qwen3")
+    assert ("position_embd.weight" in names) == (arch == "bert")
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        (DemoModelSpec(arch="gpt9"), "arch must be one of"),
+        (DemoModelSpec(arch="bert"), "n_head_kv == n_head"),
+    ],
+)
+def test_demo_refuses_a_bad_shape(tmp_path, spec, match):
+    with pytest.raises(ValueError, match=match):
+        write_demo_model(tmp_path / "m.gguf", spec)
