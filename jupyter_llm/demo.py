@@ -1,8 +1,11 @@
-"""Tiny, valid llama-architecture GGUF models for tests, demos and benchmarks.
+"""Tiny, valid GGUF models for tests, demos and benchmarks.
 
 The weights are seeded random numbers: the model talks nonsense, but it
 exercises every path (tokenizer, chat template, KV cache, sampling) through
 llama.cpp exactly like a real model does, and nothing has to be downloaded.
+Besides the default llama model there are the shapes of embedding models:
+``qwen3`` (decoder, as qwen3-embedding) and ``bert`` (encoder), each with an
+optional ``<arch>.pooling_type``.
 
     python -m jupyter_llm.demo model.gguf            # just the file
     python -m jupyter_llm.demo --install demo         # into the model store
@@ -13,10 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+Weights = Callable[..., np.ndarray]
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -43,6 +50,12 @@ class DemoModelSpec:
     seed: int = 0
     name: str = "jupyter-llm-demo"
     chat_template: str = CHAT_TEMPLATE  # tests give hostile ones
+    arch: str = "llama"  # one of ARCHS
+    # ``<arch>.pooling_type`` (0 none, 1 mean, 2 CLS, 3 last, 4 rank); None: no key
+    pooling_type: int | None = None
+
+
+ARCHS = ("llama", "qwen3", "bert")
 
 
 def byte_to_unicode() -> dict[int, str]:
@@ -78,25 +91,28 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
 
 
 def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = None) -> Path:
-    """Write a llama GGUF with random f32 weights to ``path`` (atomically)."""
+    """Write a GGUF with random f32 weights to ``path`` (atomically)."""
     import gguf
 
     spec = spec or DemoModelSpec()
+    if spec.arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}")
     if spec.n_embd % spec.n_head or spec.n_head % spec.n_head_kv:
         raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
+    if spec.arch == "bert" and spec.n_head_kv != spec.n_head:
+        raise ValueError("a bert model has n_head_kv == n_head")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tokens, types, merges = vocabulary()
     n_vocab = len(tokens)
     head_dim = spec.n_embd // spec.n_head
-    n_embd_kv = head_dim * spec.n_head_kv
     rng = np.random.default_rng(spec.seed)
 
     def weights(*shape: int, scale: float = 0.02) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer = gguf.GGUFWriter(str(tmp), spec.arch)
     writer.add_name(spec.name)
     writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
     writer.add_context_length(spec.context_length)
@@ -105,8 +121,15 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
     writer.add_feed_forward_length(spec.n_ff)
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv(spec.n_head_kv)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_layer_norm_rms_eps(1e-5)
+    if spec.arch == "bert":
+        writer.add_layer_norm_eps(1e-12)
+        writer.add_causal_attention(False)
+        writer.add_token_type_count(2)
+    else:
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_layer_norm_rms_eps(1e-5)
+    if spec.pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType(spec.pooling_type))
     writer.add_vocab_size(n_vocab)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -115,17 +138,44 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
     writer.add_token_merges(merges)
     writer.add_bos_token_id(tokens.index(BOS))
     writer.add_eos_token_id(tokens.index(IM_END))
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(spec.chat_template)
-    for key, special in (("pre", FIM_PRE), ("suf", FIM_SUF), ("mid", FIM_MID)):
-        writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(special))
+    # A bert model starts every input with its CLS token (here BOS).
+    writer.add_add_bos_token(spec.arch == "bert")
+    if spec.arch != "bert":
+        writer.add_chat_template(spec.chat_template)
+        for key, special in (("pre", FIM_PRE), ("suf", FIM_SUF), ("mid", FIM_MID)):
+            writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(special))
 
+    if spec.arch == "bert":
+        _bert_tensors(writer, spec, n_vocab, weights)
+    else:
+        _decoder_tensors(writer, spec, tokens, weights)
+
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _decoder_tensors(writer: Any, spec: DemoModelSpec, tokens: list[str], weights: Weights) -> None:
+    """llama's tensors; qwen3 adds a norm of the queries and keys per head."""
+    n_vocab = len(tokens)
+    head_dim = spec.n_embd // spec.n_head
+    n_embd_kv = head_dim * spec.n_head_kv
     writer.add_tensor("token_embd.weight", weights(n_vocab, spec.n_embd, scale=1.0))
     for i in range(spec.n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_q.weight", weights(spec.n_embd, spec.n_embd))
         writer.add_tensor(f"blk.{i}.attn_k.weight", weights(n_embd_kv, spec.n_embd))
         writer.add_tensor(f"blk.{i}.attn_v.weight", weights(n_embd_kv, spec.n_embd))
+        if spec.arch == "qwen3":
+            writer.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+            writer.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_output.weight", weights(spec.n_embd, spec.n_embd))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", weights(spec.n_ff, spec.n_embd))
@@ -144,16 +194,30 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
         output[tokens.index(special)] = 0.0
     writer.add_tensor("output.weight", output)
 
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+
+def _bert_tensors(writer: Any, spec: DemoModelSpec, n_vocab: int, weights: Weights) -> None:
+    """An encoder: learned positions, token types, post-norm layers with biases."""
+    n, ff = spec.n_embd, spec.n_ff
+
+    def norm(name: str) -> None:
+        writer.add_tensor(f"{name}.weight", np.ones(n, dtype=np.float32))
+        writer.add_tensor(f"{name}.bias", np.zeros(n, dtype=np.float32))
+
+    def linear(name: str, n_out: int, n_in: int) -> None:
+        writer.add_tensor(f"{name}.weight", weights(n_out, n_in, scale=0.1))
+        writer.add_tensor(f"{name}.bias", weights(n_out))
+
+    writer.add_tensor("token_embd.weight", weights(n_vocab, n, scale=1.0))
+    writer.add_tensor("token_types.weight", weights(2, n))
+    writer.add_tensor("position_embd.weight", weights(spec.context_length, n, scale=0.1))
+    norm("token_embd_norm")
+    for i in range(spec.n_layer):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            linear(f"blk.{i}.{part}", n, n)
+        norm(f"blk.{i}.attn_output_norm")
+        linear(f"blk.{i}.ffn_up", ff, n)
+        linear(f"blk.{i}.ffn_down", n, ff)
+        norm(f"blk.{i}.layer_output_norm")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-head", type=int, default=DemoModelSpec.n_head)
     parser.add_argument("--n-head-kv", type=int, default=DemoModelSpec.n_head_kv)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arch", choices=ARCHS, default=DemoModelSpec.arch)
+    parser.add_argument(
+        "--pooling-type", type=int, choices=range(5), help="0 none, 1 mean, 2 CLS, 3 last, 4 rank"
+    )
     args = parser.parse_args(argv)
     if not args.path and not args.install:
         parser.error("give a path, --install NAME, or both")
@@ -179,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         n_head=args.n_head,
         n_head_kv=args.n_head_kv,
         seed=args.seed,
+        arch=args.arch,
+        pooling_type=args.pooling_type,
     )
     if args.install:
         import tempfile

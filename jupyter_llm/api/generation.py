@@ -165,7 +165,7 @@ async def embed(
     *,
     truncate: bool = True,
     dimensions: int | None = None,
-    normalize: bool = True,
+    normalize: bool | None = True,  # None: as the legacy /api/embeddings does
     options: dict[str, Any] | None = None,
     keep_alive: float | None = None,
 ) -> Embedded:

@@ -425,7 +425,8 @@ class EmbedHandler(LLMHandler):
 
 
 class EmbeddingsHandler(LLMHandler):
-    """The legacy single-prompt endpoint (vectors are not normalised)."""
+    """The legacy single-prompt endpoint: vectors normalised or raw as
+    Ollama's are for the model (``runner.pooling.legacy_normalizes``)."""
 
     auth_resource = LLM
 
@@ -440,7 +441,7 @@ class EmbeddingsHandler(LLMHandler):
             self.llm,
             req.model,
             req.inputs[:1],
-            normalize=False,
+            normalize=None,
             options=req.options,
             keep_alive=req.keep_alive,
         )

@@ -33,6 +33,13 @@ from jupyter_llm.runner.context_window import (
     shift_span,
     truncate_prompt,
 )
+from jupyter_llm.runner.pooling import (
+    POOLING_NAMES,
+    embedding_pooling,
+    finish_vector,
+    fit_tokens,
+    legacy_normalizes,
+)
 from jupyter_llm.runner.protocol import EngineError, InputError
 from jupyter_llm.runner.sequence import Completion, Job, Sequence, build_sampler
 
@@ -249,33 +256,73 @@ class Engine:
     # -- embeddings ------------------------------------------------------------------
     @property
     def n_embd(self) -> int:
-        return int(llama_cpp.llama_model_n_embd(self.model))
+        """The length of an embedding (the output size where a model projects)."""
+        return int(llama_cpp.llama_model_n_embd_out(self.model))
+
+    def _embedding_context(self, pooling: int) -> Any:
+        cp = llama_cpp.llama_context_default_params()
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
+        cp.embeddings = True
+        cp.pooling_type = pooling
+        cp.n_threads, cp.n_threads_batch = self._n_threads, self._n_threads
+        cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        ctx = llama_cpp.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise EngineError("failed to create the embedding context (out of memory?)")
+        return ctx
+
+    def _open_embedding(self) -> None:
+        """The second context (created on first use, sharing the model's
+        weights), pooled as the model declares (``pooling.embedding_pooling``)."""
+        ctx = self._embedding_context(llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED)
+        declared = llama_cpp.llama_pooling_type(ctx)
+        try:
+            pooling = embedding_pooling(declared)
+        except InputError:
+            llama_cpp.llama_free(ctx)
+            raise
+        if pooling != declared:
+            llama_cpp.llama_free(ctx)
+            ctx = self._embedding_context(pooling)
+        self._embed_ctx = ctx
+        self._embed_batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
+        name = POOLING_NAMES.get(pooling, str(pooling))
+        declares = POOLING_NAMES.get(declared, "none")
+        sys.stderr.write(f"embeddings pool by {name} (the model declares {declares})\n")
+
+    def legacy_normalizes(self) -> bool:
+        """Whether the legacy ``/api/embeddings`` normalises this model's vectors."""
+        arch = self.metadata("general.architecture")
+        flag = self.metadata(f"{arch}.normalize_embeddings").lower()
+        return legacy_normalizes(
+            arch,
+            declares_pooling=bool(self.metadata(f"{arch}.pooling_type")),
+            tokenizer=self.metadata("tokenizer.ggml.model"),
+            normalize_embeddings={"true": True, "false": False}.get(flag),
+        )
 
     def embed(
         self,
         texts: list[str],
         truncate: bool,
         dimensions: int | None,
-        normalize: bool,
+        normalize: bool | None,
         emit: Callable[[list[float]], None],
         cancelled: Cancelled = lambda: False,
     ) -> int:
-        """Mean-pooled embeddings, through a second context (created on first use)
-        that shares the model's weights. Each vector goes to ``emit`` as soon as
-        it is made, so a batch of any size is never held whole; returns the
-        tokens counted. ``EngineError`` if ``cancelled`` between two inputs."""
+        """Embeddings pooled as the model declares (``runner.pooling``). Each
+        vector goes to ``emit`` as soon as it is made, so a batch of any size
+        is never held whole; returns the tokens counted. ``normalize`` None:
+        as Ollama's legacy route does for this model. ``EngineError`` if
+        ``cancelled`` between two inputs."""
         if self._embed_ctx is None:
-            cp = llama_cpp.llama_context_default_params()
-            cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
-            cp.embeddings = True
-            cp.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
-            cp.n_threads, cp.n_threads_batch = self._n_threads, self._n_threads
-            cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            self._embed_ctx = llama_cpp.llama_init_from_model(self.model, cp)
-            if not self._embed_ctx:
-                raise EngineError("failed to create the embedding context (out of memory?)")
-            self._embed_batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
+            self._open_embedding()
+        if normalize is None:
+            normalize = self.legacy_normalizes()
         n_embd = self.n_embd
+        # At most the context, and at most what the model was trained on
+        # (llama.cpp rounds a context up; a bert model has no positions past it).
+        limit = min(self.n_ctx, self.n_ctx_train or self.n_ctx)
         memory = llama_cpp.llama_get_memory(self._embed_ctx)
         counted = 0
         for text in texts:
@@ -284,15 +331,16 @@ class Engine:
             tokens = self.tokenize(text, add_special=True, parse_special=False) or [
                 llama_cpp.llama_vocab_bos(self.vocab)
             ]
-            if len(tokens) > self.n_ctx:
+            if len(tokens) > limit:
                 if not truncate:
                     raise InputError(
-                        f"input length ({len(tokens)} tokens) exceeds the context length "
-                        f"({self.n_ctx})"
+                        f"input length ({len(tokens)} tokens) exceeds the context length ({limit})"
                     )
-                tokens = tokens[: self.n_ctx]
+                plain = self.tokenize(text, add_special=False, parse_special=False)
+                tokens = fit_tokens(tokens, plain, limit)
             counted += len(tokens)
-            llama_cpp.llama_memory_clear(memory, True)
+            if memory:
+                llama_cpp.llama_memory_clear(memory, True)
             b = self._embed_batch
             for i, token in enumerate(tokens):
                 b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, i, 1, 1
@@ -304,13 +352,7 @@ class Engine:
             pointer = llama_cpp.llama_get_embeddings_seq(self._embed_ctx, 0)
             if not pointer:
                 raise EngineError("the model produced no embedding")
-            vector = list(pointer[:n_embd])
-            if dimensions:
-                vector = vector[:dimensions]
-            if normalize:
-                norm = sum(v * v for v in vector) ** 0.5 or 1.0
-                vector = [v / norm for v in vector]
-            emit(vector)
+            emit(finish_vector(list(pointer[:n_embd]), dimensions, normalize))
         return counted
 
     # -- continuous batching -----------------------------------------------------------

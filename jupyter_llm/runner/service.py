@@ -295,7 +295,7 @@ class RunnerService:
             inputs,
             truncate=bool(message.get("truncate", True)),
             dimensions=dimensions,
-            normalize=bool(message.get("normalize", True)),
+            normalize=_normalize_flag(message.get("normalize", True)),
             emit=emit,
             cancelled=lambda: rid in self.cancelled,
         )
@@ -329,6 +329,12 @@ def error_reply(op: Any, e: Exception) -> dict[str, Any]:
     trace = "".join(traceback.format_exception(e))
     print(f"runner error in {op}: {trace}", file=sys.stderr)
     return {"type": "error", "error": str(e) or type(e).__name__}
+
+
+def _normalize_flag(value: Any) -> bool | None:
+    """``normalize`` of an embed message: true, false, or null for "as
+    Ollama's legacy route does for this model" (``Engine.legacy_normalizes``)."""
+    return None if value is None else bool(value)
 
 
 def main(argv: list[str] | None = None) -> int:
