@@ -421,6 +421,8 @@ def magnitude_range(low: Bound, high: Bound | None) -> str | None:
 
 def number_range(low: Bound | None, high: Bound | None) -> str | None:
     """Numbers in the range, written without an exponent; None if it is empty."""
+    if _empty(low, high):
+        return None
     zero = Decimal(0)
     options: list[str | None] = []
     if high is None or high.value > zero or (high.value == zero and not high.strict):
@@ -640,7 +642,9 @@ class _Regex:
                 kind = self.take()
                 if kind == ":":
                     pass
-                elif (kind == "P" and self.peek() == "<") or (kind == "<" and self.peek() not in "=!"):
+                elif (kind == "P" and self.peek() == "<") or (
+                    kind == "<" and self.peek() not in "=!"
+                ):
                     if kind == "P":
                         self.pos += 1
                     end = self.text.find(">", self.pos)
