@@ -41,7 +41,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-MAX_DIGITS = 16  # digits of an integer, a fraction or a run without bounds
+MAX_DIGITS = 16  # digits of an integer or of a run without bounds
+MAX_FRACTION = 20  # digits after the point: any float's repr fits
 MAX_EXPONENT_DIGITS = 3
 
 # the primitives every grammar may use, and the primitives each one uses
@@ -52,7 +53,7 @@ PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
     "int-digits": (f'"0" | [1-9] [0-9]{{0,{MAX_DIGITS - 1}}}', ()),
     "integer": ('"-"? int-digits space', ("int-digits", "space")),
     "number": (
-        f'"-"? int-digits ("." [0-9]{{1,{MAX_DIGITS}}})? '
+        f'"-"? int-digits ("." [0-9]{{1,{MAX_FRACTION}}})? '
         f"([eE] [-+]? [0-9]{{1,{MAX_EXPONENT_DIGITS}}})? space",
         ("int-digits", "space"),
     ),
@@ -323,9 +324,9 @@ class Fraction:
     empty: bool
 
 
-_ANY_REST = f"[0-9]{{0,{MAX_DIGITS - 1}}}"
-_ANY_FRACTION = Fraction(f"[0-9]{{1,{MAX_DIGITS}}}", True)
-_NONZERO = Fraction(f'"0"{{0,{MAX_DIGITS - 1}}} [1-9] [0-9]{{0,{MAX_DIGITS - 1}}}', False)
+_ANY_REST = f"[0-9]{{0,{MAX_FRACTION - 1}}}"
+_ANY_FRACTION = Fraction(f"[0-9]{{1,{MAX_FRACTION}}}", True)
+_NONZERO = Fraction(f'"0"{{0,{MAX_FRACTION - 1}}} [1-9] [0-9]{{0,{MAX_FRACTION - 1}}}', False)
 
 
 def _after(first: str, rest: Fraction) -> str | None:
@@ -354,7 +355,7 @@ def fraction_at_least(digits: str, strict: bool) -> Fraction:
 def fraction_at_most(digits: str, strict: bool) -> Fraction:
     """0.f <= 0.digits (< if strict)."""
     if not digits:
-        return Fraction(None, False) if strict else Fraction(f'"0"{{1,{MAX_DIGITS}}}', True)
+        return Fraction(None, False) if strict else Fraction(f'"0"{{1,{MAX_FRACTION}}}', True)
     first = int(digits[0])
     options = []
     if first > 0:
