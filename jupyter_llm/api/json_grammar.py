@@ -7,7 +7,8 @@ schema accepts, as tight as a context-free grammar allows:
 
 - objects: properties in the schema's order, required ones always present;
   without ``additionalProperties`` an object that lists properties is closed
-  (as llama.cpp does), otherwise extra keys follow the listed ones;
+  (as llama.cpp does), otherwise extra keys, none of them a listed one,
+  follow the listed ones;
 - arrays: ``items``, ``prefixItems`` (or draft-4 list ``items``),
   ``minItems``/``maxItems``;
 - strings: ``minLength``/``maxLength``, ``pattern`` (a regular-expression
@@ -79,14 +80,17 @@ PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
     "uuid": (' "-" '.join(f"[0-9a-f]{{{n}}}" for n in (8, 4, 4, 4, 12)), ()),
     "ipv4": ('ipv4-octet ("." ipv4-octet){3}', ("ipv4-octet",)),
     "ipv4-octet": ('"25" [0-5] | "2" [0-4] [0-9] | "1" [0-9]{2} | [1-9]? [0-9]', ()),
-    "email": (
-        '[a-zA-Z0-9_+-]{1,32} ("." [a-zA-Z0-9_+-]{1,32}){0,3} "@" '
-        '[a-zA-Z0-9] [a-zA-Z0-9-]{0,30} ("." [a-zA-Z0-9] [a-zA-Z0-9-]{0,30}){1,3}',
-        (),
+    "hostname": ('host-label ("." host-label){0,3} "." [a-z]{2,10}', ("host-label",)),
+    "host-label": ("[a-z0-9] ([a-z0-9-]{0,30} [a-z0-9])?", ()),
+    "email": ('[a-zA-Z0-9_+-]{1,32} ("." [a-zA-Z0-9_+-]{1,32}){0,3} "@" hostname', ("hostname",)),
+    "uri": (
+        '"http" "s"? "://" hostname (":" [1-9] [0-9]{0,3})? '
+        '("/" [a-zA-Z0-9._~%!$&()*+,;=:@-]{0,32}){0,8} ("?" [a-zA-Z0-9._~%!$&()*+,;=:@/?-]{1,64})?',
+        ("hostname",),
     ),
-    "uri": ('[a-z] [a-z0-9+.-]{0,15} ":" [a-zA-Z0-9._~:?#@!$&()*+,;=%-]{1,64}', ()),
 }
-FORMATS = {"date", "time", "date-time", "uuid", "ipv4", "email", "uri"}
+_ESCAPE = r'"\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
+FORMATS = {"date", "time", "date-time", "uuid", "ipv4", "hostname", "email", "uri"}
 FORMAT_ALIASES = {f"uuid{n}": "uuid" for n in range(1, 6)}
 
 ANNOTATIONS = {
@@ -787,6 +791,7 @@ class Converter:
     rules: dict[str, str] = field(default_factory=dict)
     _names: dict[str, str] = field(default_factory=dict)  # rule body -> name
     _refs: dict[str, str] = field(default_factory=dict)
+    _merging: set[str] = field(default_factory=set)  # $refs an allOf is merging now
 
     def grammar(self) -> str:
         self.rules["root"] = self.visit(self.root, "$", "root")
@@ -843,9 +848,20 @@ class Converter:
             return self.rule(hint, seq(alternatives(options), "space"))
         if isinstance(schema.get("allOf"), list):
             merged = {k: v for k, v in schema.items() if k != "allOf"}
+            refs = []
             for i, part in enumerate(schema["allOf"]):
+                ref = part.get("$ref") if isinstance(part, dict) else None
+                if ref in self._merging:
+                    ignored(f"$ref {ref!r}", f"{where}.allOf[{i}]", "already merged here")
+                    continue
+                if isinstance(ref, str):
+                    refs.append(ref)
                 merged = _merge(merged, self.resolved(part, f"{where}.allOf[{i}]"))
-            return self.visit(merged, where, hint)
+            self._merging.update(refs)
+            try:
+                return self.visit(merged, where, hint)
+            finally:
+                self._merging.difference_update(refs)
         for key in ("anyOf", "oneOf"):
             if isinstance(schema.get(key), list) and schema[key]:
                 base = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
@@ -929,9 +945,8 @@ class Converter:
         extra_kv = None
         if extra not in (None, False):
             value = self.visit(extra, f"{where}.additionalProperties", f"{hint}-extra")
-            extra_kv = self.rule(
-                f"{hint}-extra-kv", seq(self.primitive("string"), '":"', "space", value)
-            )
+            key = self.other_key([n for n in properties if properties[n] is not False] + required)
+            extra_kv = self.rule(f"{hint}-extra-kv", seq(key, '":"', "space", value))
         # rest[i]: the entries from i on, each after a comma; first[i]: the
         # same with the first one present written without its comma
         rest = f'("," space {extra_kv})*' if extra_kv else ""
@@ -948,6 +963,38 @@ class Converter:
                 first = f"{own} | {first}" if first else f"({own})?"
             first = self.rule(f"{hint}-from-{i}", first)
         return self.rule(hint, seq('"{"', "space", first, '"}"', "space"))
+
+    def other_key(self, names: list[str]) -> str:
+        """A key (a JSON string, then space) that is none of ``names``, so that
+        an extra property never repeats a listed one. Names JSON writes with
+        escapes are left out of the check (post-validation covers them)."""
+        self.primitive("space")
+        self.primitive("char")
+        trie: dict[str, Any] = {}
+        for name in dict.fromkeys(names):
+            if any(ord(ch) < 0x20 or ch in '"\\' for ch in name):
+                continue
+            node = trie
+            for ch in name:
+                node = node.setdefault(ch, {})
+            node[""] = {}  # a name ends here
+        if not trie:
+            return self.primitive("string")
+        counter = [0]
+
+        def rest(node: dict[str, Any]) -> str:
+            children = sorted(ch for ch in node if ch)
+            cut = [(ord(ch), ord(ch)) for ch in children] + [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
+            other = alternatives([char_class(_normalise(cut), True), _ESCAPE])
+            options = [seq(literal(ch), rest(node[ch])) for ch in children]
+            options.append(seq(group(other), "char*"))
+            body = " | ".join(options)
+            if "" not in node:  # the key may end here: it is a proper prefix of a name
+                body = f"({body})?"
+            counter[0] += 1
+            return self.rule(f"key-{counter[0]}", body)
+
+        return self.rule("key", seq(r'"\""', rest(trie), r'"\""', "space"))
 
     def array(self, schema: dict[str, Any], where: str, hint: str) -> str:
         items = schema.get("items")

@@ -9,9 +9,10 @@ logged at DEBUG; the output is checked against the schema afterwards
 
 What a schema may make the converter build is bounded (``SchemaLimits``, the
 one place for those bounds): its size, nesting, optional properties and the
-repeats it spells out; a schema beyond them is refused. A count above ``max_repeat`` (``maxLength``,
-``maxItems``, ``{m,n}`` in a ``pattern``...) is not spelled out: "at most
-2^31" is treated as unbounded, "at least 2^31" as "at least max_repeat".
+repeats it spells out; a schema beyond them is refused. A count above
+``max_repeat`` (``maxLength``, ``maxItems``, ``{m,n}`` in a ``pattern``...) is
+not spelled out: "at most 2^31" is treated as unbounded, "at least 2^31" as
+"at least max_repeat".
 The grammar is then looser than the schema; the output is still checked
 against the schema as sent. Parsing a format is CPU work: handlers run it
 off the event loop.
@@ -40,8 +41,9 @@ class SchemaLimits:
     max_depth: int = 64  # their nesting
     max_repeat: int = 1000  # a count above this is not spelled out in the grammar
     repeat_budget: int = 50_000  # counts spelled out, all together
-    # the converter's rules for an object grow with the square of its optional
-    # properties: per object, and that square summed over objects
+    # optional properties per object, and their square summed over objects
+    # (the bound of llama-cpp-python's converter, whose rules grew with that
+    # square; ours grow linearly, the refusal is kept)
     max_optional: int = 256
     optional_budget: int = 4 * 256 * 256
     max_pattern: int = 4096  # characters in one ``pattern``
