@@ -81,6 +81,14 @@ def test_invalid_format_message(value, shown):
         ({"type": "string", "pattern": "^a$", "maxLength": 3}, "minLength/maxLength at $"),
         ({"$ref": "https://example.com/s.json"}, "$ref 'https://example.com/s.json' at $"),
         ({"if": {"type": "string"}, "then": {"minLength": 1}}, "'if' at $"),
+        ({"anyOf": [{"$ref": "#"}, {"type": "string"}]}, "$ref '#' at #.anyOf[0] is a cycle"),
+        (
+            {
+                "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                "$ref": "#/$defs/a",
+            },
+            "$ref '#/$defs/a' at #/$defs/b is a cycle",
+        ),
         (
             {"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"},
             "$ref '#/$defs/a' at #/$defs/a.allOf[0] is already merged here",
@@ -294,6 +302,102 @@ def test_json_grammar_takes_what_json_dumps_writes(probe, value, ascii_only):
 def test_json_grammar_refuses_raw_control_characters(probe, text, control):
     raw = '{"k": "' + json.dumps(text)[1:-1] + control + '"}'
     assert not probe.accepts(grammar("json"), raw)
+
+
+# any schema: parse_format answers a grammar llama.cpp parses, or a 400
+NUMBERS = st.integers(-1000, 1000) | st.floats(-1e6, 1e6, allow_nan=False) | st.booleans()
+LEAVES = st.one_of(
+    st.sampled_from([True, False, {}, {"type": "null"}, {"type": "boolean"}]),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["integer", "number", ["integer", "null"]])},
+        optional={
+            k: NUMBERS
+            for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+        },
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("string")},
+        optional={
+            "minLength": st.integers(0, 5),
+            "maxLength": st.integers(0, 5),
+            "pattern": st.sampled_from(
+                [
+                    "^a+$",
+                    "x",
+                    "^[^a]*$",
+                    "(a|)",
+                    "^\\d{2,}$",
+                    "^(?!a)",
+                    "[",
+                    "a{3}}",
+                    "^$",
+                    "|",
+                    "^.$",
+                ]
+            ),
+            "format": st.sampled_from(["date", "uuid", "email", "nonsense", "uri", "time"]),
+        },
+    ),
+    st.builds(lambda v: {"enum": v}, st.lists(JSON_VALUES, min_size=1, max_size=3)),
+    st.builds(lambda v: {"const": v}, JSON_VALUES),
+    st.sampled_from([{"$ref": r} for r in ("#", "#/$defs/a", "#/$defs/b", "#/nope", "x.json")]),
+)
+
+
+def _extend(inner):
+    texts = st.text("abc", max_size=2)
+    return st.one_of(
+        st.fixed_dictionaries(
+            {"type": st.just("object")},
+            optional={
+                "properties": st.dictionaries(texts, inner, max_size=3),
+                "required": st.lists(texts, max_size=2, unique=True),
+                "additionalProperties": inner,
+                "minProperties": st.integers(0, 2),
+            },
+        ),
+        st.fixed_dictionaries(
+            {"type": st.just("array")},
+            optional={
+                "items": inner,
+                "prefixItems": st.lists(inner, max_size=2),
+                "minItems": st.integers(0, 3),
+                "maxItems": st.integers(0, 3),
+                "uniqueItems": st.booleans(),
+                "contains": inner,
+            },
+        ),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                k: st.lists(inner, min_size=1, max_size=3) for k in ("anyOf", "oneOf", "allOf")
+            }
+            | {"not": inner, "$ref": st.sampled_from(["#", "#/$defs/a", "#/$defs/b"])},
+        ),
+    )
+
+
+SCHEMAS = st.recursive(LEAVES, _extend, max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(root=SCHEMAS, a=SCHEMAS, b=SCHEMAS)
+def test_any_valid_schema_gets_a_grammar_llama_cpp_parses(probe, root, a, b):
+    import jsonschema
+
+    schema = {**root, "$defs": {"a": a, "b": b}} if isinstance(root, dict) else root
+    if isinstance(schema, bool):
+        schema = {"allOf": [schema], "$defs": {"a": a, "b": b}}
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError:
+        return
+    try:
+        fmt = parse_format(schema)
+    except InvalidRequest as e:
+        assert "invalid format: " in str(e)
+        return
+    assert probe.parses(fmt.grammar), (schema, fmt.grammar)
 
 
 # -- pydantic ------------------------------------------------------------------------------

@@ -792,6 +792,7 @@ class Converter:
     _names: dict[str, str] = field(default_factory=dict)  # rule body -> name
     _refs: dict[str, str] = field(default_factory=dict)
     _merging: set[str] = field(default_factory=set)  # $refs an allOf is merging now
+    _head: set[str] = field(default_factory=set)  # $refs entered since the last character
 
     def grammar(self) -> str:
         self.rules["root"] = self.visit(self.root, "$", "root")
@@ -909,6 +910,9 @@ class Converter:
     def ref(self, ref: Any, where: str) -> str:
         if not isinstance(ref, str):
             return self.primitive("value")
+        if ref in self._head:  # a cycle that reads nothing: no grammar may hold it
+            ignored(f"$ref {ref!r}", where, "a cycle of references; any value is generated")
+            return self.primitive("value")
         if ref in self._refs:
             return self._refs[ref]
         try:
@@ -918,11 +922,27 @@ class Converter:
             return self.primitive("value")
         name = self._fresh(ref.rsplit("/", 1)[-1] or "root-ref")
         self._refs[ref] = name
-        self.rules[name] = self.visit(target, ref, name + "-body")
+        self._head.add(ref)
+        try:
+            self.rules[name] = self.visit(target, ref, name + "-body")
+        finally:
+            self._head.discard(ref)
         return name
+
+    def inside(self, build: Callable[[], str]) -> str:
+        """``build()`` for what follows an opening "{" or "[": references
+        made there are no longer at the head of a rule."""
+        head, self._head = self._head, set()
+        try:
+            return build()
+        finally:
+            self._head = head
 
     # - one rule per kind -
     def object(self, schema: dict[str, Any], where: str, hint: str) -> str:
+        return self.inside(lambda: self._object(schema, where, hint))
+
+    def _object(self, schema: dict[str, Any], where: str, hint: str) -> str:
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         required = [r for r in schema.get("required", []) if isinstance(r, str)]
         extra = schema.get("additionalProperties")
@@ -997,6 +1017,9 @@ class Converter:
         return self.rule("key", seq(r'"\""', rest(trie), r'"\""', "space"))
 
     def array(self, schema: dict[str, Any], where: str, hint: str) -> str:
+        return self.inside(lambda: self._array(schema, where, hint))
+
+    def _array(self, schema: dict[str, Any], where: str, hint: str) -> str:
         items = schema.get("items")
         prefix = schema.get("prefixItems")
         if isinstance(items, list):  # draft 4-2019 tuples
