@@ -81,6 +81,8 @@ def test_invalid_format_message(value, shown):
         ({"type": "string", "pattern": "^a$", "maxLength": 3}, "minLength/maxLength at $"),
         ({"$ref": "https://example.com/s.json"}, "$ref 'https://example.com/s.json' at $"),
         ({"if": {"type": "string"}, "then": {"minLength": 1}}, "'if' at $"),
+        ({"type": "integer", "minimum": 10**4000}, "minimum/maximum at $ is beyond 40 digits"),
+        ({"type": "number", "exclusiveMinimum": 1e-300}, "minimum/maximum at $ is beyond 40"),
         ({"anyOf": [{"$ref": "#"}, {"type": "string"}]}, "$ref '#' at #.anyOf[0] is a cycle"),
         (
             {

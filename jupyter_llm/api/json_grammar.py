@@ -37,7 +37,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation, localcontext
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 MAX_DIGITS = 16  # digits of an integer or of a run without bounds
 MAX_FRACTION = 20  # digits after the point: any float's repr fits
 MAX_EXPONENT_DIGITS = 3
+MAX_BOUND_DIGITS = 40  # a bound is rounded outwards to this many digits each side of the point
 
 # the primitives every grammar may use, and the primitives each one uses
 PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -483,6 +484,18 @@ def bounds(schema: dict[str, Any]) -> tuple[Bound | None, Bound | None]:
                 (tighter(low, bound, True), high) if lower else (low, tighter(high, bound, False))
             )
     return low, high
+
+
+def coarse(bound: Bound | None, lower: bool) -> Bound | None:
+    """``bound`` with at most ``MAX_BOUND_DIGITS`` digits after the point,
+    rounded outwards; None (no bound) from 10**MAX_BOUND_DIGITS on. Keeps the
+    digit rules (one per digit) small."""
+    if bound is None or abs(bound.value) >= Decimal(10) ** MAX_BOUND_DIGITS:
+        return None
+    with localcontext(prec=3 * MAX_BOUND_DIGITS):
+        step = Decimal(1).scaleb(-MAX_BOUND_DIGITS)
+        rounded = bound.value.quantize(step, rounding=ROUND_FLOOR if lower else ROUND_CEILING)
+    return bound if rounded == bound.value else Bound(rounded, False)
 
 
 def _empty(low: Bound | None, high: Bound | None) -> bool:
@@ -1095,8 +1108,16 @@ class Converter:
             low, high = 0, None
         return self.rule(hint, seq(r'"\""', repeat("char", low, high), r'"\""', "space"))
 
+    @staticmethod
+    def bounds(schema: dict[str, Any], where: str) -> tuple[Bound | None, Bound | None]:
+        exact = bounds(schema)
+        low, high = coarse(exact[0], True), coarse(exact[1], False)
+        if (low, high) != exact:
+            ignored("minimum/maximum", where, f"beyond {MAX_BOUND_DIGITS} digits, rounded outwards")
+        return low, high
+
     def integer(self, schema: dict[str, Any], where: str, hint: str) -> str:
-        low, high = bounds(schema)
+        low, high = self.bounds(schema, where)
         if low is None and high is None:
             return self.primitive("integer")
         lo, hi = integer_bounds(low, high)
@@ -1107,7 +1128,7 @@ class Converter:
         return self.rule(hint, seq(integer_range(lo, hi), "space"))
 
     def number(self, schema: dict[str, Any], where: str, hint: str) -> str:
-        low, high = bounds(schema)
+        low, high = self.bounds(schema, where)
         if low is None and high is None:
             return self.primitive("number")
         expr = None if _empty(low, high) else number_range(low, high)
