@@ -26,8 +26,9 @@ schema accepts, as tight as a context-free grammar allows:
 Keywords the grammar cannot enforce (``not``, ``multipleOf``, ``uniqueItems``,
 ``patternProperties``, ``if``, ...) are ignored and logged at DEBUG with where
 they are; the caller validates the output against the schema afterwards.
-Unbounded runs (digits, the fraction of a number) are capped at a few dozen
-characters so that a model cannot run away in them.
+Digit runs without a bound are capped (an integer at 16 digits, a fraction at
+20, an exponent at 3) so that a model cannot run away in them; bounds are
+rounded outwards to 40 digits each side of the point.
 """
 
 from __future__ import annotations
