@@ -306,6 +306,39 @@ def test_json_grammar_refuses_raw_control_characters(probe, text, control):
     assert not probe.accepts(grammar("json"), raw)
 
 
+# patterns against Python's re, both ways: what re finds the grammar writes
+# (printable ASCII), and what the grammar writes re finds
+PATTERNS = [
+    r"^[a-z]{2,4}-\d+$",
+    r"^(ab|c)*d?$",
+    r"^[^abc]{1,3}$",
+    r"^a.b$",
+    r"x[yz]",
+    r"^\w+@\w+\.(com|org)$",
+    r'^["\\]{2}$',
+    r"^(?:0|[1-9][0-9]*)(\.[0-9]+)?$",
+    r"^\S\s\S$",
+    r"^[\x41-\x43\-]+$",
+    r"^a{2}b{1,}c{0,2}$",
+]
+ALPHABET = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
+
+
+@pytest.mark.parametrize("regex", PATTERNS)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_patterns_agree_with_re(probe, regex, data):
+    import re
+
+    g = grammar({"type": "string", "pattern": regex})
+    # (re's "$" also matches before a final newline; the grammar ends there)
+    found = data.draw(st.from_regex(regex, alphabet=ALPHABET).filter(lambda t: t[-1:] != "\n"))
+    assert probe.accepts(g, json.dumps(found)), (regex, found)
+    text = data.draw(st.text(st.sampled_from(sorted(set(regex + 'ab1 _-"\\\n'))), max_size=6))
+    if probe.accepts(g, json.dumps(text)):
+        assert re.search(regex, text), (regex, text)
+
+
 # any schema: parse_format answers a grammar llama.cpp parses, or a 400
 NUMBERS = st.integers(-1000, 1000) | st.floats(-1e6, 1e6, allow_nan=False) | st.booleans()
 LEAVES = st.one_of(
