@@ -60,6 +60,18 @@ def test_invalid_format_message(value, shown):
     assert str(info.value) == f"invalid format: {shown}{EXPECTED}"
 
 
+DRAFT_4 = {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 9}
+
+
+def test_a_draft_4_schema_without_its_uri_is_accepted_and_checked_as_draft_4(probe):
+    from jupyter_llm.api.structured import check_output
+
+    fmt = parse_format(DRAFT_4)
+    assert not probe.accepts(fmt.grammar, "0") and probe.accepts(fmt.grammar, "1")
+    assert check_output(fmt, "1") is None
+    assert "does not match" in check_output(fmt, "0")
+
+
 # -- what the grammar cannot enforce is accepted, ignored and logged ---------------------------
 @pytest.mark.parametrize(
     ("schema", "logged"),

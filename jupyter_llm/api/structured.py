@@ -59,6 +59,7 @@ class OutputFormat:
 
     grammar: str
     schema: dict[str, Any] | None = None  # None: any JSON object
+    validator: Any = None  # the jsonschema validator class the schema is valid for
 
 
 def invalid_format(value: object) -> InvalidRequest:
@@ -76,18 +77,39 @@ def parse_format(value: object) -> OutputFormat | None:
     if not isinstance(value, dict):
         raise invalid_format(value)
     check_size(value)
-    import jsonschema
-
-    try:
-        jsonschema.validators.validator_for(value).check_schema(value)
-    except jsonschema.SchemaError:
-        raise invalid_format(value) from None
+    validator = schema_dialect(value)
     bounded = bounded_schema(value)
     try:
         grammar = schema_to_grammar(bounded)
     except RecursionError:  # e.g. an allOf that includes itself
         raise _too_large("the schema's allOf/anyOf nest without end") from None
-    return OutputFormat(grammar=grammar, schema=value)
+    return OutputFormat(grammar=grammar, schema=value, validator=validator)
+
+
+def schema_dialect(schema: dict[str, Any]) -> Any:
+    """The jsonschema validator class ``schema`` is valid for: its ``$schema``'s,
+    or without one the newest draft it is valid in (a draft-4 schema with
+    boolean ``exclusiveMinimum`` is not valid in 2020-12)."""
+    import jsonschema
+
+    v = jsonschema.validators
+    if "$schema" in schema:
+        candidates = [v.validator_for(schema)]
+    else:
+        candidates = [
+            v.Draft202012Validator,
+            v.Draft201909Validator,
+            v.Draft7Validator,
+            v.Draft6Validator,
+            v.Draft4Validator,
+        ]
+    for cls in candidates:
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError:
+            continue
+        return cls
+    raise invalid_format(schema)
 
 
 def check_size(schema: Any, limits: SchemaLimits = LIMITS) -> None:
@@ -259,7 +281,7 @@ def check_output(fmt: OutputFormat, text: str) -> str | None:
     import jsonschema
 
     try:
-        jsonschema.validate(value, fmt.schema)
+        jsonschema.validate(value, fmt.schema, cls=fmt.validator)
     except jsonschema.ValidationError as e:
         return f"output does not match the schema: {e.message}"
     return None
