@@ -210,6 +210,19 @@ def test_format_from_a_schema_variable_and_out(shell):
     assert isinstance(shell.user_ns["text"], str)
 
 
+def test_format_from_a_pydantic_model_with_bounds(shell):
+    # Field(ge=...) makes "minimum", once refused; now enforced by the grammar
+    pydantic = pytest.importorskip("pydantic")
+
+    class Reading(pydantic.BaseModel):
+        value: int = pydantic.Field(ge=0, le=99)
+        unit: str = pydantic.Field(pattern="^(m|s|kg)$")
+
+    shell.user_ns["Reading"] = Reading
+    g = run(shell, "tiny -f Reading --seed 3 -n 60")
+    assert isinstance(g.data, Reading) and 0 <= g.data.value <= 99
+
+
 def test_chat_history(shell):
     first = run(shell, "tiny --chat history -n 3 -t 0 -s 'be kind'", "hi")
     chat = shell.user_ns["history"]

@@ -9,12 +9,13 @@ events back into their wire formats. ``load_options`` moved here from
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jupyter_llm.api.structured import OutputFormat
+from jupyter_llm.api.structured import OutputFormat, check_output
 from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.options import sampling_options
@@ -22,6 +23,8 @@ from jupyter_llm.scheduler import LoadOptions
 
 if TYPE_CHECKING:
     from jupyter_llm.services import LLMServices
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,7 +69,8 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
 
     Errors before the first batch (unknown model, bad input, server busy, no
     memory) raise as they are; closing the iterator cancels the generation and
-    releases the runner.
+    releases the runner. With a ``format``, output that ends by itself is
+    checked against it (off the event loop) and a mismatch is logged.
     """
     started = time.perf_counter_ns()
     entry = await find_model(services, job.model)
@@ -92,13 +96,18 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
         if not job.shift:
             request["shift"] = False
         stream = lease.runner.complete(**request)
+        text: list[str] = []  # kept only to check a format
         try:
             async for batch in stream:
                 events: list[Event] = []
                 for message in batch:
                     if message["type"] == "token":
                         events.append(message["text"])
+                        if job.format is not None:
+                            text.append(message["text"])
                     elif message["type"] == "done":
+                        if job.format is not None and message.get("done_reason", "stop") == "stop":
+                            await check_format(job.format, "".join(text))
                         events.append(
                             Finished(
                                 done_reason=message.get("done_reason", "stop"),
@@ -114,6 +123,14 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
                 yield events
         finally:
             await stream.aclose()
+
+
+async def check_format(fmt: OutputFormat, text: str) -> None:
+    """Log output that does not match its ``format`` (the grammar is looser
+    than some schemas; see ``api/json_grammar.py``)."""
+    loop = asyncio.get_running_loop()
+    if problem := await loop.run_in_executor(None, check_output, fmt, text):
+        log.warning("structured output check failed: %s", problem)
 
 
 async def collect(batches: AsyncIterator[list[Event]]) -> tuple[str, Finished] | None:

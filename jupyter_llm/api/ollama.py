@@ -29,7 +29,6 @@ from jupyter_llm.api.requests import (
     messages_field,
     options_field,
 )
-from jupyter_llm.api.structured import check_output
 from jupyter_llm.api.templates import render_go_template
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.gguf_info import read_metadata
@@ -292,7 +291,6 @@ class CompletionHandler(LLMHandler):
             if (result := await self.whole_completion(job)) is None:
                 return  # the client left
             text, finished = result
-            self._check_format(req, text, finished)
             self.write_json({**chunk(text), **done_fields(finished), **final_extra(finished)})
             return
 
@@ -307,12 +305,6 @@ class CompletionHandler(LLMHandler):
                     ]
 
         await self.stream(ndjson(), NDJSON)
-
-    @staticmethod
-    def _check_format(req: CompletionRequest, text: str, finished: Finished) -> None:
-        if req.format is not None and finished.done_reason == "stop":
-            if problem := check_output(req.format, text):
-                log.warning("structured output check failed: %s", problem)
 
 
 def done_fields(f: Finished) -> dict[str, Any]:

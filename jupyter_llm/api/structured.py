@@ -2,14 +2,17 @@
 
 Missing, null and "" mean no constraint; "json" is any JSON object; an object
 is a JSON Schema, checked against its meta-schema and converted to a grammar
-before anything is scheduled. A schema keyword the converter cannot express is
-refused by name, never silently dropped.
+(``json_grammar``) before anything is scheduled. Every valid schema is
+accepted: what the grammar cannot enforce is ignored, as Ollama does, and
+logged at DEBUG; the output is checked against the schema afterwards
+(``check_output``).
 
 What a schema may make the converter build is bounded (``SchemaLimits``, the
 one place for those bounds): its size, nesting, optional properties and the
-repeats it spells out. A count above ``max_repeat`` (``maxLength``,
-``maxItems``, ``{m,n}`` in a ``pattern``...) is not spelled out: "at most
-2^31" is treated as unbounded, "at least 2^31" as "at least max_repeat".
+repeats it spells out; a schema beyond them is refused. A count above
+``max_repeat`` (``maxLength``, ``maxItems``, ``{m,n}`` in a ``pattern``...) is
+not spelled out: "at most 2^31" is treated as unbounded, "at least 2^31" as
+"at least max_repeat".
 The grammar is then looser than the schema; the output is still checked
 against the schema as sent. Parsing a format is CPU work: handlers run it
 off the event loop.
@@ -22,45 +25,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_llm.api.json_grammar import json_object_grammar, schema_to_grammar
 from jupyter_llm.errors import InvalidRequest
 
-# keywords llama-cpp-python's converter turns into grammar, and annotations
-# that constrain nothing
-SUPPORTED = {
-    "type",
-    "properties",
-    "required",
-    "additionalProperties",
-    "items",
-    "prefixItems",
-    "minItems",
-    "maxItems",
-    "enum",
-    "const",
-    "anyOf",
-    "oneOf",
-    "allOf",
-    "$ref",
-    "$defs",
-    "definitions",
-    "pattern",
-    "format",
-    "minLength",
-    "maxLength",
-}
-ANNOTATIONS = {
-    "title",
-    "description",
-    "$schema",
-    "$id",
-    "$comment",
-    "default",
-    "examples",
-    "readOnly",
-    "writeOnly",
-    "deprecated",
-}
-FORMATS = {"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}
 SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
@@ -74,8 +41,9 @@ class SchemaLimits:
     max_depth: int = 64  # their nesting
     max_repeat: int = 1000  # a count above this is not spelled out in the grammar
     repeat_budget: int = 50_000  # counts spelled out, all together
-    # the converter's rules for an object grow with the square of its optional
-    # properties: per object, and that square summed over objects
+    # optional properties per object, and their square summed over objects
+    # (the bound of llama-cpp-python's converter, whose rules grew with that
+    # square; ours grow linearly, the refusal is kept)
     max_optional: int = 256
     optional_budget: int = 4 * 256 * 256
     max_pattern: int = 4096  # characters in one ``pattern``
@@ -91,6 +59,7 @@ class OutputFormat:
 
     grammar: str
     schema: dict[str, Any] | None = None  # None: any JSON object
+    validator: Any = None  # the jsonschema validator class the schema is valid for
 
 
 def invalid_format(value: object) -> InvalidRequest:
@@ -104,24 +73,43 @@ def parse_format(value: object) -> OutputFormat | None:
     if value is None or value == "":
         return None
     if value == "json":
-        return OutputFormat(grammar=_to_grammar({"type": "object"}))
+        return OutputFormat(grammar=json_object_grammar())
     if not isinstance(value, dict):
         raise invalid_format(value)
     check_size(value)
+    validator = schema_dialect(value)
+    bounded = bounded_schema(value)
+    try:
+        grammar = schema_to_grammar(bounded)
+    except RecursionError:  # e.g. an allOf that includes itself
+        raise _too_large("the schema's allOf/anyOf nest without end") from None
+    return OutputFormat(grammar=grammar, schema=value, validator=validator)
+
+
+def schema_dialect(schema: dict[str, Any]) -> Any:
+    """The jsonschema validator class ``schema`` is valid for: its ``$schema``'s,
+    or without one the newest draft it is valid in (a draft-4 schema with
+    boolean ``exclusiveMinimum`` is not valid in 2020-12)."""
     import jsonschema
 
-    try:
-        jsonschema.validators.validator_for(value).check_schema(value)
-    except jsonschema.SchemaError:
-        raise invalid_format(value) from None
-    unsupported = find_unsupported(value)
-    if unsupported:
-        keyword, where = unsupported
-        raise InvalidRequest(
-            f"invalid format: the JSON Schema keyword {keyword!r} at {where} cannot be "
-            "enforced by the grammar; remove it or express it another way"
-        )
-    return OutputFormat(grammar=_to_grammar(bounded_schema(value)), schema=value)
+    v = jsonschema.validators
+    if "$schema" in schema:
+        candidates = [v.validator_for(schema)]
+    else:
+        candidates = [
+            v.Draft202012Validator,
+            v.Draft201909Validator,
+            v.Draft7Validator,
+            v.Draft6Validator,
+            v.Draft4Validator,
+        ]
+    for cls in candidates:
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError:
+            continue
+        return cls
+    raise invalid_format(schema)
 
 
 def check_size(schema: Any, limits: SchemaLimits = LIMITS) -> None:
@@ -240,16 +228,15 @@ def _count(value: Any) -> int | None:
     return int(value)
 
 
-# a repeat count, as the converter reads one after a "{"
-_QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(?:(,)\s*(\d*)\s*)?\}")
+# a repeat count, as json_grammar reads one after a "{"
+_QUANTIFIER = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
 
 
 def _bound_pattern(pattern: str, where: str, costs: _Costs) -> str:
     """``pattern`` with every ``{m,n}`` above the cap loosened to ``{min(m, cap),}``.
 
     One pass, skipping escapes and character classes the way the converter
-    reads them. A lone ``]`` or ``}`` is refused: the converter never gets
-    past one (Python's ``re`` reads it as a literal)."""
+    reads them; a lone ``]`` or ``}`` is a literal."""
     if len(pattern) > costs.limits.max_pattern:
         raise _too_large(
             f"the pattern at {where} is longer than {costs.limits.max_pattern} characters"
@@ -277,50 +264,10 @@ def _bound_pattern(pattern: str, where: str, costs: _Costs) -> str:
                 out.append(m[0])
             costs.repeat(high if high is not None else low)
             i = m.end()
-        elif ch in "]}":  # the converter would loop forever on it
-            raise InvalidRequest(
-                f"invalid format: the pattern at {where} has an unescaped {ch!r} at "
-                f"character {i}; write \\{ch}"
-            )
         else:
             out.append(ch)
             i += 1
     return "".join(out)
-
-
-def find_unsupported(schema: Any, where: str = "$") -> tuple[str, str] | None:
-    """The first keyword (or format) the converter would drop, with its path."""
-    if isinstance(schema, bool) or not isinstance(schema, dict):
-        return None
-    for key, value in schema.items():
-        if key not in SUPPORTED and key not in ANNOTATIONS:
-            return key, where
-        if key == "format" and value not in FORMATS:
-            return f"format: {value}", where
-        if key in SUBSCHEMA_MAPS and isinstance(value, dict):
-            for name, sub in value.items():
-                if hit := find_unsupported(sub, f"{where}.{key}.{name}"):
-                    return hit
-        elif key in SUBSCHEMA_LISTS and isinstance(value, list):
-            for i, sub in enumerate(value):
-                if hit := find_unsupported(sub, f"{where}.{key}[{i}]"):
-                    return hit
-        elif key in ("items", "additionalProperties") and isinstance(value, dict):
-            if hit := find_unsupported(value, f"{where}.{key}"):
-                return hit
-    return None
-
-
-def _to_grammar(schema: dict[str, Any]) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    order = list(schema.get("properties", {})) if isinstance(schema.get("properties"), dict) else []
-    try:
-        return json_schema_to_gbnf(json.dumps(schema), prop_order=order)
-    except Exception as e:  # the converter asserts on shapes it does not know
-        raise InvalidRequest(
-            f"invalid format: the schema cannot be turned into a grammar: {e}"
-        ) from None
 
 
 def check_output(fmt: OutputFormat, text: str) -> str | None:
@@ -334,7 +281,7 @@ def check_output(fmt: OutputFormat, text: str) -> str | None:
     import jsonschema
 
     try:
-        jsonschema.validate(value, fmt.schema)
+        jsonschema.validate(value, fmt.schema, cls=fmt.validator)
     except jsonschema.ValidationError as e:
         return f"output does not match the schema: {e.message}"
     return None
