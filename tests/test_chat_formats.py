@@ -6,6 +6,7 @@ formats the templates themselves show the model."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ from jupyter_llm.chat_formats import (
     parse_output,
     parse_tool_calls,
     prompt_opens_thinking,
+    read_template,
     split_thinking,
+    template_names,
     template_variables,
 )
 from jupyter_llm.chat_formats.detect import (
@@ -735,3 +738,44 @@ def test_thinking_can_be_left_in_the_content():
     output = "<think>hm</think>" + HELLO
     parsed = parse_output(output, QWEN3, tools=False, split_thinking=False)
     assert (parsed.content, parsed.thinking) == (output, "")
+
+
+# -- never an exception ----------------------------------------------------------
+
+FORMATS = [HERMES, CODER, LLAMA, NEMO, SMALL, GPT_OSS, DEEPSEEK, GEMMA]
+
+
+@pytest.mark.parametrize(("fmt", "output", "content", "calls", "ids"), TOOL_OUTPUTS)
+def test_a_cut_off_output_parses_the_same_streamed_and_never_raises(
+    fmt, output, content, calls, ids
+):
+    """A generation stopped anywhere (num_predict, a stop string) still reads."""
+    for end in range(len(output) + 1):
+        cut = output[:end]
+        whole = parse_tool_calls(cut, fmt)
+        assert _stream_tools(fmt, list(cut)) == (whole.content, _calls(whole.tool_calls)), end
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_any_format_reads_any_output(fmt):
+    for _, output, *_ in TOOL_OUTPUTS:
+        parsed = parse_output(output, fmt, tools=True)
+        assert isinstance(parsed.content, str)
+        for stream_of in (ThinkingStream(fmt), ToolCallStream(fmt)):
+            for ch in output:
+                stream_of.feed(ch)
+            stream_of.finish()
+
+
+def test_brackets_inside_strings_do_not_end_a_call():
+    code = 'if (a) { b["}"] = ")" }\n' * 50
+    output = '{"name": "run", "parameters": {"code": ' + json.dumps(code) + "}}"
+    assert _stream_tools(LLAMA, list(output)) == ("", [("run", {"code": code})])
+
+
+def test_the_bundled_templates_are_package_data():
+    names = template_names()
+    assert names == sorted(DETECTED)
+    assert read_template("Qwen-Qwen3-0.6B") == template("Qwen-Qwen3-0.6B")
+    with pytest.raises(KeyError):
+        read_template("../pyproject")

@@ -7,6 +7,7 @@ Pure functions and small stream objects, free of I/O: the runner or the
 API layer feeds them text.
 """
 
+from jupyter_llm.chat_formats.bundled import read_template, template_names
 from jupyter_llm.chat_formats.detect import (
     FALLBACK,
     ChatFormat,
@@ -48,7 +49,9 @@ __all__ = [
     "parse_output",
     "parse_tool_calls",
     "prompt_opens_thinking",
+    "read_template",
     "split_thinking",
     "template_messages",
+    "template_names",
     "template_variables",
 ]

@@ -339,15 +339,51 @@ class _Grammar:
     anywhere: tuple[str, ...]  # markers that open calls wherever they are
     at_start: tuple[str, ...]  # markers that open calls only as the first text
     read: Reader
+    ends: str  # a call can only have ended in a piece holding one of these...
+    nested: bool  # ...outside strings, back at the top level (JSON, a python call)
 
 
 _GRAMMARS: dict[str, _Grammar] = {
-    "hermes": _Grammar(("<tool_call>",), (), read_hermes),
-    "llama3": _Grammar(("<|python_tag|>",), ("{", "["), read_llama3),
-    "mistral": _Grammar(("[TOOL_CALLS]",), (), read_mistral),
-    "deepseek_r1": _Grammar((DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALL_BEGIN), (), read_deepseek),
-    "json": _Grammar(("<tool_call>",), ("{", "[", "```"), read_json),
+    "hermes": _Grammar(("<tool_call>",), (), read_hermes, ">", nested=False),
+    "llama3": _Grammar(("<|python_tag|>",), ("{", "["), read_llama3, "}])", nested=True),
+    "mistral": _Grammar(("[TOOL_CALLS]",), (), read_mistral, "}]", nested=True),
+    "deepseek_r1": _Grammar(
+        (DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALL_BEGIN), (), read_deepseek, ">", nested=False
+    ),
+    "json": _Grammar(("<tool_call>",), ("{", "[", "```"), read_json, "}])>`", nested=True),
 }
+
+
+class _TopLevel:
+    """Follows the nesting of brackets outside JSON strings across pieces, so
+    that a call's reader runs only when a value may have closed (running it
+    on every piece would take time growing with the square of the call)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+
+    def closes(self, text: str, ends: str) -> bool:
+        closed = False
+        for ch in text:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[(":
+                self.depth += 1
+            elif ch in "}])":
+                self.depth = max(self.depth - 1, 0)
+                closed = closed or (self.depth == 0 and ch in ends)
+            elif ch in ends and self.depth == 0:
+                closed = True
+        return closed
 
 
 # -- the stream ----------------------------------------------------------------
@@ -364,12 +400,21 @@ class ToolCallStream:
         self._state: Literal["start", "content", "call", "after_call"] = "start"
         self._harmony = harmony.HarmonyReader() if fmt.tool_calls == "gpt_oss" else None
         self._harmony_body: list[str] = []
+        self._top = _TopLevel()
 
     def feed(self, text: str) -> ToolCallDelta:
         if self._harmony is not None:
             return self._from_harmony(self._harmony.feed(text))
         self._buffer += text
+        if self._state == "call" and not self._may_close(text):
+            return ToolCallDelta()
         return self._advance(final=False)
+
+    def _may_close(self, text: str) -> bool:
+        grammar = self._grammar
+        if grammar.nested:
+            return self._top.closes(text, grammar.ends)
+        return any(c in text for c in grammar.ends)
 
     def finish(self) -> ToolCallDelta:
         if self._harmony is not None:
@@ -386,7 +431,7 @@ class ToolCallStream:
                 if not head and not final:
                     return out
                 if any(head.startswith(m) for m in grammar.at_start):
-                    self._buffer, self._state = head, "call"
+                    self._enter_call(head)
                 elif not final and any(m.startswith(head) for m in grammar.at_start):
                     return out
                 else:
@@ -400,7 +445,7 @@ class ToolCallStream:
                 at, _ = find_first(buf, grammar.anywhere)
                 if at >= 0:
                     out.content += buf[:at].rstrip()
-                    self._buffer, self._state = buf[at:], "call"
+                    self._enter_call(buf[at:])
                     continue
                 if final:
                     out.content += buf
@@ -423,6 +468,11 @@ class ToolCallStream:
                 self._buffer = buf[max(take.used, 1) :]
                 if final and not self._buffer:
                     return out
+
+    def _enter_call(self, text: str) -> None:
+        self._buffer, self._state = text, "call"
+        self._top = _TopLevel()
+        self._top.closes(text, self._grammar.ends)
 
     def _from_harmony(self, events: list[harmony.Event]) -> ToolCallDelta:
         out = ToolCallDelta()
