@@ -340,6 +340,7 @@ TOOL_OUTPUTS = [
         None,
     ),
     (LLAMA, '{"answer": 42}', '{"answer": 42}', [], None),
+    (LLAMA, '{"name": "Bob", "age": 3}', '{"name": "Bob", "age": 3}', [], None),
     (
         LLAMA,
         '{"name": "special_function", "parameters": ',
@@ -779,3 +780,29 @@ def test_the_bundled_templates_are_package_data():
     assert read_template("Qwen-Qwen3-0.6B") == template("Qwen-Qwen3-0.6B")
     with pytest.raises(KeyError):
         read_template("../pyproject")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "output", "calls"),
+    [
+        (LLAMA, '{"name": "special_function", "parameters": {"arg1": 1}}', [F1]),
+        (LLAMA, '{"name": "Bob", "parameters": {"arg1": 1}}', []),
+        (
+            GEMMA,
+            '[{"name": "special_function", "arguments": {}}, {"name": "Bob", "arguments": {}}]',
+            [],
+        ),
+        (LLAMA, '<|python_tag|>{"name": "Bob", "parameters": {"arg1": 1}}', [("Bob", {"arg1": 1})]),
+        (
+            HERMES,
+            '<tool_call>{"name": "Bob", "arguments": {"arg1": 1}}</tool_call>',
+            [("Bob", {"arg1": 1})],
+        ),
+    ],
+)
+def test_a_bare_json_answer_is_a_call_only_to_an_offered_tool(fmt, output, calls):
+    parsed = parse_tool_calls(output, fmt, tool_names={"special_function"})
+    assert _calls(parsed.tool_calls) == calls
+    assert parsed.content == ("" if calls else output)
+    via_output = parse_output(output, fmt, tools=True, tool_names={"special_function"})
+    assert _calls(via_output.tool_calls) == calls

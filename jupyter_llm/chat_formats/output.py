@@ -3,6 +3,7 @@ read from the answer. This is the one object the APIs need per generation."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from jupyter_llm.chat_formats.detect import ChatFormat
@@ -44,7 +45,8 @@ class OutputStream:
     gpt-oss output is always read as harmony, and a call it makes comes back
     even so). ``starts_in_thinking``: the prompt opened ``<think>``
     (``prompt_opens_thinking``). ``split_thinking`` False leaves thinking in
-    the content, as the model wrote it.
+    the content, as the model wrote it. ``tool_names``: the offered tools'
+    names (see ``ToolCallStream``).
     """
 
     def __init__(
@@ -54,11 +56,13 @@ class OutputStream:
         tools: bool,
         starts_in_thinking: bool = False,
         split_thinking: bool = True,
+        tool_names: Collection[str] | None = None,
     ) -> None:
         self._thinking = (
             ThinkingStream(fmt, starts_in_thinking=starts_in_thinking) if split_thinking else None
         )
-        self._tools = ToolCallStream(fmt) if tools or fmt.tool_calls == "gpt_oss" else None
+        wanted = tools or fmt.tool_calls == "gpt_oss"
+        self._tools = ToolCallStream(fmt, tool_names) if wanted else None
 
     def feed(self, text: str) -> OutputDelta:
         if self._thinking is None:
@@ -99,10 +103,15 @@ def parse_output(
     tools: bool,
     starts_in_thinking: bool = False,
     split_thinking: bool = True,
+    tool_names: Collection[str] | None = None,
 ) -> ParsedOutput:
     """A finished output's answer, thinking and tool calls."""
     stream = OutputStream(
-        fmt, tools=tools, starts_in_thinking=starts_in_thinking, split_thinking=split_thinking
+        fmt,
+        tools=tools,
+        starts_in_thinking=starts_in_thinking,
+        split_thinking=split_thinking,
+        tool_names=tool_names,
     )
     out = stream.feed(text)
     out += stream.finish()

@@ -28,7 +28,7 @@ import ast
 import json
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -92,9 +92,11 @@ class ParsedToolCalls:
     tool_calls: list[ToolCall]
 
 
-def parse_tool_calls(text: str, fmt: ChatFormat) -> ParsedToolCalls:
-    """A finished output's answer text and tool calls."""
-    stream = ToolCallStream(fmt)
+def parse_tool_calls(
+    text: str, fmt: ChatFormat, tool_names: Collection[str] | None = None
+) -> ParsedToolCalls:
+    """A finished output's answer text and tool calls (see ``ToolCallStream``)."""
+    stream = ToolCallStream(fmt, tool_names)
     delta = stream.feed(text)
     delta += stream.finish()
     return ParsedToolCalls(content=delta.content, tool_calls=delta.tool_calls)
@@ -135,15 +137,26 @@ def decode_arguments(arguments: Any) -> dict[str, Any] | None:
     return arguments if isinstance(arguments, dict) else None
 
 
-def _calls_from_json(value: Any) -> list[ToolCall] | None:
-    """One call object, a list of them, or ``{"tool_calls": [...]}``."""
+def _calls_from_json(value: Any, bare: bool = False) -> list[ToolCall] | None:
+    """One call object, a list of them, or ``{"tool_calls": [...]}``. A
+    ``bare`` value (the whole answer, no marker around it) must also name
+    its arguments, so that an answer such as ``{"name": "Bob"}`` stays an
+    answer."""
     if isinstance(value, dict) and isinstance(value.get("tool_calls"), list):
         value = value["tool_calls"]
     items = value if isinstance(value, list) else [value]
+    if bare and not all(_names_arguments(item) for item in items):
+        return None
     calls = [call_from_object(item) for item in items]
     if not calls or any(c is None for c in calls):
         return None
     return [c for c in calls if c is not None]
+
+
+def _names_arguments(item: Any) -> bool:
+    if isinstance(item, dict) and isinstance(item.get("function"), dict):
+        item = item["function"]
+    return isinstance(item, dict) and ("arguments" in item or "parameters" in item)
 
 
 # -- readers: text from a marker on -> calls ---------------------------------
@@ -172,7 +185,7 @@ def _json_values(text: str, at: int, final: bool, separators: str = ";") -> Take
             value, end = _DECODER.raw_decode(text, pos)
         except ValueError:
             return None if not final else Take([], len(text))
-        found = _calls_from_json(value)
+        found = _calls_from_json(value, bare=True)
         if found is None:
             return Take([], end)
         calls += found
@@ -329,7 +342,7 @@ def read_json(text: str, final: bool) -> Take | None:
 
 def _calls_from_json_text(text: str) -> list[ToolCall] | None:
     try:
-        return _calls_from_json(json.loads(text))
+        return _calls_from_json(json.loads(text), bare=True)
     except ValueError:
         return None
 
@@ -391,10 +404,16 @@ class _TopLevel:
 
 class ToolCallStream:
     """Feed output pieces; each call returns the content to emit now and the
-    calls completed. ``finish`` flushes what was held back."""
+    calls completed. ``finish`` flushes what was held back.
 
-    def __init__(self, fmt: ChatFormat) -> None:
+    ``tool_names``, the tools the request offered: an answer that is bare
+    JSON (Llama 3.x, the fallback) is a call only when it names one of them.
+    Calls inside markers come back whatever they name."""
+
+    def __init__(self, fmt: ChatFormat, tool_names: Collection[str] | None = None) -> None:
         self._fmt = fmt
+        self._names = frozenset(tool_names) if tool_names is not None else None
+        self._bare = False  # the call being read opened without a marker
         self._grammar = _GRAMMARS.get(fmt.tool_calls, _GRAMMARS["json"])
         self._buffer = ""
         self._state: Literal["start", "content", "call", "after_call"] = "start"
@@ -432,6 +451,7 @@ class ToolCallStream:
                     return out
                 if any(head.startswith(m) for m in grammar.at_start):
                     self._enter_call(head)
+                    self._bare = not head.startswith(grammar.anywhere)
                 elif not final and any(m.startswith(head) for m in grammar.at_start):
                     return out
                 else:
@@ -459,7 +479,7 @@ class ToolCallStream:
                 take = grammar.read(buf, final)
                 if take is None:
                     return out
-                if take.calls:
+                if take.calls and not self._unknown(take.calls):
                     out.tool_calls += take.calls
                     self._state = "after_call"
                 else:
@@ -469,8 +489,15 @@ class ToolCallStream:
                 if final and not self._buffer:
                     return out
 
+    def _unknown(self, calls: list[ToolCall]) -> bool:
+        """A bare JSON answer is a call only to a tool the request offered."""
+        return (
+            self._bare and self._names is not None and any(c.name not in self._names for c in calls)
+        )
+
     def _enter_call(self, text: str) -> None:
         self._buffer, self._state = text, "call"
+        self._bare = False
         self._top = _TopLevel()
         self._top.closes(text, self._grammar.ends)
 
