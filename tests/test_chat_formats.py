@@ -71,6 +71,8 @@ DETECTED = {
         "enable_thinking",
         "",
     ),
+    "deepseek-ai-DeepSeek-V3.1": ("deepseek_r1", "tags", False, "enable_thinking", ""),
+    "mistralai-Ministral-3-14B-Reasoning-2512": ("mistral", "tags", True, "", ""),
     "google-gemma-2-2b-it": ("json", "none", False, "", ""),
     "microsoft-Phi-3.5-mini-instruct": ("json", "none", False, "", ""),
 }
@@ -146,7 +148,9 @@ def test_markers_are_reported():
 @pytest.mark.parametrize(
     ("name", "think", "expected"),
     [
-        ("Qwen-Qwen3-0.6B", None, {"enable_thinking": True}),
+        ("Qwen-Qwen3-0.6B", None, {}),
+        ("deepseek-ai-DeepSeek-V3.1", True, {"enable_thinking": True}),
+        ("mistralai-Ministral-3-14B-Reasoning-2512", True, {}),
         ("Qwen-Qwen3-0.6B", True, {"enable_thinking": True}),
         ("Qwen-Qwen3-0.6B", "high", {"enable_thinking": True}),
         ("Qwen-Qwen3-0.6B", False, {"enable_thinking": False}),
@@ -168,6 +172,7 @@ def test_template_variables_for_think(name, think, expected):
     [
         ("openai-gpt-oss-120b", False, "cannot turn thinking off"),
         ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", False, "cannot turn thinking off"),
+        ("mistralai-Ministral-3-14B-Reasoning-2512", False, "cannot turn thinking off"),
         ("google-gemma-2-2b-it", True, "does not support thinking"),
         ("google-gemma-2-2b-it", "low", "does not support thinking"),
         ("Qwen-Qwen3-0.6B", "extreme", "think must be"),
@@ -200,6 +205,7 @@ def test_prompt_opens_thinking_on_real_renders():
     for name, opened in [
         ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", True),
         ("Qwen-Qwen3-0.6B", False),
+        ("deepseek-ai-DeepSeek-V3.1", False),  # thinks only when enable_thinking is given
     ]:
         prompt = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>").render(chat)
         assert prompt_opens_thinking(prompt, fmt_of(name)) is opened, name
@@ -220,6 +226,8 @@ QWEN3 = fmt_of("Qwen-Qwen3-0.6B")
 QWQ = fmt_of("Qwen-QwQ-32B")
 R1 = fmt_of("deepseek-ai-DeepSeek-R1-Distill-Llama-8B")
 GEMMA = fmt_of("google-gemma-2-2b-it")
+V31 = fmt_of("deepseek-ai-DeepSeek-V3.1")
+MINISTRAL = fmt_of("mistralai-Ministral-3-14B-Reasoning-2512")
 
 HELLO = "Hello, world!\nWhat's up?"
 F1 = ("special_function", {"arg1": 1})
@@ -446,6 +454,31 @@ TOOL_OUTPUTS = [
     # DeepSeek R1
     (DEEPSEEK, DS_CALL, "", [F1], None),
     (DEEPSEEK, HELLO + DS_CALL, HELLO, [F1], None),
+    (
+        V31,
+        f'{DEEPSEEK_CALLS_BEGIN}{DEEPSEEK_CALL_BEGIN}get_time{DEEPSEEK_SEP}{{"city": "XYZCITY"}}'
+        f"{DEEPSEEK_CALL_END}{DEEPSEEK_CALLS_END}",
+        "",
+        [("get_time", {"city": "XYZCITY"})],
+        None,
+    ),
+    (
+        V31,
+        f"CONTENT{DEEPSEEK_CALLS_BEGIN}{DEEPSEEK_CALL_BEGIN}get_time{DEEPSEEK_SEP}"
+        f'{{"city": "Paris"}}'
+        f'{DEEPSEEK_CALL_END}{DEEPSEEK_CALL_BEGIN}get_weather{DEEPSEEK_SEP}{{"city": "Paris"}}'
+        f"{DEEPSEEK_CALL_END}{DEEPSEEK_CALLS_END}",
+        "CONTENT",
+        [("get_time", {"city": "Paris"}), ("get_weather", {"city": "Paris"})],
+        None,
+    ),
+    (
+        V31,
+        f"{DEEPSEEK_CALLS_BEGIN}{DEEPSEEK_CALL_BEGIN}get_time{DEEPSEEK_SEP}{{oops",
+        f"{DEEPSEEK_CALLS_BEGIN}{DEEPSEEK_CALL_BEGIN}get_time{DEEPSEEK_SEP}{{oops",
+        [],
+        None,
+    ),
     # the JSON-object fallback
     (GEMMA, HELLO, HELLO, [], None),
     (GEMMA, '{"name": "special_function", "arguments": {"arg1": 1}}', "", [F1], None),
@@ -571,6 +604,8 @@ THINKING_OUTPUTS = [
     (R1, True, "</think>" + HELLO, "", HELLO),
     (R1, True, "\nstill thinking", "still thinking", ""),
     (HERMES, True, "<think>no thinking here</think>", "", "<think>no thinking here</think>"),
+    (MINISTRAL, False, "[THINK]I'm\nthinking[/THINK]" + HELLO, "I'm\nthinking", HELLO),
+    (V31, True, "REASONING</think>\nCONTENT", "REASONING", "CONTENT"),
     (GPT_OSS, False, "<|channel|>final<|message|>" + HELLO, "", HELLO),
     (
         GPT_OSS,
@@ -705,6 +740,26 @@ OUTPUTS = [
         [],
     ),
     (DEEPSEEK, True, True, "I'm\nthinking</think>" + DS_CALL, "", "I'm\nthinking", [F1]),
+    (
+        MINISTRAL,
+        True,
+        False,
+        '[THINK]Let me think about [TOOL_CALLS]special_function[ARGS]{"arg1":1} and more[/THINK]'
+        '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}',
+        "",
+        'Let me think about [TOOL_CALLS]special_function[ARGS]{"arg1":1} and more',
+        [F1],
+    ),
+    (
+        V31,
+        True,
+        True,
+        f"REASONING</think>{DEEPSEEK_CALLS_BEGIN}{DEEPSEEK_CALL_BEGIN}get_time{DEEPSEEK_SEP}"
+        f'{{"city": "Tokyo"}}{DEEPSEEK_CALL_END}{DEEPSEEK_CALLS_END}',
+        "",
+        "REASONING",
+        [("get_time", {"city": "Tokyo"})],
+    ),
     (GEMMA, True, False, '{"name": "special_function", "arguments": {"arg1": 1}}', "", "", [F1]),
     (
         GEMMA,
@@ -743,7 +798,7 @@ def test_thinking_can_be_left_in_the_content():
 
 # -- never an exception ----------------------------------------------------------
 
-FORMATS = [HERMES, CODER, LLAMA, NEMO, SMALL, GPT_OSS, DEEPSEEK, GEMMA]
+FORMATS = [HERMES, CODER, LLAMA, NEMO, SMALL, GPT_OSS, DEEPSEEK, GEMMA, MINISTRAL]
 
 
 @pytest.mark.parametrize(("fmt", "output", "content", "calls", "ids"), TOOL_OUTPUTS)

@@ -118,6 +118,8 @@ def _thinking(text: str) -> dict[str, str]:
             "think_close": "<|end|>",
             "effort_variable": "reasoning_effort" if "reasoning_effort" in text else "",
         }
+    if _uses(text, "[THINK]") and _uses(text, "[/THINK]"):  # Mistral's reasoning models
+        return {"thinking": "tags", "think_open": "[THINK]", "think_close": "[/THINK]"}
     if _uses(text, "<think>") or _uses(text, "</think>"):
         return {
             "thinking": "tags",
@@ -145,7 +147,9 @@ def prompt_opens_thinking(prompt: str, fmt: ChatFormat) -> bool:
 def template_variables(fmt: ChatFormat, think: Think) -> dict[str, object]:
     """The extra variables to render the template with for Ollama's
     ``think`` (or OpenAI's ``reasoning_effort``): true, false, a level, or
-    None for the model's default.
+    None for the template's default (which, for a template that reads
+    ``enable_thinking``, may be either: Qwen3 thinks unless told not to,
+    DeepSeek-V3.1 only when told to).
 
     Raises ``ValueError`` (a 400) for a request the template cannot honour:
     thinking from a model that has none, or ``think: false`` from one that
@@ -153,9 +157,8 @@ def template_variables(fmt: ChatFormat, think: Think) -> dict[str, object]:
     """
     if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
         raise ValueError(f"think must be true, false or one of {', '.join(THINK_LEVELS)}")
-    if think is None:
-        # some templates (QwQ, R1-distill) only open thinking when asked
-        return {fmt.thinking_variable: True} if fmt.thinking_variable else {}
+    if think is None:  # the template's own default
+        return {}
     if not fmt.can_think:
         if think is False:
             return {}

@@ -304,13 +304,23 @@ def read_mistral(text: str, final: bool) -> Take | None:
 
 
 _DEEPSEEK_CALL = re.compile(
-    re.escape(DEEPSEEK_CALL_BEGIN)
-    + r"\s*(?:\w+)?\s*"
-    + re.escape(DEEPSEEK_SEP)
-    + r"\s*([^\n]+?)\s*\n```(?:json)?\s*\n?(.*?)\s*```\s*"
-    + re.escape(DEEPSEEK_CALL_END),
-    re.S,
+    re.escape(DEEPSEEK_CALL_BEGIN) + "(.*?)" + re.escape(DEEPSEEK_CALL_END), re.S
 )
+_FENCED = re.compile(r"\s*([^\n]+?)\s*\n```(?:json)?\s*\n?(.*?)\s*```\s*$", re.S)
+
+
+def _deepseek_call(segment: str) -> ToolCall | None:
+    """R1's ``function<sep>name`` and a fenced JSON block, or V3.1's
+    ``name<sep>{JSON}``."""
+    left, sep, right = segment.partition(DEEPSEEK_SEP)
+    if not sep:
+        return None
+    fenced = _FENCED.match(right)
+    if fenced:
+        name, arguments = fenced.groups()
+    else:
+        name, arguments = left.strip(), right.strip()
+    return call_from_object({"name": name, "arguments": arguments})
 
 
 def read_deepseek(text: str, final: bool) -> Take | None:
@@ -318,13 +328,10 @@ def read_deepseek(text: str, final: bool) -> Take | None:
     if end < 0 and not final:
         return None
     used = len(text) if end < 0 else end + len(DEEPSEEK_CALLS_END)
-    calls = []
-    for name, arguments in _DEEPSEEK_CALL.findall(text[:used]):
-        call = call_from_object({"name": name, "arguments": arguments})
-        if call is None:
-            return Take([], used)
-        calls.append(call)
-    return Take(calls, used)
+    calls = [_deepseek_call(segment) for segment in _DEEPSEEK_CALL.findall(text[:used])]
+    if not calls or None in calls:
+        return Take([], used)
+    return Take([c for c in calls if c is not None], used)
 
 
 def read_json(text: str, final: bool) -> Take | None:
