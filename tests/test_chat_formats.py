@@ -861,3 +861,13 @@ def test_a_bare_json_answer_is_a_call_only_to_an_offered_tool(fmt, output, calls
     assert parsed.content == ("" if calls else output)
     via_output = parse_output(output, fmt, tools=True, tool_names={"special_function"})
     assert _calls(via_output.tool_calls) == calls
+
+
+def test_whitespace_between_harmony_messages_is_not_content():
+    output = (
+        "<|channel|>analysis<|message|>hm<|end|>\n<|start|>assistant<|channel|>final<|message|>Hi"
+    )
+    assert parse_output(output, GPT_OSS, tools=False) == parse_output(
+        output.replace("\n", ""), GPT_OSS, tools=False
+    )
+    assert parse_output(output, GPT_OSS, tools=False).content == "Hi"

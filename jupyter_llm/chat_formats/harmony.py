@@ -98,10 +98,10 @@ class HarmonyReader:
         if self._state == "between":
             if not buf:
                 return False
-            if buf.startswith(START):
-                self._buffer, self._state = buf[len(START) :], "header"
-                return True
             head = buf.lstrip()
+            if head.startswith(START):
+                self._buffer, self._state = head[len(START) :], "header"
+                return True
             if head.startswith((CHANNEL, "to=")):
                 self._state = "header"
                 return True
