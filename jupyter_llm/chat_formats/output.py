@@ -83,17 +83,10 @@ class OutputStream:
     def _answer(self, text: str, final: bool) -> OutputDelta:
         if self._tools is None:
             return OutputDelta(content=text)
-        delta = self._tools.feed(text) if text else None
-        out = (
-            OutputDelta(content=delta.content, tool_calls=delta.tool_calls)
-            if delta
-            else OutputDelta()
-        )
+        delta = self._tools.feed(text)
         if final:
-            last = self._tools.finish()
-            out.content += last.content
-            out.tool_calls += last.tool_calls
-        return out
+            delta += self._tools.finish()
+        return OutputDelta(content=delta.content, tool_calls=delta.tool_calls)
 
 
 def parse_output(
