@@ -1,0 +1,175 @@
+"""Which tool-call and thinking format a model speaks, read from its own
+chat template.
+
+A template shows the model, in its instructions and in how it renders past
+assistant turns, the exact text of a tool call and of its thinking. The
+markers it contains therefore name the format; a template we do not
+recognise still gets tools (as a JSON-object fallback) when it renders them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+ToolCallFormat = Literal["hermes", "llama3", "mistral", "gpt_oss", "deepseek_r1", "json"]
+ThinkingStyle = Literal["none", "tags", "harmony"]
+Think = bool | Literal["low", "medium", "high"] | None
+
+THINK_LEVELS = ("low", "medium", "high")
+
+# DeepSeek's markers use fullwidth bars and a "lower one eighth block" for spaces
+DEEPSEEK_CALLS_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
+DEEPSEEK_CALL_BEGIN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
+DEEPSEEK_SEP = "<\uff5ctool\u2581sep\uff5c>"
+DEEPSEEK_CALL_END = "<\uff5ctool\u2581call\u2581end\uff5c>"
+DEEPSEEK_CALLS_END = "<\uff5ctool\u2581calls\u2581end\uff5c>"
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """What one template says about tool calls and thinking.
+
+    ``tool_call_start`` / ``tool_call_end`` are the markers around a call
+    (empty where the call is bare JSON); ``think_open`` / ``think_close``
+    those around thinking. ``thinking_variable`` is the template variable
+    that switches thinking (``enable_thinking``), ``effort_variable`` the
+    one that sets its effort (gpt-oss's ``reasoning_effort``).
+    ``tool_call_id_length`` is the length a template insists tool-call ids
+    have (Mistral's 9), 0 for any.
+    """
+
+    tool_calls: ToolCallFormat = "json"
+    thinking: ThinkingStyle = "none"
+    accepts_tools: bool = False
+    tool_call_start: str = ""
+    tool_call_end: str = ""
+    think_open: str = ""
+    think_close: str = ""
+    thinking_variable: str = ""
+    effort_variable: str = ""
+    tool_call_id_length: int = 0
+
+    @property
+    def can_think(self) -> bool:
+        return self.thinking != "none"
+
+    @property
+    def can_disable_thinking(self) -> bool:
+        return bool(self.thinking_variable)
+
+
+FALLBACK = ChatFormat()
+
+_TOOLS_VARIABLE = re.compile(r"\btools\b")
+_COMMENT = re.compile(r"\{#.*?#\}", re.S)
+
+
+def _uses(template: str, *markers: str) -> bool:
+    return any(m in template for m in markers)
+
+
+def detect_format(chat_template: str) -> ChatFormat:
+    """The format of the model whose chat template is ``chat_template``."""
+    text = _COMMENT.sub("", chat_template or "")
+    accepts_tools = bool(_TOOLS_VARIABLE.search(text))
+    tools = _tool_format(text)
+    thinking = _thinking(text)
+    return ChatFormat(
+        accepts_tools=accepts_tools,
+        tool_call_id_length=9 if "length != 9" in text or "length 9" in text else 0,
+        **tools,
+        **thinking,
+    )
+
+
+def _tool_format(text: str) -> dict[str, str]:
+    if _uses(text, "<|channel|>") and _uses(text, "<|start|>"):
+        return {
+            "tool_calls": "gpt_oss",
+            "tool_call_start": "to=functions.",
+            "tool_call_end": "<|call|>",
+        }
+    if _uses(text, "[TOOL_CALLS]"):
+        return {"tool_calls": "mistral", "tool_call_start": "[TOOL_CALLS]"}
+    if _uses(text, DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALL_BEGIN):
+        return {
+            "tool_calls": "deepseek_r1",
+            "tool_call_start": DEEPSEEK_CALLS_BEGIN,
+            "tool_call_end": DEEPSEEK_CALLS_END,
+        }
+    if _uses(text, "<tool_call>"):
+        return {
+            "tool_calls": "hermes",
+            "tool_call_start": "<tool_call>",
+            "tool_call_end": "</tool_call>",
+        }
+    if _uses(text, "<|python_tag|>", "ipython<|end_header_id|>", '"parameters": dictionary'):
+        return {"tool_calls": "llama3", "tool_call_start": "<|python_tag|>"}
+    return {"tool_calls": "json"}
+
+
+def _thinking(text: str) -> dict[str, str]:
+    if _uses(text, "<|channel|>") and _uses(text, "analysis"):
+        return {
+            "thinking": "harmony",
+            "think_open": "<|channel|>analysis<|message|>",
+            "think_close": "<|end|>",
+            "effort_variable": "reasoning_effort" if "reasoning_effort" in text else "",
+        }
+    if _uses(text, "[THINK]") and _uses(text, "[/THINK]"):  # Mistral's reasoning models
+        return {"thinking": "tags", "think_open": "[THINK]", "think_close": "[/THINK]"}
+    if _uses(text, "<think>") or _uses(text, "</think>"):
+        return {
+            "thinking": "tags",
+            "think_open": "<think>",
+            "think_close": "</think>",
+            "thinking_variable": "enable_thinking" if "enable_thinking" in text else "",
+        }
+    return {}
+
+
+def prompt_opens_thinking(prompt: str, fmt: ChatFormat) -> bool:
+    """Whether the rendered ``prompt`` already opened a thinking block (the
+    generation prompt ends in ``<think>``), so that the output starts inside
+    thinking and only closes it."""
+    if fmt.thinking != "tags":
+        return False
+    opened = prompt.rfind(fmt.think_open)
+    return (
+        opened >= 0
+        and prompt.find(fmt.think_close, opened) < 0
+        and not prompt[opened + len(fmt.think_open) :].strip()
+    )
+
+
+def template_variables(fmt: ChatFormat, think: Think) -> dict[str, object]:
+    """The extra variables to render the template with for Ollama's
+    ``think`` (or OpenAI's ``reasoning_effort``): true, false, a level, or
+    None for the template's default (which, for a template that reads
+    ``enable_thinking``, may be either: Qwen3 thinks unless told not to,
+    DeepSeek-V3.1 only when told to).
+
+    Raises ``ValueError`` (a 400) for a request the template cannot honour:
+    thinking from a model that has none, or ``think: false`` from one that
+    cannot turn it off.
+    """
+    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
+        raise ValueError(f"think must be true, false or one of {', '.join(THINK_LEVELS)}")
+    if think is None:  # the template's own default
+        return {}
+    if not fmt.can_think:
+        if think is False:
+            return {}
+        raise ValueError("this model does not support thinking")
+    if think is False:
+        if not fmt.can_disable_thinking:
+            raise ValueError("this model cannot turn thinking off: its chat template always thinks")
+        return {fmt.thinking_variable: False}
+    variables: dict[str, object] = {}
+    if fmt.thinking_variable:
+        variables[fmt.thinking_variable] = True
+    if fmt.effort_variable and isinstance(think, str):
+        variables[fmt.effort_variable] = think
+    return variables

@@ -1,0 +1,146 @@
+"""gpt-oss's "harmony" output, read as a stream of messages.
+
+After the prompt's ``<|start|>assistant`` the model writes one or more
+messages, each a header and a body::
+
+    <|channel|>analysis<|message|>thinking...<|end|>
+    <|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{..}<|call|>
+    <|start|>assistant<|channel|>final<|message|>the answer
+
+The recipient (``to=...``) may also sit before the channel, in the role
+part of the header. The last body may end with the text itself (the
+runner stops at ``<|return|>`` / ``<|call|>`` without showing them). Text
+before any header is a body without one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from jupyter_llm.chat_formats.markers import held_back
+
+START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
+ENDS = ("<|end|>", "<|call|>", "<|return|>")
+_BODY_STOPS = (*ENDS, START, CHANNEL)
+_RECIPIENT = re.compile(r"to=(\S+?)(?=\s|<\||$)")
+
+
+@dataclass(frozen=True)
+class Header:
+    """A message's header: its channel (``analysis``, ``commentary``,
+    ``final``; empty for text outside any message), its recipient
+    (``functions.get_weather``; empty for the user) and its content type
+    (``json``)."""
+
+    channel: str = ""
+    recipient: str = ""
+    constrain: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: Literal["header", "text", "end"]
+    header: Header
+    text: str = ""
+
+
+def parse_header(text: str) -> Header:
+    recipient = ""
+    for found in _RECIPIENT.findall(text):
+        if found != "assistant":
+            recipient = found
+    channel = ""
+    if CHANNEL in text:
+        channel = text.rsplit(CHANNEL, 1)[1].split(CONSTRAIN)[0]
+        channel = _RECIPIENT.sub("", channel).strip().split(" ")[0] if channel.strip() else ""
+    constrain = ""
+    if CONSTRAIN in text:
+        constrain = text.rsplit(CONSTRAIN, 1)[1].strip().split(" ")[0]
+    elif channel == "commentary" and " json" in text.rsplit(CHANNEL, 1)[-1]:
+        constrain = "json"
+    return Header(channel=channel, recipient=recipient, constrain=constrain)
+
+
+class HarmonyReader:
+    """Feed text pieces, get header / text / end events. A piece of text that
+    may be the start of a harmony token is held back until it is decided."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._state: Literal["between", "header", "body"] = "between"
+        self._header = Header()
+
+    def feed(self, text: str) -> list[Event]:
+        self._buffer += text
+        events: list[Event] = []
+        while self._step(events, final=False):
+            pass
+        return events
+
+    def finish(self) -> list[Event]:
+        events: list[Event] = []
+        while self._step(events, final=True):
+            pass
+        if self._state == "header":
+            self._buffer = ""  # a header the model never finished says nothing
+        elif self._state == "body":
+            if self._buffer:
+                events.append(Event("text", self._header, self._buffer))
+            events.append(Event("end", self._header))
+        self._buffer, self._state = "", "between"
+        return events
+
+    def _step(self, events: list[Event], final: bool) -> bool:
+        """Advance once; False when more text is needed."""
+        buf = self._buffer
+        if self._state == "between":
+            if not buf:
+                return False
+            head = buf.lstrip()
+            if head.startswith(START):
+                self._buffer, self._state = head[len(START) :], "header"
+                return True
+            if head.startswith((CHANNEL, "to=")):
+                self._state = "header"
+                return True
+            if not final and (not head or any(m.startswith(head) for m in (START, CHANNEL, "to="))):
+                return False
+            self._header = Header()
+            self._state = "body"
+            events.append(Event("header", self._header))
+            return True
+        if self._state == "header":
+            at = buf.find(MESSAGE)
+            if at < 0:
+                return False
+            self._header = parse_header(buf[:at])
+            self._buffer, self._state = buf[at + len(MESSAGE) :], "body"
+            events.append(Event("header", self._header))
+            return True
+        # body
+        stop = min(((buf.find(m), m) for m in _BODY_STOPS if m in buf), default=None)
+        if stop is None:
+            keep = 0 if final else held_back(buf, _BODY_STOPS)
+            if len(buf) > keep:
+                events.append(Event("text", self._header, buf[: len(buf) - keep]))
+                self._buffer = buf[len(buf) - keep :]
+            return False
+        at, marker = stop
+        if at:
+            events.append(Event("text", self._header, buf[:at]))
+        events.append(Event("end", self._header))
+        self._buffer = buf[at + len(marker) :] if marker in ENDS else buf[at:]
+        self._state = "between"
+        return True
+
+
+def serialize_header(header: Header) -> str:
+    """A header as harmony text, for a layer that passes a message on."""
+    text = f"{CHANNEL}{header.channel or 'commentary'}"
+    if header.recipient:
+        text += f" to={header.recipient}"
+    if header.constrain:
+        text += f" {CONSTRAIN}{header.constrain}"
+    return text + MESSAGE
