@@ -163,6 +163,7 @@ class RunnerService:
         return {"devices": list_ggml_devices(), "pid": os.getpid()}
 
     def op_load(self, message: dict[str, Any]) -> dict[str, Any]:
+        from jupyter_llm.runner.cpu_threads import default_threads
         from jupyter_llm.runner.engine import Engine, LoadParams, allocation_log
 
         if self.engine is not None:
@@ -178,6 +179,8 @@ class RunnerService:
                 self.send({"id": message["id"], "type": "progress", "progress": value})
 
         params = LoadParams(**{k: v for k, v in message.items() if k in fields})
+        if params.n_threads <= 0:  # none asked for: the physical cores this process may use
+            params.n_threads = default_threads()
         try:
             self.engine = Engine(params, progress)
         except EngineError as e:
@@ -190,6 +193,7 @@ class RunnerService:
             "n_ctx": self.engine.n_ctx,
             "n_ctx_train": self.engine.n_ctx_train,
             "n_batch": self.engine.n_batch,
+            "n_threads": params.n_threads,
             "chat_template": self.engine.chat_template,
             "supports_insert": self.engine.supports_insert,
         }
