@@ -32,7 +32,7 @@ class Settings:
     gpu_overhead: int = 0
     new_estimates: bool = False
     load_timeout: float = 300.0
-    num_threads: int = 0  # 0: llama.cpp chooses
+    num_threads: int = 0  # 0: the physical cores the runner may use (runner/cpu_threads.py)
     stream_interval: float = 0.1  # seconds a fast model's tokens are grouped for streaming
     python: str = ""  # interpreter for runner processes; "" = this one
 

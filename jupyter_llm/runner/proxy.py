@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -22,6 +23,8 @@ from jupyter_llm.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
 from jupyter_llm.runner.launch import LoadRequest, LoadSpec, launch_spec
 from jupyter_llm.runner.process import RunnerProcess
 from jupyter_llm.runner.progress import report_load_progress
+
+log = logging.getLogger(__name__)
 
 HEALTH_POLL_MAX = 5.0  # seconds between the watchdog's health checks, at most
 # Numbers one embedding request may return: the server holds them as Python
@@ -55,6 +58,11 @@ class RunnerProxy:
         """The sequences the runner really decodes together (its slots)."""
         return max(1, int(self.info.get("n_seq", self.spec.n_seq)))
 
+    @property
+    def n_threads(self) -> int:
+        """The CPU threads the runner decodes with (its default unless the spec set one)."""
+        return int(self.info.get("n_threads", self.spec.n_threads))
+
     async def load(self) -> None:
         """Load the model; the stall timer restarts whenever load progress moves."""
         started = time.perf_counter_ns()
@@ -84,6 +92,13 @@ class RunnerProxy:
         finally:
             await replies.aclose()
         self.load_duration_ns = time.perf_counter_ns() - started
+        log.info(
+            "runner %s loaded the model in %.1fs: %s CPU threads, n_ctx %d",
+            self.pid,
+            self.load_duration_ns / 1e9,
+            self.info.get("n_threads", "?"),
+            self.n_ctx,
+        )
 
     @property
     def measured(self) -> dict[str, dict[str, int]]:

@@ -185,6 +185,7 @@ class RunnerService:
         return {"devices": list_ggml_devices(), "pid": os.getpid()}
 
     def op_load(self, message: dict[str, Any]) -> dict[str, Any]:
+        from jupyter_llm.runner.cpu_threads import default_threads
         from jupyter_llm.runner.engine import Engine, LoadParams, allocation_log
 
         if self.engine is not None:
@@ -200,6 +201,8 @@ class RunnerService:
                 self.send({"id": message["id"], "type": "progress", "progress": value})
 
         params = LoadParams(**{k: v for k, v in message.items() if k in fields})
+        if params.n_threads <= 0:  # none asked for: the physical cores this process may use
+            params.n_threads = default_threads()
         try:
             self.engine = Engine(params, progress)
         except EngineError as e:
@@ -213,6 +216,7 @@ class RunnerService:
             "n_ctx_train": self.engine.n_ctx_train,
             "n_batch": self.engine.n_batch,
             "n_seq": self.engine.n_seq,
+            "n_threads": params.n_threads,
             "chat_template": self.engine.chat_template,
             "supports_insert": self.engine.supports_insert,
         }
