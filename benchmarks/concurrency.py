@@ -38,6 +38,7 @@ import httpx
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.models.store import ModelStore
+from jupyter_llm.runner.engine import cpu_has_amx
 
 STREAMS = (1, 4, 8)
 NUM_CTX = 4096  # our default context_length, given to llama-server too
@@ -146,8 +147,11 @@ class LlamaServer(Side):
 
     def __init__(self, binary: str, model: Path) -> None:
         port = free_port()
+        # on an AMX CPU llama.cpp's AMX kernels crash on Q4_K models
+        # (llama.cpp#20824): there both sides keep weights in plain buffers
+        extra = ["--no-repack"] if cpu_has_amx() else []
         process = subprocess.Popen(
-            [binary, "-m", str(model), "--port", str(port), "-np", "4", "-c", str(NUM_CTX)],
+            [binary, "-m", str(model), "--port", str(port), "-np", "4", "-c", str(NUM_CTX), *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         super().__init__(process)
@@ -261,6 +265,8 @@ def main() -> int:
     args = parser.parse_args()
     if not os.environ.get("LLAMA_SERVER"):
         print("LLAMA_SERVER is not set: measuring our side only (no llama-server anchor)")
+    elif cpu_has_amx():
+        print("AMX CPU: llama-server runs with --no-repack, as our runner keeps weights out of AMX")
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         if gemma := gemma_path(tmp_path):
