@@ -241,21 +241,32 @@ def run_model(label: str, path: Path, models: Path, args: argparse.Namespace) ->
                     time.sleep(0.5)  # the other side's spinning threads go idle
                     rate = asyncio.run(aggregate(side, streams, args.tokens))
                     rates.setdefault((side.name, streams), []).append(rate)
-        turns = {side.name: asyncio.run(second_turn(side)) for side in sides}
+        report(label, args, rates)
+        for side in sides:
+            try:
+                ratio = asyncio.run(second_turn(side))
+            except httpx.HTTPError as e:  # a side that crashed: say so, go on
+                print(f"  second chat turn ({side.name}): failed: {e!r}")
+                continue
+            print(
+                f"  second chat turn, time to first token / first turn's ({side.name}): {ratio:.2f}"
+            )
     finally:
         for side in sides:
             side.close()
+
+
+def report(label: str, args: argparse.Namespace, rates: dict[tuple[str, int], list[float]]) -> None:
     print(f"\n{label}: {args.tokens} tokens per stream, greedy, {args.rounds} rounds")
     med = {k: statistics.median(v) for k, v in rates.items()}
     for streams in STREAMS:
         line = f"  {streams} stream(s): ours {med['ours', streams]:7.1f} tok/s"
         if ("llama-server", streams) in med:
             theirs = med["llama-server", streams]
-            line += f"   llama-server -np 4 {theirs:7.1f} tok/s   ratio {med['ours', streams] / theirs:.2f}x"  # noqa: E501
+            ratio = med["ours", streams] / theirs
+            line += f"   llama-server -np 4 {theirs:7.1f} tok/s   ratio {ratio:.2f}x"
         print(line)
-    print(f"  ours, 4 streams / 1 stream: {med['ours', 4] / med['ours', 1]:.2f}x")
-    for side, ratio in turns.items():
-        print(f"  second chat turn, time to first token / first turn's ({side}): {ratio:.2f}")
+    print(f"  ours, 4 streams / 1 stream: {med['ours', 4] / med['ours', 1]:.2f}x", flush=True)
 
 
 def main() -> int:
