@@ -8,6 +8,7 @@ Replaces ``ChatRequest.parse``'s loop (``api/requests.py``) and
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -37,10 +38,66 @@ def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
         if role is None:
             raise ValueError(f"messages[{i}].role must be one of {', '.join(roles)}")
         message = {"role": role, "content": _content(m.get("content"), i, openai)}
-        if not openai and "tool_calls" in m:
-            message["tool_calls"] = m["tool_calls"]
+        if m.get("tool_calls") is not None:
+            message["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        for key, field in TEXT_FIELDS.items():
+            value = m.get(key)
+            if value is None or (key == "name" and role != "tool"):  # a participant's name
+                continue
+            if not isinstance(value, str):
+                raise ValueError(f"messages[{i}].{key} must be a string")
+            message.setdefault(field, value)
         messages.append(message)
     return messages
+
+
+# optional text fields of a message, as the chat template receives them:
+# Ollama's names, then OpenAI's for the same thing
+TEXT_FIELDS = {
+    "thinking": "thinking",
+    "tool_name": "tool_name",
+    "tool_call_id": "tool_call_id",
+    "reasoning_content": "thinking",
+    "reasoning": "thinking",
+    "name": "tool_name",
+}
+
+
+def _tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant's tool calls in one shape whichever API sent them:
+    ``{"type": "function", "function": {"name", "arguments": {...}}}`` plus
+    ``id`` when given (OpenAI's arguments are JSON text, Ollama's an object)."""
+    if not isinstance(raw, list):
+        raise ValueError(f"messages[{i}].tool_calls must be a list")
+    calls = []
+    for j, call in enumerate(raw):
+        where = f"messages[{i}].tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise ValueError(f"{where}.function must be an object")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}.function.name must be a non-empty string")
+        arguments = function.get("arguments")
+        if arguments is None or arguments == "":
+            arguments = {}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                raise ValueError(f"{where}.function.arguments must be a JSON object") from None
+        if not isinstance(arguments, dict):
+            raise ValueError(f"{where}.function.arguments must be a JSON object")
+        out: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+        if call.get("id") is not None:
+            if not isinstance(call["id"], str):
+                raise ValueError(f"{where}.id must be a string")
+            out["id"] = call["id"]
+        calls.append(out)
+    return calls
 
 
 def _content(content: Any, i: int, parts: bool) -> str:

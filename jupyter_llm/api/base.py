@@ -30,7 +30,7 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from jupyter_llm.api.generation import Finished, Job, collect, complete
+from jupyter_llm.api.generation import Job, Reply, collect, complete
 from jupyter_llm.api.requests import parse_json_object
 from jupyter_llm.errors import LLMError
 
@@ -180,7 +180,7 @@ class LLMHandler(APIHandler):
         self.write(framing.trailer)
         self.finish()
 
-    async def whole_completion(self, job: Job) -> tuple[str, Finished] | None:
+    async def whole_completion(self, job: Job) -> Reply | None:
         """A completion not streamed: its text and last event, or ``None`` if
         the client left (which cancelled the generation)."""
         async with aclosing(self.connected(complete(self.llm, job))) as batches:

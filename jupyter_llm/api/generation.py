@@ -38,6 +38,8 @@ class Job:
     context: list[int] | None = None  # tokens of an earlier exchange, before the prompt
     suffix: str | None = None  # fill-in-the-middle
     format: OutputFormat | None = None
+    think: bool | str | None = None  # None: the template's default
+    tool_choice: Any = None  # "auto" | "none" | "required" | {"name": ...}; None: auto
     truncate: bool = True  # Ollama's request fields: cut an over-long prompt...
     shift: bool = True  # ...and shift a full context
 
@@ -56,7 +58,31 @@ class Finished:
     context: list[int]
 
 
-Event = str | Finished
+@dataclass
+class Thinking:
+    """A piece of the model's thinking, never part of the answer's content."""
+
+    text: str
+
+
+@dataclass
+class ToolCalls:
+    """Tool calls the model finished: ``{"id", "name", "arguments": {...}}``."""
+
+    calls: list[dict[str, Any]]
+
+
+Event = str | Thinking | ToolCalls | Finished
+
+
+@dataclass
+class Reply:
+    """A whole completion, as a non-streaming answer reports it."""
+
+    text: str
+    thinking: str
+    tool_calls: list[dict[str, Any]]
+    finished: Finished
 
 
 async def find_model(services: LLMServices, name: ModelName) -> ModelEntry:
@@ -91,6 +117,10 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
             request["suffix"] = job.suffix
         if job.format is not None:
             request["grammar"] = job.format.grammar
+        if job.think is not None:
+            request["think"] = job.think
+        if job.tool_choice is not None:
+            request["tool_choice"] = job.tool_choice
         if not job.truncate:
             request["truncate"] = False
         if not job.shift:
@@ -102,9 +132,14 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
                 events: list[Event] = []
                 for message in batch:
                     if message["type"] == "token":
-                        events.append(message["text"])
-                        if job.format is not None:
-                            text.append(message["text"])
+                        if message.get("thinking"):
+                            events.append(Thinking(message["thinking"]))
+                        if message.get("text"):
+                            events.append(message["text"])
+                            if job.format is not None:
+                                text.append(message["text"])
+                    elif message["type"] == "tool_calls":
+                        events.append(ToolCalls(list(message.get("tool_calls") or [])))
                     elif message["type"] == "done":
                         if job.format is not None and message.get("done_reason", "stop") == "stop":
                             await check_format(job.format, "".join(text))
@@ -133,16 +168,21 @@ async def check_format(fmt: OutputFormat, text: str) -> None:
         log.warning("structured output check failed: %s", problem)
 
 
-async def collect(batches: AsyncIterator[list[Event]]) -> tuple[str, Finished] | None:
-    """The whole text and the ``Finished`` event; ``None`` if ``batches`` ended
-    first (the client left)."""
+async def collect(batches: AsyncIterator[list[Event]]) -> Reply | None:
+    """The whole completion; ``None`` if ``batches`` ended first (the client left)."""
     parts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
     async for batch in batches:
         for event in batch:
             if isinstance(event, str):
                 parts.append(event)
+            elif isinstance(event, Thinking):
+                thinking.append(event.text)
+            elif isinstance(event, ToolCalls):
+                calls.extend(event.calls)
             else:
-                return "".join(parts), event
+                return Reply("".join(parts), "".join(thinking), calls, event)
     return None
 
 

@@ -19,7 +19,17 @@ from tornado import web
 
 from jupyter_llm import __version__
 from jupyter_llm.api.base import LLM, LLM_MODELS, NDJSON, LLMHandler, now_iso
-from jupyter_llm.api.generation import Finished, Job, complete, embed, load_only, unload
+from jupyter_llm.api.generation import (
+    Event,
+    Finished,
+    Job,
+    Thinking,
+    ToolCalls,
+    complete,
+    embed,
+    load_only,
+    unload,
+)
 from jupyter_llm.api.ps import ps_body
 from jupyter_llm.api.requests import (
     ChatRequest,
@@ -30,6 +40,7 @@ from jupyter_llm.api.requests import (
     options_field,
 )
 from jupyter_llm.api.templates import render_go_template
+from jupyter_llm.chat_formats import detect_format
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.gguf_info import read_metadata
 from jupyter_llm.models.names import parse_model_name
@@ -275,7 +286,7 @@ class CompletionHandler(LLMHandler):
         req: CompletionRequest,
         job: Job,
         empty: bool,
-        chunk: Callable[[str], dict[str, Any]],
+        chunk: Chunk,
         final_extra: Callable[[Finished], dict[str, Any]] = lambda f: {},
     ) -> None:
         services = self.llm
@@ -288,23 +299,66 @@ class CompletionHandler(LLMHandler):
                 self.write_json({**chunk(""), "done": True, "done_reason": "load"})
             return
         if not req.stream:
-            if (result := await self.whole_completion(job)) is None:
+            if (reply := await self.whole_completion(job)) is None:
                 return  # the client left
-            text, finished = result
-            self.write_json({**chunk(text), **done_fields(finished), **final_extra(finished)})
+            calls = ollama_tool_calls(reply.tool_calls, 0)
+            finished = reply.finished
+            self.write_json(
+                {
+                    **chunk(reply.text, reply.thinking, calls),
+                    **done_fields(finished),
+                    **final_extra(finished),
+                }
+            )
             return
+        count = [0]  # tool calls so far: their index
+
+        def value(e: Event) -> dict[str, Any]:
+            if isinstance(e, str):
+                return {**chunk(e), "done": False}
+            if isinstance(e, Thinking):
+                return {**chunk("", e.text), "done": False}
+            if isinstance(e, ToolCalls):
+                calls = ollama_tool_calls(e.calls, count[0])
+                count[0] += len(calls)
+                return {**chunk("", "", calls), "done": False}
+            return {**chunk(""), **done_fields(e), **final_extra(e)}
 
         async def ndjson() -> AsyncGenerator[list[dict[str, Any]], None]:
             async with aclosing(complete(services, job)) as events:
                 async for batch in events:
-                    yield [
-                        {**chunk(e), "done": False}
-                        if isinstance(e, str)
-                        else {**chunk(""), **done_fields(e), **final_extra(e)}
-                        for e in batch
-                    ]
+                    yield [value(e) for e in batch]
 
         await self.stream(ndjson(), NDJSON)
+
+
+# a streamed piece: content, thinking, tool calls (Ollama's shape)
+Chunk = Callable[..., dict[str, Any]]
+
+
+def ollama_tool_calls(calls: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
+    """Ollama's ``tool_calls``: ``{"id", "function": {"index", "name", "arguments"}}``."""
+    return [
+        {
+            "id": call.get("id", ""),
+            "function": {
+                "index": first + i,
+                "name": call["name"],
+                "arguments": call.get("arguments", {}),
+            },
+        }
+        for i, call in enumerate(calls)
+    ]
+
+
+def message_fields(text: str, thinking: str, calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """An assistant message's fields, the optional ones only when present."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if thinking:
+        message["thinking"] = thinking
+    if calls:
+        message["tool_calls"] = calls
+    return message
 
 
 def done_fields(f: Finished) -> dict[str, Any]:
@@ -335,6 +389,7 @@ class GenerateHandler(CompletionHandler):
             context=req.context,
             suffix=req.suffix,
             format=req.format,
+            think=req.think,
             truncate=req.truncate,
             shift=req.shift,
         )
@@ -349,8 +404,9 @@ class GenerateHandler(CompletionHandler):
                 job.messages.append({"role": "system", "content": req.system})
             job.messages.append({"role": "user", "content": req.prompt})
 
-        def chunk(text: str) -> dict[str, Any]:
-            return {"model": name, "created_at": now_iso(), "response": text}
+        def chunk(text: str, thinking: str = "", calls: Any = None) -> dict[str, Any]:
+            out = {"model": name, "created_at": now_iso(), "response": text}
+            return {**out, "thinking": thinking} if thinking else out
 
         empty = not req.prompt and req.suffix is None
         await self._respond(req, job, empty, chunk, lambda f: {"context": f.context})
@@ -371,15 +427,16 @@ class ChatHandler(CompletionHandler):
             messages=req.messages,
             tools=req.tools,
             format=req.format,
+            think=req.think,
             truncate=req.truncate,
             shift=req.shift,
         )
 
-        def chunk(text: str) -> dict[str, Any]:
+        def chunk(text: str, thinking: str = "", calls: Any = None) -> dict[str, Any]:
             return {
                 "model": name,
                 "created_at": now_iso(),
-                "message": {"role": "assistant", "content": text},
+                "message": message_fields(text, thinking, calls),
             }
 
         await self._respond(req, job, not req.messages, chunk)
@@ -480,8 +537,11 @@ def model_capabilities(info: dict[str, Any], template: str) -> list[str]:
         capabilities = ["completion"]
         if "tokenizer.ggml.fim_pre_token_id" in info:
             capabilities.append("insert")
-    if "tools" in template or "tool_call" in template:
+    fmt = detect_format(template)
+    if fmt.accepts_tools or "tools" in template or "tool_call" in template:
         capabilities.append("tools")
+    if fmt.can_think:
+        capabilities.append("thinking")
     return capabilities
 
 

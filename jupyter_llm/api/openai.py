@@ -12,6 +12,7 @@ messages by ``jupyter_llm.messages`` (formerly ``chat_messages`` here).
 from __future__ import annotations
 
 import base64
+import json
 import struct
 import time
 import uuid
@@ -23,8 +24,15 @@ from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from jupyter_llm.api.base import LLM, SSE, LLMHandler
-from jupyter_llm.api.generation import Finished, Job, complete, embed
-from jupyter_llm.api.requests import messages_field, openai_options_field, parse_embed_input
+from jupyter_llm.api.generation import Finished, Job, Thinking, ToolCalls, complete, embed
+from jupyter_llm.api.requests import (
+    messages_field,
+    openai_options_field,
+    parse_embed_input,
+    reasoning_field,
+    tool_choice_field,
+    tools_field,
+)
 from jupyter_llm.api.structured import invalid_format, parse_format
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.names import parse_model_name
@@ -42,21 +50,28 @@ class OpenAIHandler(LLMHandler):
         job: Job,
         chunk: Callable[[str | None, str | None], dict[str, Any]],
         usage_chunk: Callable[[Finished], dict[str, Any]] | None,
+        other: Callable[[Thinking | ToolCalls], dict[str, Any]] | None = None,
     ) -> None:
-        """Server-sent events: one ``data:`` per piece of text, the finish
-        reason, optional usage, then ``data: [DONE]``."""
+        """Server-sent events: one ``data:`` per piece of text (``other``
+        turns thinking and tool calls into chunks), the finish reason,
+        optional usage, then ``data: [DONE]``."""
 
         async def events() -> AsyncGenerator[list[dict[str, Any]], None]:
+            called = False
             async with aclosing(complete(self.llm, job)) as batches:
                 async for batch in batches:
                     out = []
                     for event in batch:
                         if isinstance(event, str):
                             out.append(chunk(event, None))
-                        else:
-                            out.append(chunk(None, FINISH.get(event.done_reason, "stop")))
+                        elif isinstance(event, Finished):
+                            out.append(chunk(None, finish_reason(event, called)))
                             if usage_chunk is not None:
                                 out.append(usage_chunk(event))
+                        else:
+                            called = called or isinstance(event, ToolCalls)
+                            if other is not None:
+                                out.append(other(event))
                     yield out
 
         await self.stream(events(), SSE)
@@ -69,6 +84,26 @@ def openai_error(status: int, message: str) -> dict[str, Any]:
         "param": None,
         "code": None,
     }
+
+
+def finish_reason(f: Finished, called: bool) -> str:
+    return "tool_calls" if called else FINISH.get(f.done_reason, "stop")
+
+
+def openai_tool_calls(calls: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
+    """OpenAI's ``tool_calls``: arguments as JSON text, an index when streamed."""
+    return [
+        {
+            "index": first + i,
+            "id": call.get("id") or f"call_{uuid.uuid4().hex[:8]}",
+            "type": "function",
+            "function": {
+                "name": call["name"],
+                "arguments": json.dumps(call.get("arguments", {})),
+            },
+        }
+        for i, call in enumerate(calls)
+    ]
 
 
 def usage(f: Finished) -> dict[str, int]:
@@ -119,11 +154,14 @@ class ChatCompletionsHandler(OpenAIHandler):
     async def post(self) -> None:
         body = self.body_json()
         model = parse_model_name(body.get("model"))
+        tools = tools_field(body.get("tools"))
         job = Job(
             model=model,
             options=openai_options_field(body),
             messages=messages_field(body.get("messages"), openai=True),
-            tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
+            tools=tools,
+            tool_choice=tool_choice_field(body.get("tool_choice"), tools),
+            think=reasoning_field(body),
             format=await self.blocking(response_format, body),
         )
         stream, with_usage = stream_flag(body), include_usage(body)
@@ -135,9 +173,17 @@ class ChatCompletionsHandler(OpenAIHandler):
             "system_fingerprint": "fp_jupyter_llm",
         }
         if not stream:
-            if (result := await self.whole_completion(job)) is None:
+            if (reply := await self.whole_completion(job)) is None:
                 return  # the client left
-            text, finished = result
+            message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+            if reply.thinking:
+                message["reasoning"] = reply.thinking
+            if reply.tool_calls:
+                message["tool_calls"] = [
+                    {k: v for k, v in call.items() if k != "index"}
+                    for call in openai_tool_calls(reply.tool_calls, 0)
+                ]
+                message["content"] = reply.text or None
             self.write_json(
                 {
                     **base,
@@ -145,15 +191,16 @@ class ChatCompletionsHandler(OpenAIHandler):
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": text},
-                            "finish_reason": FINISH.get(finished.done_reason, "stop"),
+                            "message": message,
+                            "finish_reason": finish_reason(reply.finished, bool(reply.tool_calls)),
                         }
                     ],
-                    "usage": usage(finished),
+                    "usage": usage(reply.finished),
                 }
             )
             return
         first = [True]
+        count = [0]
 
         def chunk(text: str | None, finish: str | None) -> dict[str, Any]:
             delta: dict[str, Any] = {} if text is None else {"content": text}
@@ -169,7 +216,17 @@ class ChatCompletionsHandler(OpenAIHandler):
         def usage_chunk(f: Finished) -> dict[str, Any]:
             return {**base, "object": "chat.completion.chunk", "choices": [], "usage": usage(f)}
 
-        await self._stream_sse(job, chunk, usage_chunk if with_usage else None)
+        def other(event: Thinking | ToolCalls) -> dict[str, Any]:
+            out = chunk(None, None)
+            delta = out["choices"][0]["delta"]
+            if isinstance(event, Thinking):
+                delta["reasoning"] = event.text
+            else:
+                delta["tool_calls"] = openai_tool_calls(event.calls, count[0])
+                count[0] += len(event.calls)
+            return out
+
+        await self._stream_sse(job, chunk, usage_chunk if with_usage else None, other)
 
 
 class CompletionsHandler(OpenAIHandler):
@@ -199,9 +256,9 @@ class CompletionsHandler(OpenAIHandler):
             "object": "text_completion",
         }
         if not stream:
-            if (result := await self.whole_completion(job)) is None:
+            if (reply := await self.whole_completion(job)) is None:
                 return  # the client left
-            text, finished = result
+            text, finished = reply.text, reply.finished
             self.write_json(
                 {
                     **base,

@@ -120,6 +120,7 @@ class CompletionRequest:
     options: dict[str, Any] = field(default_factory=dict)
     keep_alive: float | None = None
     format: OutputFormat | None = None
+    think: bool | str | None = None  # None: as the model's template does by default
     truncate: bool = True  # a prompt over num_ctx: cut it (False: a 400)
     shift: bool = True  # the context fills: shift it (False: stop, "length")
 
@@ -138,6 +139,7 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         "options": options_field(body.get("options")),
         "keep_alive": keep_alive_field(body),
         "format": parse_format(body.get("format")),
+        "think": think_field(body.get("think")),
         "truncate": _typed(body, "truncate", bool, "a boolean", True),
         "shift": _typed(body, "shift", bool, "a boolean", True),
     }
@@ -181,8 +183,74 @@ class ChatRequest(CompletionRequest):
         return cls(
             **_common(body),
             messages=messages_field(body.get("messages")),
-            tools=_typed(body, "tools", list, "a list"),
+            tools=tools_field(body.get("tools")),
         )
+
+
+THINK_LEVELS = ("low", "medium", "high")
+
+
+def think_field(value: Any) -> bool | str | None:
+    """Ollama's ``think``: true, false, or a level (gpt-oss's effort)."""
+    if value is None or isinstance(value, bool) or value in THINK_LEVELS:
+        return value
+    raise InvalidRequest('think must be true, false, "low", "medium" or "high"')
+
+
+def reasoning_field(body: dict[str, Any]) -> bool | str | None:
+    """OpenAI's ``reasoning_effort`` (or ``reasoning.effort``) as ``think``,
+    as Ollama maps it: a level, or ``"none"`` for no thinking."""
+    effort = body.get("reasoning_effort")
+    reasoning = body.get("reasoning")
+    if effort is None and isinstance(reasoning, dict):
+        effort = reasoning.get("effort")
+    if effort is None:
+        return None
+    if effort == "none":
+        return False
+    if effort in THINK_LEVELS:
+        return effort
+    raise InvalidRequest('reasoning_effort must be "none", "low", "medium" or "high"')
+
+
+def tools_field(raw: Any) -> list[dict[str, Any]] | None:
+    """Tools as both APIs send them: ``{"type": "function", "function":
+    {"name", "description", "parameters"}}``; an empty list is none."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise InvalidRequest("tools must be a list")
+    tools = []
+    for i, tool in enumerate(raw):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict):
+            raise InvalidRequest(f"tools[{i}].function must be an object")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise InvalidRequest(f"tools[{i}].function.name must be a non-empty string")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise InvalidRequest(f"tools[{i}].function.parameters must be a JSON Schema object")
+        tools.append({**tool, "type": tool.get("type", "function")})
+    return tools or None
+
+
+def tool_choice_field(value: Any, tools: list[dict[str, Any]] | None) -> Any:
+    """OpenAI's ``tool_choice`` as the runner takes it: "auto", "none",
+    "required" or ``{"name": ...}`` naming one of ``tools``."""
+    if value is None:
+        return None
+    if value in ("auto", "none", "required"):
+        return value
+    function = value.get("function") if isinstance(value, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise InvalidRequest(
+            'tool_choice must be "auto", "none", "required" or '
+            '{"type": "function", "function": {"name": ...}}'
+        )
+    if name not in {t["function"]["name"] for t in tools or []}:
+        raise InvalidRequest(f"tool_choice names {name!r}, which is not in tools")
+    return {"name": name}
 
 
 def parse_embed_input(value: Any, field: str = "input") -> list[str]:
