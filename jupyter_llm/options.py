@@ -61,6 +61,9 @@ OPTION_TYPES: dict[str, Option] = {
     "use_mmap": Option(bool),
     "num_keep": Option(int, -1),
     "draft_num_predict": Option(int, 0),  # no draft models here: accepted, no effect
+    # ours: /api/chat's tool_choice ("auto", "none", "required" or a tool's
+    # name), here so that Ollama's clients can send it
+    "tool_choice": Option(str),
     "mirostat": Option(int, 0, 2),
     "mirostat_tau": Option(_NUM),
     "mirostat_eta": Option(_NUM),

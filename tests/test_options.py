@@ -193,6 +193,7 @@ def test_openai_fields_refused(body, message):
 
 
 TOOL_CALL = [{"function": {"name": "f", "arguments": {}}}]
+KEPT_CALL = [{"type": "function", "function": {"name": "f", "arguments": {}}}]
 
 
 @pytest.mark.parametrize(
@@ -205,7 +206,7 @@ TOOL_CALL = [{"function": {"name": "f", "arguments": {}}}]
         (
             [{"role": "assistant", "content": None, "tool_calls": TOOL_CALL}],
             False,
-            [{"role": "assistant", "content": "", "tool_calls": TOOL_CALL}],
+            [{"role": "assistant", "content": "", "tool_calls": KEPT_CALL}],
         ),
         ([{"role": "tool", "content": "42"}], True, [{"role": "tool", "content": "42"}]),
         ([{"role": "developer", "content": "be"}], True, [{"role": "system", "content": "be"}]),
@@ -216,8 +217,8 @@ TOOL_CALL = [{"function": {"name": "f", "arguments": {}}}]
         ),
         (
             [{"role": "assistant", "content": "x", "tool_calls": TOOL_CALL}],
-            True,
-            [{"role": "assistant", "content": "x"}],
+            True,  # the history of a tool call is kept for the template (issue 13)
+            [{"role": "assistant", "content": "x", "tool_calls": KEPT_CALL}],
         ),
     ],
 )

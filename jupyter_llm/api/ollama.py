@@ -426,6 +426,7 @@ class ChatHandler(CompletionHandler):
             keep_alive=req.keep_alive,
             messages=req.messages,
             tools=req.tools,
+            tool_choice=req.tool_choice,
             format=req.format,
             think=req.think,
             truncate=req.truncate,

@@ -177,13 +177,21 @@ class GenerateRequest(CompletionRequest):
 class ChatRequest(CompletionRequest):
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[Any] | None = None
+    tool_choice: Any = None  # ours: as OpenAI's, or a tool's name
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> ChatRequest:
+        common = _common(body)
+        tools = tools_field(body.get("tools"))
+        # not an Ollama field: also read from options, which Ollama's clients pass on
+        choice = body.get("tool_choice", common["options"].pop("tool_choice", None))
+        if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+            choice = {"type": "function", "function": {"name": choice}}
         return cls(
-            **_common(body),
+            **common,
             messages=messages_field(body.get("messages")),
-            tools=tools_field(body.get("tools")),
+            tools=tools,
+            tool_choice=tool_choice_field(choice, tools),
         )
 
 
