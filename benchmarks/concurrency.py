@@ -209,6 +209,8 @@ async def second_turn(side: Side) -> float:
             {"role": "user", "content": "And how is it maintained?"},
         ]
         second, _ = await side.chat_first_token(client, chat)
+    if not first or not second:
+        raise httpx.HTTPError("a chat turn streamed no content")
     return second / first
 
 
