@@ -222,8 +222,13 @@ class _Builder:
         if syntax == "mistral":
             return self.object_alternatives(calls, "arguments")  # wrapped by the caller
         if syntax == "gpt_oss":
-            tail = '" "? ("<|channel|>commentary")? " "? "<|constrain|>"? "json"? "<|message|>" ws'
-            head = '"to=functions."' if lazy else '"<|channel|>commentary to=functions."'
+            json_type = '(" <|constrain|>json" | " json")'
+            if lazy:  # the header may go on after the recipient, in either order
+                head = '"to=functions."'
+                tail = f'({json_type} | "<|channel|>commentary" {json_type}?)? "<|message|>" ws'
+            else:
+                head = '"<|channel|>commentary to=functions."'
+                tail = '" <|constrain|>json<|message|>" ws'
             return each(lambda n, a: f"{head} {n} {tail} {a}")
         if syntax == "deepseek_r1":
             return each(
