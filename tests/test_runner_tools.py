@@ -180,6 +180,25 @@ async def test_thinking_is_split_from_the_answer(tmp_path_factory):
         await runner.close()
 
 
+async def test_thinking_the_prompt_opened_never_reaches_the_answer(tmp_path_factory):
+    # QwQ's prompt ends in "<think>" when asked to think: the random model
+    # never closes it, so all it writes is thinking, even under "required"
+    runner = await start(model(tmp_path_factory, "Qwen-QwQ-32B"))
+    try:
+        short = {**GREEDY, "num_predict": 30}
+        for choice in ("auto", "required"):
+            messages = await run(
+                runner, messages=ASK, tools=TOOLS, tool_choice=choice, think=True, options=short
+            )
+            assert len(text_of(messages, "thinking")) > 10
+            assert text_of(messages) == ""
+            assert messages[-1]["done_reason"] == "length"
+        with pytest.raises(InvalidRequest, match="think must be"):
+            await run(runner, messages=ASK, think="extreme")
+    finally:
+        await runner.close()
+
+
 async def test_requests_a_model_cannot_honour_are_refused(tmp_path_factory):
     runner = await start(model(tmp_path_factory, FAMILIES["gpt_oss"]))
     try:

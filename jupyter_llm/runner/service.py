@@ -32,6 +32,7 @@ from jupyter_llm.chat_formats import (
     template_messages,
     template_variables,
 )
+from jupyter_llm.chat_formats.detect import THINK_LEVELS
 from jupyter_llm.chat_formats.tool_grammar import (
     call_syntax,
     format_markers,
@@ -438,6 +439,8 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
     model = f'"{name}"' if name else "this model"
     if tools and not fmt.accepts_tools:
         raise InputError(f"{model} does not support tools")
+    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
+        raise InputError(f"think must be true, false or one of {', '.join(THINK_LEVELS)}")
     if think not in (None, False) and not fmt.can_think:
         raise InputError(f"{model} does not support thinking")
     try:
