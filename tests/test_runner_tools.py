@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import llama_cpp
 import pytest
 
 from jupyter_llm.api.json_grammar import literal
@@ -21,11 +22,12 @@ from jupyter_llm.chat_formats.tool_grammar import (
     tool_grammar,
 )
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.options import DEFAULT_SAMPLING
 from jupyter_llm.runner.engine import Engine, LoadParams
 from jupyter_llm.runner.launch import LoadSpec
 from jupyter_llm.runner.process import InvalidRequest
 from jupyter_llm.runner.proxy import start_runner_with
-from jupyter_llm.runner.sequence import Completion, Job, Triggers
+from jupyter_llm.runner.sequence import Completion, Job, Triggers, build_sampler
 from jupyter_llm.runner.service import TokenStream
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 300}
@@ -57,6 +59,7 @@ FAMILIES = {
     "qwen3": "Qwen-Qwen3-0.6B",
     "llama3": "meta-llama-Llama-3.1-8B-Instruct",
     "mistral": "mistralai-Mistral-Nemo-Instruct-2407",
+    "mistral_args": "Mistral-Small-3.2-24B-Instruct-2506",
     "gpt_oss": "openai-gpt-oss-120b",
 }
 
@@ -262,6 +265,48 @@ def test_a_lazy_grammar_holds_from_its_trigger_on(engine):
     assert done.done_reason == "stop"  # after the grammar, only the end
 
 
+GRAMMAR_TEMPLATES = [
+    *FAMILIES.values(),
+    "Qwen-QwQ-32B",
+    "google-gemma-2-2b-it",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+]
+
+
+@pytest.mark.parametrize("template", GRAMMAR_TEMPLATES)
+def test_every_tool_grammar_and_trigger_loads_in_llama_cpp(engine, template):
+    # llama.cpp parses the grammar and compiles the trigger patterns
+    # (std::regex) here; a bad one would be refused (or abort the process)
+    source = read_template(template)
+    fmt = detect_format(source)
+    for choice, opened, parallel in [
+        ("auto", False, False),
+        ("auto", False, True),
+        ("required", False, True),
+        ("required", True, False),
+        ("get_time", False, False),
+    ]:
+        built = tool_grammar(
+            fmt,
+            TOOLS,
+            choice,
+            syntax=call_syntax(fmt, source),
+            starts_in_thinking=opened,
+            parallel=parallel,
+        )
+        assert built is not None
+        triggers = Triggers(patterns=built.trigger_patterns) if built.lazy else None
+        chain = build_sampler(
+            engine.vocab,
+            engine.n_vocab,
+            engine.n_ctx,
+            dict(DEFAULT_SAMPLING),
+            built.grammar,
+            triggers,
+        )
+        llama_cpp.llama_sampler_free(chain)
+
+
 def test_control_tokens_are_rendered_only_when_preserved(engine):
     marker = "<|fim_prefix|>"
     (token,) = engine.control_tokens([marker, "plain text"])
@@ -309,7 +354,7 @@ def test_bad_tool_choice_is_refused(choice, tools, error):
         ("meta-llama-Llama-3.1-8B-Instruct", "llama3", r"^\s*(\{[\s\S]*)$"),
         ("mistralai-Mistral-Nemo-Instruct-2407", "mistral", r"\[TOOL_CALLS\]"),
         ("Mistral-Small-3.2-24B-Instruct-2506", "mistral_args", r"\[TOOL_CALLS\]"),
-        ("openai-gpt-oss-120b", "gpt_oss", r"to=functions\."),
+        ("openai-gpt-oss-120b", "gpt_oss", r"(<\|message\|>)"),
     ],
 )
 def test_auto_grammars_are_lazy_on_the_format_marker(template, syntax, trigger):
@@ -317,7 +362,8 @@ def test_auto_grammars_are_lazy_on_the_format_marker(template, syntax, trigger):
     fmt = detect_format(source)
     assert call_syntax(fmt, source) == syntax
     built = tool_grammar(fmt, TOOLS, "auto", syntax=syntax)
-    assert built is not None and built.lazy and trigger in built.trigger_patterns
+    assert built is not None and built.lazy
+    assert any(p.endswith(trigger) for p in built.trigger_patterns)
     forced = tool_grammar(fmt, TOOLS, "required", syntax=syntax)
     assert forced is not None and not forced.lazy and not forced.trigger_patterns
     assert tool_grammar(fmt, TOOLS, "none", syntax=syntax) is None

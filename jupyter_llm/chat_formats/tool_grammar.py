@@ -5,6 +5,12 @@ the arguments that tool's parameter schema (``api.json_grammar``).
 With ``tool_choice`` "auto" the grammar is lazy: the model writes freely
 until it opens a call (a trigger pattern matches its output), and from the
 trigger on it is held to the grammar, which starts with the trigger's text.
+(For gpt-oss the trigger is the end of a header addressed to a function, so
+the name is the model's and the arguments any offered tool's.) A trigger
+must end where a token ends or the text after it in that token must fit the
+grammar, as with llama.cpp's own lazy grammars; markers that are single
+control tokens (``<tool_call>`` in Qwen's vocabulary, ``[TOOL_CALLS]``,
+``<|python_tag|>``, ``<|message|>``) always do.
 With "required" or a named tool the grammar holds from the first token; a
 model that may think gets its thinking block first (that text may not hold
 the first two characters of the closing marker, or a doubled first one).
@@ -150,7 +156,13 @@ def _triggers(syntax: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     }.get(syntax, ("<tool_call>",))
     patterns = [regex_escape(w) for w in words]
     if syntax == "gpt_oss":
-        patterns.append(regex_escape("to=functions."))
+        # the end of a header addressed to a function (the recipient before or
+        # after the channel): ``<|message|>`` is one token in gpt-oss's
+        # vocabulary, so the text the grammar is fed from is exactly it
+        patterns.append(
+            r"to=functions\.[^<\s]+[^<]*(?:<\|channel\|>[^<]*)?"
+            r"(?:<\|constrain\|>[^<]*)?(<\|message\|>)"
+        )
     if syntax in ("llama3", "json"):
         patterns.append(bare_json)
     return tuple(patterns), words
@@ -222,14 +234,10 @@ class _Builder:
         if syntax == "mistral":
             return self.object_alternatives(calls, "arguments")  # wrapped by the caller
         if syntax == "gpt_oss":
-            json_type = '(" <|constrain|>json" | " json")'
-            if lazy:  # the header may go on after the recipient, in either order
-                head = '"to=functions."'
-                tail = f'({json_type} | "<|channel|>commentary" {json_type}?)? "<|message|>" ws'
-            else:
-                head = '"<|channel|>commentary to=functions."'
-                tail = '" <|constrain|>json<|message|>" ws'
-            return each(lambda n, a: f"{head} {n} {tail} {a}")
+            if lazy:  # triggered at the header's end, whatever it named: see _triggers
+                return '"<|message|>" ws (' + " | ".join(args for _, args in calls) + ")"
+            head = '"<|channel|>commentary to=functions."'
+            return each(lambda n, a: f'{head} {n} " <|constrain|>json<|message|>" ws {a}')
         if syntax == "deepseek_r1":
             return each(
                 lambda n, a: (
