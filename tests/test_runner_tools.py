@@ -125,7 +125,8 @@ async def test_a_required_call_is_valid_for_every_family(tmp_path_factory, famil
         await runner.close()
 
 
-async def test_tool_history_renders_and_runs(tmp_path_factory):
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "mistral", "gpt_oss"])
+async def test_tool_history_renders_and_runs(tmp_path_factory, family):
     history = [
         *ASK,
         {  # OpenAI's shape: arguments as JSON text, an id
@@ -140,15 +141,17 @@ async def test_tool_history_renders_and_runs(tmp_path_factory):
             ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"},
+        {"role": "assistant", "content": "It is 18 degrees."},
         {"role": "user", "content": "And the time?"},
         {  # Ollama's shape: arguments as an object, no id
             "role": "assistant",
             "content": "",
+            "thinking": "the time, then",
             "tool_calls": [{"function": {"name": "get_time", "arguments": {}}}],
         },
         {"role": "tool", "tool_name": "get_time", "content": "noon"},
     ]
-    runner = await start(model(tmp_path_factory, FAMILIES["llama3"]))
+    runner = await start(model(tmp_path_factory, FAMILIES[family]))
     try:
         messages = await run(
             runner, messages=history, tools=TOOLS, tool_choice="required", options=GREEDY
