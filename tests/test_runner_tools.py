@@ -383,3 +383,12 @@ def test_token_stream_groups_thinking_apart():
     out.add("!")
     out.flush()
     assert sent == [("", "hm"), ("yes", " so"), ("!",)]
+
+
+def test_template_variables_reach_the_template_but_never_replace_its_own():
+    from jupyter_llm.runner.chat_template import ChatTemplate
+
+    template = ChatTemplate("{{ enable_thinking }}|{{ messages | length }}", "<s>", "</s>")
+    chat = [{"role": "user", "content": "hi"}]
+    assert template.render(chat, None, {"enable_thinking": False, "messages": []}) == "False|1"
+    assert template.render(chat) == "|1"
