@@ -235,6 +235,14 @@ def _environment() -> BoundedEnvironment:
     return env
 
 
+_STANDARD = frozenset(
+    (
+        *("messages", "tools", "bos_token", "eos_token", "add_generation_prompt"),
+        *("raise_exception", "strftime_now", "functions", "function_call", "tool_choice"),
+    )
+)
+
+
 def _raise_exception(message: str) -> None:
     raise ValueError(message)
 
@@ -253,22 +261,36 @@ class ChatTemplate:
         self.eos_token = eos_token
         self._template: jinja2.Template | None = None
 
-    def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None = None,
+        variables: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt; ``variables`` are extra template variables (such as
+        ``enable_thinking`` or ``reasoning_effort``), never replacing the
+        standard ones."""
         brought = sum(len(str(v)) for m in messages for v in m.values()) + len(str(tools or ""))
         try:
             with _bounded_by(Budget(MAX_CHARS + 8 * brought)) as budget:
                 if self._template is None:
                     self._template = _environment().from_string(self.source)
-                parts = [budget.charge(piece) for piece in self._generate(messages, tools)]
+                parts = [
+                    budget.charge(piece)
+                    for piece in self._generate(messages, tools, variables or {})
+                ]
         except RenderLimit as e:
             raise InputError(str(e)) from None
         except Exception as e:  # template errors are the user's input problem
             raise InputError(f"chat template failed: {e}") from e
         return "".join(parts)
 
-    def _generate(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> Iterator[str]:
+    def _generate(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None, variables: dict[str, Any]
+    ) -> Iterator[str]:
         assert self._template is not None
         return self._template.generate(
+            **{k: v for k, v in variables.items() if k not in _STANDARD},
             messages=messages,
             tools=tools,
             bos_token=self.bos_token,

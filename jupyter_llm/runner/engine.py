@@ -18,7 +18,7 @@ import ctypes
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +200,16 @@ class Engine:
             return buf.raw[:n]
         return self._piece.raw[:n]
 
+    def control_tokens(self, markers: Iterable[str]) -> frozenset[int]:
+        """The ids of those ``markers`` that are one control token of this
+        vocabulary (rendered as nothing unless kept, see ``Job.preserve``)."""
+        found = set()
+        for marker in markers:
+            ids = self.tokenize(marker, add_special=False, parse_special=True)
+            if len(ids) == 1 and not self._piece_bytes(ids[0], special=False):
+                found.add(ids[0])
+        return frozenset(found)
+
     def tokenize(
         self, text: str, add_special: bool = True, parse_special: bool = True
     ) -> list[int]:
@@ -218,7 +228,12 @@ class Engine:
         return list(buf[:n])
 
     # -- prompts ---------------------------------------------------------------------
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None = None,
+        variables: dict[str, Any] | None = None,
+    ) -> str:
         """The model's chat template (Jinja2, as transformers renders it), with
         its work bounded (``chat_template``: a hostile template is a 400)."""
         if not self.chat_template:
@@ -232,7 +247,7 @@ class Engine:
                 bos_token=self.token_text(bos) if bos >= 0 else "",
                 eos_token=self.token_text(eos) if eos >= 0 else "",
             )
-        return self._chat.render(messages, tools)
+        return self._chat.render(messages, tools, variables)
 
     def fill_in_the_middle(self, prefix: str, suffix: str) -> list[int]:
         ids = (
@@ -410,7 +425,7 @@ class Engine:
                 f"({self.n_ctx})"
             )
         opts = {**DEFAULT_SAMPLING, **{k: v for k, v in job.options.items() if v is not None}}
-        chain = build_sampler(self.vocab, self.n_vocab, self.n_ctx, opts, job.grammar)
+        chain = build_sampler(self.vocab, self.n_vocab, self.n_ctx, opts, job.grammar, job.triggers)
         seq = Sequence(job, opts, chain)
         if seq.limit == -2:  # fill the context, then stop (Ollama)
             seq.limit, job.shift = -1, False
@@ -622,7 +637,8 @@ class Engine:
                     continue
             token = llama_cpp.llama_sampler_sample(seq.chain, self.ctx, index)
             eog = llama_cpp.llama_vocab_is_eog(self.vocab, token)
-            if not seq.accept(token, b"" if eog else self._piece_bytes(token), eog):
+            piece = b"" if eog else self._piece_bytes(token, token in seq.job.preserve)
+            if not seq.accept(token, piece, eog):
                 self._finish(seq, seq.reason)
 
 

@@ -9,6 +9,7 @@ one ``llama_decode``. Runs in the runner process only.
 from __future__ import annotations
 
 import codecs
+import ctypes
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,16 +47,55 @@ class Job:
     cancelled: Callable[[], bool] = lambda: False
     grammar: str | None = None
     shift: bool = True  # at the end of the context: shift it (else stop, "length")
+    triggers: Triggers | None = None  # the grammar is lazy: it holds once one fires
+    preserve: frozenset[int] = frozenset()  # control tokens rendered as their text
+
+
+@dataclass(frozen=True)
+class Triggers:
+    """What switches a lazy grammar on (llama.cpp's lazy grammar sampler):
+    ECMAScript patterns matched against the output so far (the grammar is
+    fed from the first capture group, or the match), and token ids (fed
+    from the token on)."""
+
+    patterns: tuple[str, ...] = ()
+    tokens: tuple[int, ...] = ()
+
+
+def grammar_sampler(vocab: Any, grammar: str, triggers: Triggers | None) -> Any:
+    """A native grammar sampler; a lazy one with ``triggers``. None if the
+    grammar does not parse."""
+    if triggers is None:
+        return llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    patterns = (ctypes.c_char_p * max(1, len(triggers.patterns)))(
+        *[p.encode() for p in triggers.patterns]
+    )
+    tokens = (llama_cpp.llama_token * max(1, len(triggers.tokens)))(*triggers.tokens)
+    return llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+        vocab,
+        grammar.encode(),
+        b"root",
+        patterns,
+        len(triggers.patterns),
+        tokens,
+        len(triggers.tokens),
+    )
 
 
 def build_sampler(
-    vocab: Any, n_vocab: int, n_ctx: int, opts: dict[str, Any], grammar: str | None
+    vocab: Any,
+    n_vocab: int,
+    n_ctx: int,
+    opts: dict[str, Any],
+    grammar: str | None,
+    triggers: Triggers | None = None,
 ) -> Any:
-    """A native sampler chain for ``opts`` (Ollama's options, defaults filled)."""
+    """A native sampler chain for ``opts`` (Ollama's options, defaults filled),
+    with ``grammar`` first (lazy with ``triggers``)."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = llama_cpp.llama_sampler_chain_add
     if grammar:
-        g = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        g = grammar_sampler(vocab, grammar, triggers)
         if not g:
             llama_cpp.llama_sampler_free(chain)
             raise EngineError("invalid grammar")

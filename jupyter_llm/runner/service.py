@@ -20,8 +20,26 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from jupyter_llm.chat_formats import (
+    ChatFormat,
+    OutputDelta,
+    OutputStream,
+    detect_format,
+    prompt_opens_thinking,
+    template_messages,
+    template_variables,
+)
+from jupyter_llm.chat_formats.detect import THINK_LEVELS
+from jupyter_llm.chat_formats.tool_grammar import (
+    call_syntax,
+    format_markers,
+    resolve_tool_choice,
+    tool_grammar,
+    tool_names,
+)
 from jupyter_llm.runner.context_window import fit_history
 from jupyter_llm.runner.protocol import (
     ALLOCATION,
@@ -32,7 +50,7 @@ from jupyter_llm.runner.protocol import (
     decode,
     encode,
 )
-from jupyter_llm.runner.sequence import Job
+from jupyter_llm.runner.sequence import Job, Triggers
 
 DEFAULT_PART_BYTES = 4 << 20  # JSON of one embedding message, unless the server says
 
@@ -48,11 +66,12 @@ class TokenStream:
     at once). A slow model's tokens go out one by one; a fast model's are
     grouped, so the server and the client wake up less often and take less CPU
     from the decode threads. Text is never held longer than one token's time
-    past the interval."""
+    past the interval. Answer text and thinking are grouped apart: ``send``
+    gets ``(text)``, or ``(text, thinking)`` once thinking was added."""
 
     def __init__(
         self,
-        send: Callable[[str], None],
+        send: Callable[..., None],
         interval: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -60,19 +79,26 @@ class TokenStream:
         self._interval = interval
         self._clock = clock
         self._parts: list[str] = []
+        self._thinking: list[str] = []
         self._last = -interval
 
-    def add(self, text: str) -> None:
-        self._parts.append(text)
+    def add(self, text: str, thinking: str = "") -> None:
+        if text:
+            self._parts.append(text)
+        if thinking:
+            self._thinking.append(thinking)
         now = self._clock()
         if now - self._last >= self._interval:
             self._last = now
             self.flush()
 
     def flush(self) -> None:
-        if self._parts:
+        if self._thinking:
+            self._send("".join(self._parts), "".join(self._thinking))
+        elif self._parts:
             self._send("".join(self._parts))
-            self._parts.clear()
+        self._parts.clear()
+        self._thinking.clear()
 
 
 class RunnerService:
@@ -223,27 +249,53 @@ class RunnerService:
 
     def op_complete(self, message: dict[str, Any]) -> None:
         """Start a completion: its tokens and its sequence go to the engine,
-        which streams and answers it between decode steps."""
+        which streams and answers it between decode steps. A chat is read
+        back as the model's format says (``chat_formats``): thinking and
+        answer text apart, tool calls as ``tool_calls`` messages."""
         engine = self._engine()
         rid = message["id"]
         options = message.get("options") or {}
         truncate = bool(message.get("truncate", True))
         num_keep = int(options.get("num_keep") if options.get("num_keep") is not None else 4)
-        if message.get("messages") is not None:
-            prompt = chat_prompt(engine, list(message["messages"]), message.get("tools"), truncate)
-        else:
-            prompt = str(message.get("prompt", ""))
-        tokens = engine.prompt_tokens(prompt, message.get("context"), message.get("suffix"))
+        plan = plan_chat(engine, message, truncate)
+        tokens = engine.prompt_tokens(plan.prompt, message.get("context"), message.get("suffix"))
         tokens = engine.fit_prompt(tokens, num_keep, truncate)
-        out = TokenStream(
-            lambda text: self.send({"id": rid, "type": "token", "text": text}),
-            float(message.get("stream_interval", 0.1)),
-        )
+
+        def send_tokens(text: str, thinking: str = "") -> None:
+            reply = {"id": rid, "type": "token", "text": text}
+            if thinking:
+                reply["thinking"] = thinking
+            self.send(reply)
+
+        out = TokenStream(send_tokens, float(message.get("stream_interval", 0.1)))
+        calls = [0]
+
+        def deliver(delta: OutputDelta) -> None:
+            if delta.content or delta.thinking:
+                out.add(delta.content, delta.thinking)
+            if delta.tool_calls:
+                out.flush()  # the text before the calls goes first
+                calls[0] += len(delta.tool_calls)
+                self.send(
+                    {
+                        "id": rid,
+                        "type": "tool_calls",
+                        "tool_calls": [
+                            {"id": c.id, "name": c.name, "arguments": c.arguments}
+                            for c in delta.tool_calls
+                        ],
+                    }
+                )
+
+        reader = plan.reader
+        emit = out.add if reader is None else (lambda text: deliver(reader.feed(text)))
 
         def finish(result: Any) -> None:
+            if reader is not None:
+                deliver(reader.finish())
             out.flush()
             self.cancelled.discard(rid)
-            self.send({"id": rid, **result.__dict__, "type": "done"})
+            self.send({"id": rid, **result.__dict__, "type": "done", "tool_calls_count": calls[0]})
 
         def fail(error: Exception) -> None:
             out.flush()
@@ -255,12 +307,14 @@ class RunnerService:
                 rid=rid,
                 tokens=tokens,
                 options=options,
-                emit=out.add,
+                emit=emit,
                 finish=finish,
                 fail=fail,
                 cancelled=lambda: rid in self.cancelled,
-                grammar=message.get("grammar"),
+                grammar=plan.grammar,
                 shift=bool(message.get("shift", True)),
+                triggers=plan.triggers,
+                preserve=plan.preserve,
             )
         )
         return None
@@ -315,13 +369,119 @@ class RunnerService:
         return self.engine
 
 
-def chat_prompt(engine: Any, messages: list[dict[str, Any]], tools: Any, truncate: bool) -> str:
+def chat_prompt(
+    engine: Any,
+    messages: list[dict[str, Any]],
+    tools: Any,
+    truncate: bool,
+    variables: dict[str, Any] | None = None,
+) -> str:
     """The chat rendered by the model's template; with ``truncate``, a history
     too long for the context loses whole messages, oldest first, keeping the
     system prompt(s) and the latest message."""
+
+    def render(kept: list[dict[str, Any]]) -> str:
+        return engine.render_chat(kept, tools, variables)
+
     if truncate:
-        messages = fit_history(messages, lambda kept: engine.fits(engine.render_chat(kept, tools)))
-    return engine.render_chat(messages, tools)
+        messages = fit_history(messages, lambda kept: engine.fits(render(kept)))
+    return render(messages)
+
+
+@dataclass(frozen=True)
+class ChatSetup:
+    """What one model's chat template says, worked out once per engine."""
+
+    fmt: ChatFormat
+    syntax: str  # the tool-call syntax grammars hold calls to (``call_syntax``)
+    preserve: frozenset[int]  # its markers that are single control tokens
+
+
+def chat_setup(engine: Any) -> ChatSetup:
+    setup = getattr(engine, "chat_setup", None)
+    if setup is None:
+        template = engine.chat_template or ""
+        fmt = detect_format(template)
+        setup = ChatSetup(
+            fmt=fmt,
+            syntax=call_syntax(fmt, template),
+            preserve=engine.control_tokens(format_markers(fmt)),
+        )
+        engine.chat_setup = setup
+    return setup
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    """A completion's prompt, grammar and output reader."""
+
+    prompt: str
+    grammar: str | None = None
+    triggers: Triggers | None = None
+    preserve: frozenset[int] = frozenset()
+    reader: OutputStream | None = None
+
+
+def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
+    """The prompt (a chat rendered with its tools and thinking variables, or
+    the prompt as given), the grammar (the request's ``grammar``, or the
+    tool-call grammar) and how the output is read back. ``InputError`` for
+    a request the model cannot honour."""
+    tools = message.get("tools") or None
+    think = message.get("think")
+    grammar = message.get("grammar")
+    is_chat = message.get("messages") is not None
+    if not is_chat and tools is None and think is None:
+        return ChatPlan(prompt=str(message.get("prompt", "")), grammar=grammar)
+    setup = chat_setup(engine)
+    fmt = setup.fmt
+    name = message.get("model")
+    model = f'"{name}"' if name else "this model"
+    if tools and not fmt.accepts_tools:
+        raise InputError(f"{model} does not support tools")
+    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
+        raise InputError(f"think must be true, false or one of {', '.join(THINK_LEVELS)}")
+    if think not in (None, False) and not fmt.can_think:
+        raise InputError(f"{model} does not support thinking")
+    try:
+        choice = resolve_tool_choice(message.get("tool_choice"), tools)
+        variables = template_variables(fmt, think)
+        if is_chat:
+            messages = template_messages(list(message["messages"]), fmt)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    if is_chat:
+        prompt = chat_prompt(engine, messages, tools, truncate, variables)
+    else:
+        prompt = str(message.get("prompt", ""))
+    starts_in_thinking = prompt_opens_thinking(prompt, fmt)
+    triggers = None
+    if tools and choice != "none" and not (grammar and choice == "auto"):
+        # a required call wins over a format; with "auto" the format holds
+        built = tool_grammar(
+            fmt,
+            tools,
+            choice,
+            syntax=setup.syntax,
+            starts_in_thinking=starts_in_thinking,
+            may_think=think is not False,
+            parallel=bool(message.get("parallel_tool_calls", False)),
+        )
+        if built is not None:
+            grammar = built.grammar
+            if built.lazy:
+                words = sorted(engine.control_tokens(built.trigger_words))
+                triggers = Triggers(patterns=built.trigger_patterns, tokens=tuple(words))
+    reader = None
+    if tools or fmt.can_think:
+        reader = OutputStream(
+            fmt,
+            tools=bool(tools),
+            starts_in_thinking=starts_in_thinking,
+            split_thinking=fmt.can_think,
+            tool_names=tool_names(tools),
+        )
+    return ChatPlan(prompt, grammar, triggers, setup.preserve if reader else frozenset(), reader)
 
 
 def error_reply(op: Any, e: Exception) -> dict[str, Any]:
