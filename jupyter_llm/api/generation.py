@@ -40,6 +40,7 @@ class Job:
     format: OutputFormat | None = None
     think: bool | str | None = None  # None: the template's default
     tool_choice: Any = None  # "auto" | "none" | "required" | {"name": ...}; None: auto
+    parallel_tool_calls: bool | None = None  # None: one call (llama.cpp's default)
     truncate: bool = True  # Ollama's request fields: cut an over-long prompt...
     shift: bool = True  # ...and shift a full context
 
@@ -117,6 +118,10 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
             request["suffix"] = job.suffix
         if job.format is not None:
             request["grammar"] = job.format.grammar
+        if job.tools:
+            request["model"] = entry.name.display  # for the runner's error messages
+        if job.parallel_tool_calls is not None:
+            request["parallel_tool_calls"] = job.parallel_tool_calls
         if job.think is not None:
             request["think"] = job.think
         if job.tool_choice is not None:
@@ -132,7 +137,8 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
                 events: list[Event] = []
                 for message in batch:
                     if message["type"] == "token":
-                        if message.get("thinking"):
+                        # asked not to think, a model that thinks anyway: never content
+                        if message.get("thinking") and job.think is not False:
                             events.append(Thinking(message["thinking"]))
                         if message.get("text"):
                             events.append(message["text"])

@@ -86,6 +86,13 @@ def openai_error(status: int, message: str) -> dict[str, Any]:
     }
 
 
+def parallel_field(body: dict[str, Any]) -> bool | None:
+    value = body.get("parallel_tool_calls")
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequest("parallel_tool_calls must be a boolean")
+    return value
+
+
 def finish_reason(f: Finished, called: bool) -> str:
     return "tool_calls" if called else FINISH.get(f.done_reason, "stop")
 
@@ -161,6 +168,7 @@ class ChatCompletionsHandler(OpenAIHandler):
             messages=messages_field(body.get("messages"), openai=True),
             tools=tools,
             tool_choice=tool_choice_field(body.get("tool_choice"), tools),
+            parallel_tool_calls=parallel_field(body),
             think=reasoning_field(body),
             format=await self.blocking(response_format, body),
         )
