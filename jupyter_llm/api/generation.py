@@ -39,6 +39,7 @@ class Job:
     suffix: str | None = None  # fill-in-the-middle
     format: OutputFormat | None = None
     think: bool | str | None = None  # None: the template's default
+    logprobs: int | None = None  # None: none; else alternatives per token
     tool_choice: Any = None  # "auto" | "none" | "required" | {"name": ...}; None: auto
     parallel_tool_calls: bool | None = None  # None: one call (llama.cpp's default)
     truncate: bool = True  # Ollama's request fields: cut an over-long prompt...
@@ -73,7 +74,15 @@ class ToolCalls:
     calls: list[dict[str, Any]]
 
 
-Event = str | Thinking | ToolCalls | Finished
+@dataclass
+class Logprobs:
+    """Generated tokens' log-probabilities: ``{"token", "logprob", "bytes",
+    "top_logprobs": [...]}`` each, in the order they were generated."""
+
+    entries: list[dict[str, Any]]
+
+
+Event = str | Thinking | ToolCalls | Logprobs | Finished
 
 
 @dataclass
@@ -84,6 +93,7 @@ class Reply:
     thinking: str
     tool_calls: list[dict[str, Any]]
     finished: Finished
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 async def find_model(services: LLMServices, name: ModelName) -> ModelEntry:
@@ -122,6 +132,8 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
             request["model"] = entry.name.display  # for the runner's error messages
         if job.parallel_tool_calls is not None:
             request["parallel_tool_calls"] = job.parallel_tool_calls
+        if job.logprobs is not None:
+            request["logprobs"], request["top_logprobs"] = True, job.logprobs
         if job.think is not None:
             request["think"] = job.think
         if job.tool_choice is not None:
@@ -140,6 +152,8 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
                         # asked not to think, a model that thinks anyway: never content
                         if message.get("thinking") and job.think is not False:
                             events.append(Thinking(message["thinking"]))
+                        if message.get("logprobs"):
+                            events.append(Logprobs(list(message["logprobs"])))
                         if message.get("text"):
                             events.append(message["text"])
                             if job.format is not None:
@@ -179,6 +193,7 @@ async def collect(batches: AsyncIterator[list[Event]]) -> Reply | None:
     parts: list[str] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
+    logprobs: list[dict[str, Any]] = []
     async for batch in batches:
         for event in batch:
             if isinstance(event, str):
@@ -187,8 +202,10 @@ async def collect(batches: AsyncIterator[list[Event]]) -> Reply | None:
                 thinking.append(event.text)
             elif isinstance(event, ToolCalls):
                 calls.extend(event.calls)
+            elif isinstance(event, Logprobs):
+                logprobs.extend(event.entries)
             else:
-                return Reply("".join(parts), "".join(thinking), calls, event)
+                return Reply("".join(parts), "".join(thinking), calls, event, logprobs)
     return None
 
 

@@ -23,6 +23,7 @@ from jupyter_llm.api.generation import (
     Event,
     Finished,
     Job,
+    Logprobs,
     Thinking,
     ToolCalls,
     complete,
@@ -303,13 +304,14 @@ class CompletionHandler(LLMHandler):
                 return  # the client left
             calls = ollama_tool_calls(reply.tool_calls, 0)
             finished = reply.finished
-            self.write_json(
-                {
-                    **chunk(reply.text, reply.thinking, calls),
-                    **done_fields(finished),
-                    **final_extra(finished),
-                }
-            )
+            whole = {
+                **chunk(reply.text, reply.thinking, calls),
+                **done_fields(finished),
+                **final_extra(finished),
+            }
+            if job.logprobs is not None:
+                whole["logprobs"] = reply.logprobs
+            self.write_json(whole)
             return
         count = [0]  # tool calls so far: their index
 
@@ -322,6 +324,8 @@ class CompletionHandler(LLMHandler):
                 calls = ollama_tool_calls(e.calls, count[0])
                 count[0] += len(calls)
                 return {**chunk("", "", calls), "done": False}
+            if isinstance(e, Logprobs):
+                return {**chunk(""), "logprobs": e.entries, "done": False}
             return {**chunk(""), **done_fields(e), **final_extra(e)}
 
         async def ndjson() -> AsyncGenerator[list[dict[str, Any]], None]:
@@ -390,6 +394,7 @@ class GenerateHandler(CompletionHandler):
             suffix=req.suffix,
             format=req.format,
             think=req.think,
+            logprobs=req.logprobs,
             truncate=req.truncate,
             shift=req.shift,
         )
@@ -429,6 +434,7 @@ class ChatHandler(CompletionHandler):
             tool_choice=req.tool_choice,
             format=req.format,
             think=req.think,
+            logprobs=req.logprobs,
             truncate=req.truncate,
             shift=req.shift,
         )

@@ -24,8 +24,17 @@ from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from jupyter_llm.api.base import LLM, SSE, LLMHandler
-from jupyter_llm.api.generation import Finished, Job, Thinking, ToolCalls, complete, embed
+from jupyter_llm.api.generation import (
+    Finished,
+    Job,
+    Logprobs,
+    Thinking,
+    ToolCalls,
+    complete,
+    embed,
+)
 from jupyter_llm.api.requests import (
+    logprobs_field,
     messages_field,
     openai_options_field,
     parse_embed_input,
@@ -50,7 +59,7 @@ class OpenAIHandler(LLMHandler):
         job: Job,
         chunk: Callable[[str | None, str | None], dict[str, Any]],
         usage_chunk: Callable[[Finished], dict[str, Any]] | None,
-        other: Callable[[Thinking | ToolCalls], dict[str, Any]] | None = None,
+        other: Callable[[Thinking | ToolCalls | Logprobs], dict[str, Any]] | None = None,
     ) -> None:
         """Server-sent events: one ``data:`` per piece of text (``other``
         turns thinking and tool calls into chunks), the finish reason,
@@ -91,6 +100,20 @@ def parallel_field(body: dict[str, Any]) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise InvalidRequest("parallel_tool_calls must be a boolean")
     return value
+
+
+def legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+    """``/v1/completions``' older logprobs shape, text offsets from ``offset``."""
+    offsets, at = [], offset
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
+    }
 
 
 def finish_reason(f: Finished, called: bool) -> str:
@@ -169,6 +192,7 @@ class ChatCompletionsHandler(OpenAIHandler):
             tools=tools,
             tool_choice=tool_choice_field(body.get("tool_choice"), tools),
             parallel_tool_calls=parallel_field(body),
+            logprobs=logprobs_field(body.get("logprobs"), body.get("top_logprobs")),
             think=reasoning_field(body),
             format=await self.blocking(response_format, body),
         )
@@ -192,6 +216,7 @@ class ChatCompletionsHandler(OpenAIHandler):
                     for call in openai_tool_calls(reply.tool_calls, 0)
                 ]
                 message["content"] = reply.text or None
+            choice_logprobs = {"content": reply.logprobs} if job.logprobs is not None else None
             self.write_json(
                 {
                     **base,
@@ -200,6 +225,7 @@ class ChatCompletionsHandler(OpenAIHandler):
                         {
                             "index": 0,
                             "message": message,
+                            "logprobs": choice_logprobs,
                             "finish_reason": finish_reason(reply.finished, bool(reply.tool_calls)),
                         }
                     ],
@@ -224,10 +250,12 @@ class ChatCompletionsHandler(OpenAIHandler):
         def usage_chunk(f: Finished) -> dict[str, Any]:
             return {**base, "object": "chat.completion.chunk", "choices": [], "usage": usage(f)}
 
-        def other(event: Thinking | ToolCalls) -> dict[str, Any]:
+        def other(event: Thinking | ToolCalls | Logprobs) -> dict[str, Any]:
             out = chunk(None, None)
             delta = out["choices"][0]["delta"]
-            if isinstance(event, Thinking):
+            if isinstance(event, Logprobs):
+                out["choices"][0]["logprobs"] = {"content": event.entries}
+            elif isinstance(event, Thinking):
                 delta["reasoning"] = event.text
             else:
                 delta["tool_calls"] = openai_tool_calls(event.calls, count[0])
@@ -253,7 +281,18 @@ class CompletionsHandler(OpenAIHandler):
         suffix = body.get("suffix")
         if suffix is not None and not isinstance(suffix, str):
             raise InvalidRequest("suffix must be a string")
-        job = Job(model=model, options=openai_options_field(body), prompt=prompt, suffix=suffix)
+        logprobs = body.get("logprobs")
+        if logprobs is not None and (
+            isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 5
+        ):
+            raise InvalidRequest("logprobs must be an integer between 0 and 5")
+        job = Job(
+            model=model,
+            options=openai_options_field(body),
+            prompt=prompt,
+            suffix=suffix,
+            logprobs=logprobs,
+        )
         stream, with_usage = stream_flag(body), include_usage(body)
         ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         base = {
@@ -267,6 +306,7 @@ class CompletionsHandler(OpenAIHandler):
             if (reply := await self.whole_completion(job)) is None:
                 return  # the client left
             text, finished = reply.text, reply.finished
+            legacy = legacy_logprobs(reply.logprobs, 0) if logprobs is not None else None
             self.write_json(
                 {
                     **base,
@@ -274,7 +314,7 @@ class CompletionsHandler(OpenAIHandler):
                         {
                             "index": 0,
                             "text": text,
-                            "logprobs": None,
+                            "logprobs": legacy,
                             "finish_reason": FINISH.get(finished.done_reason, "stop"),
                         }
                     ],
@@ -294,7 +334,16 @@ class CompletionsHandler(OpenAIHandler):
         def usage_chunk(f: Finished) -> dict[str, Any]:
             return {**base, "choices": [], "usage": usage(f)}
 
-        await self._stream_sse(job, chunk, usage_chunk if with_usage else None)
+        offset = [0]
+
+        def other(event: Thinking | ToolCalls | Logprobs) -> dict[str, Any]:
+            out = chunk("", None)
+            if isinstance(event, Logprobs):
+                out["choices"][0]["logprobs"] = legacy_logprobs(event.entries, offset[0])
+                offset[0] += sum(len(e["token"]) for e in event.entries)
+            return out
+
+        await self._stream_sse(job, chunk, usage_chunk if with_usage else None, other)
 
 
 class EmbeddingsHandler(OpenAIHandler):

@@ -121,6 +121,7 @@ class CompletionRequest:
     keep_alive: float | None = None
     format: OutputFormat | None = None
     think: bool | str | None = None  # None: as the model's template does by default
+    logprobs: int | None = None  # None: none; else the alternatives per token (top_logprobs)
     truncate: bool = True  # a prompt over num_ctx: cut it (False: a 400)
     shift: bool = True  # the context fills: shift it (False: stop, "length")
 
@@ -140,6 +141,7 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         "keep_alive": keep_alive_field(body),
         "format": parse_format(body.get("format")),
         "think": think_field(body.get("think")),
+        "logprobs": logprobs_field(body.get("logprobs"), body.get("top_logprobs")),
         "truncate": _typed(body, "truncate", bool, "a boolean", True),
         "shift": _typed(body, "shift", bool, "a boolean", True),
     }
@@ -193,6 +195,23 @@ class ChatRequest(CompletionRequest):
             tools=tools,
             tool_choice=tool_choice_field(choice, tools),
         )
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's and Ollama's bound
+
+
+def logprobs_field(logprobs: Any, top: Any, top_field: str = "top_logprobs") -> int | None:
+    """``logprobs`` (a boolean) and ``top_logprobs`` (0 to 20) as one value:
+    ``None`` for none, else the number of alternatives each token reports."""
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise InvalidRequest("logprobs must be a boolean")
+    if top is not None and (
+        isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS
+    ):
+        raise InvalidRequest(f"{top_field} must be an integer between 0 and {MAX_TOP_LOGPROBS}")
+    if not logprobs:
+        return None
+    return top or 0
 
 
 THINK_LEVELS = ("low", "medium", "high")

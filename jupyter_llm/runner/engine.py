@@ -637,9 +637,38 @@ class Engine:
                     continue
             token = llama_cpp.llama_sampler_sample(seq.chain, self.ctx, index)
             eog = llama_cpp.llama_vocab_is_eog(self.vocab, token)
+            if seq.job.logprobs >= 0 and not eog:
+                seq.job.on_logprob(self._logprob(index, token, seq.job.logprobs))
             piece = b"" if eog else self._piece_bytes(token, token in seq.job.preserve)
             if not seq.accept(token, piece, eog):
                 self._finish(seq, seq.reason)
+
+    def _logprob(self, index: int, token: int, top: int) -> dict[str, Any]:
+        """The model's log-probability of ``token`` at batch position ``index``
+        (log-softmax of the raw logits, before any sampler), with the ``top``
+        likeliest tokens: OpenAI's and Ollama's logprob entry."""
+        import numpy as np
+
+        pointer = llama_cpp.llama_get_logits_ith(self.ctx, index)
+        logits = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).astype(np.float64)
+        peak = logits.max()
+        norm = peak + np.log(np.exp(logits - peak).sum())
+        entry = self._token_entry(token, float(logits[token] - norm))
+        alternatives: list[dict[str, Any]] = []
+        if top > 0:
+            best = np.argpartition(-logits, min(top, self.n_vocab - 1))[:top]
+            best = best[np.argsort(-logits[best])]
+            alternatives = [self._token_entry(int(t), float(logits[t] - norm)) for t in best]
+        entry["top_logprobs"] = alternatives
+        return entry
+
+    def _token_entry(self, token: int, logprob: float) -> dict[str, Any]:
+        raw = self._piece_bytes(token, True)
+        return {
+            "token": raw.decode(errors="replace"),
+            "logprob": logprob,
+            "bytes": list(raw),
+        }
 
 
 @dataclass

@@ -49,6 +49,8 @@ class Job:
     shift: bool = True  # at the end of the context: shift it (else stop, "length")
     triggers: Triggers | None = None  # the grammar is lazy: it holds once one fires
     preserve: frozenset[int] = frozenset()  # control tokens rendered as their text
+    logprobs: int = -1  # -1: none; else each token's log-probability and this many alternatives
+    on_logprob: Callable[[dict[str, Any]], None] = lambda entry: None
 
 
 @dataclass(frozen=True)

@@ -261,10 +261,15 @@ class RunnerService:
         tokens = engine.prompt_tokens(plan.prompt, message.get("context"), message.get("suffix"))
         tokens = engine.fit_prompt(tokens, num_keep, truncate)
 
+        logprobs: list[dict[str, Any]] = []  # entries not sent yet: they go with the next text
+
         def send_tokens(text: str, thinking: str = "") -> None:
-            reply = {"id": rid, "type": "token", "text": text}
+            reply: dict[str, Any] = {"id": rid, "type": "token", "text": text}
             if thinking:
                 reply["thinking"] = thinking
+            if logprobs:
+                reply["logprobs"] = logprobs[:]
+                logprobs.clear()
             self.send(reply)
 
         out = TokenStream(send_tokens, float(message.get("stream_interval", 0.1)))
@@ -294,6 +299,8 @@ class RunnerService:
             if reader is not None:
                 deliver(reader.finish())
             out.flush()
+            if logprobs:  # tokens whose text never went out (a stop string)
+                send_tokens("")
             self.cancelled.discard(rid)
             self.send({"id": rid, **result.__dict__, "type": "done", "tool_calls_count": calls[0]})
 
@@ -315,6 +322,8 @@ class RunnerService:
                 shift=bool(message.get("shift", True)),
                 triggers=plan.triggers,
                 preserve=plan.preserve,
+                logprobs=logprobs_count(message),
+                on_logprob=logprobs.append,
             )
         )
         return None
@@ -482,6 +491,14 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
             tool_names=tool_names(tools),
         )
     return ChatPlan(prompt, grammar, triggers, setup.preserve if reader else frozenset(), reader)
+
+
+def logprobs_count(message: dict[str, Any]) -> int:
+    """-1 for no logprobs, else how many alternatives each token reports."""
+    value = message.get("logprobs")
+    if value is None or value is False:
+        return -1
+    return max(0, min(int(message.get("top_logprobs") or 0), 20))
 
 
 def error_reply(op: Any, e: Exception) -> dict[str, Any]:
