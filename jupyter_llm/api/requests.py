@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from jupyter_llm.api.structured import OutputFormat, parse_format
+from jupyter_llm.chat_formats.detect import THINK_LEVELS, check_think
+from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
 from jupyter_llm.durations import parse_duration
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.messages import parse_messages
@@ -214,15 +216,10 @@ def logprobs_field(logprobs: Any, top: Any, top_field: str = "top_logprobs") -> 
     return top or 0
 
 
-THINK_LEVELS = ("low", "medium", "high")
-TOOL_CHOICES = ("auto", "none", "required")  # the runner checks them too (tool_grammar)
-
-
 def think_field(value: Any) -> bool | str | None:
     """Ollama's ``think``: true, false, or a level (gpt-oss's effort)."""
-    if value is None or isinstance(value, bool) or value in THINK_LEVELS:
-        return value
-    raise InvalidRequest('think must be true, false, "low", "medium" or "high"')
+    checked(check_think, value)
+    return value
 
 
 def reasoning_field(body: dict[str, Any]) -> bool | str | None:

@@ -144,6 +144,12 @@ def prompt_opens_thinking(prompt: str, fmt: ChatFormat) -> bool:
     )
 
 
+def check_think(think: object) -> None:
+    """``ValueError`` unless ``think`` is None, a boolean or a level."""
+    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
+        raise ValueError(f"think must be true, false or one of {', '.join(THINK_LEVELS)}")
+
+
 def template_variables(fmt: ChatFormat, think: Think) -> dict[str, object]:
     """The extra variables to render the template with for Ollama's
     ``think`` (or OpenAI's ``reasoning_effort``): true, false, a level, or
@@ -155,8 +161,7 @@ def template_variables(fmt: ChatFormat, think: Think) -> dict[str, object]:
     thinking from a model that has none, or ``think: false`` from one that
     cannot turn it off.
     """
-    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
-        raise ValueError(f"think must be true, false or one of {', '.join(THINK_LEVELS)}")
+    check_think(think)
     if think is None:  # the template's own default
         return {}
     if not fmt.can_think:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_llm.options import DEFAULT_OPTIONS
+
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens ``a`` and ``b`` share."""
@@ -49,6 +51,12 @@ def choose_slot(idle: Sequence[SlotView], prompt: Sequence[int]) -> tuple[int, i
     if shared == 0:
         best = min(idle, key=lambda s: (s.last_used, len(s.cached)))
     return best.index, shared
+
+
+def num_keep(options: dict[str, Any]) -> int:
+    """A request's ``num_keep`` option, else Ollama's default."""
+    value = options.get("num_keep")
+    return int(DEFAULT_OPTIONS["num_keep"] if value is None else value)
 
 
 def keep_count(num_keep: int, n_tokens: int) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import llama_cpp
+import numpy as np
 
 from jupyter_llm.memory.measured import AllocationLog
 from jupyter_llm.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
@@ -30,6 +31,7 @@ from jupyter_llm.runner.chat_template import ChatTemplate
 from jupyter_llm.runner.context_window import (
     SlotView,
     choose_slot,
+    num_keep,
     shift_span,
     truncate_prompt,
 )
@@ -61,7 +63,6 @@ class LoadParams:
     n_seq: int = 1  # sequences decoded together, sharing the n_ctx cells
 
 
-KV_UNIFIED = True
 _backend_ready = False
 _LOG_DEBUG, _LOG_CONT = 1, 5  # enum ggml_log_level
 _log_state = {"keep": True}
@@ -136,7 +137,7 @@ class Engine:
         cp.n_batch = self.n_batch
         cp.n_ubatch = self.n_batch
         cp.n_seq_max = self.n_seq
-        cp.kv_unified = KV_UNIFIED
+        cp.kv_unified = True
         # llama.cpp's default (auto: on where the backend has it), as
         # llama-server; about 5 % more tokens/s with 4 streams on the CPU
         cp.flash_attn_type = (
@@ -446,10 +447,9 @@ class Engine:
         done: list[Completion] = []
         errors: list[Exception] = []
         tokens = self.prompt_tokens(prompt, context, suffix)
-        num_keep = int(options.get("num_keep") or DEFAULT_SAMPLING.get("num_keep", 4))
         job = Job(
             rid=-1,
-            tokens=self.fit_prompt(tokens, num_keep, truncate=True),
+            tokens=self.fit_prompt(tokens, num_keep(options), truncate=True),
             options=options,
             emit=emit,
             finish=done.append,
@@ -647,8 +647,6 @@ class Engine:
         """The model's log-probability of ``token`` at batch position ``index``
         (log-softmax of the raw logits, before any sampler), with the ``top``
         likeliest tokens: OpenAI's and Ollama's logprob entry."""
-        import numpy as np
-
         pointer = llama_cpp.llama_get_logits_ith(self.ctx, index)
         logits = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).astype(np.float64)
         peak = logits.max()

@@ -17,6 +17,7 @@ from typing import Any
 
 import llama_cpp
 
+from jupyter_llm.runner.context_window import num_keep
 from jupyter_llm.runner.protocol import EngineError
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
@@ -147,7 +148,7 @@ class Sequence:
         self.opts = opts
         self.chain = chain
         self.limit = int(opts["num_predict"])
-        self.num_keep = int(opts.get("num_keep", 4))
+        self.num_keep = num_keep(opts)
         stop = opts["stop"]
         self.stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
         self.slot = -1

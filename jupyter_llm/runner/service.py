@@ -32,7 +32,7 @@ from jupyter_llm.chat_formats import (
     template_messages,
     template_variables,
 )
-from jupyter_llm.chat_formats.detect import THINK_LEVELS
+from jupyter_llm.chat_formats.detect import check_think
 from jupyter_llm.chat_formats.tool_grammar import (
     call_syntax,
     format_markers,
@@ -40,7 +40,7 @@ from jupyter_llm.chat_formats.tool_grammar import (
     tool_grammar,
     tool_names,
 )
-from jupyter_llm.runner.context_window import fit_history
+from jupyter_llm.runner.context_window import fit_history, num_keep
 from jupyter_llm.runner.protocol import (
     ALLOCATION,
     INVALID,
@@ -200,9 +200,9 @@ class RunnerService:
         try:
             self.engine.step()
         except Exception as e:  # the engine failed its own sequences; this is a bug
-            print(f"runner error in step: {traceback.format_exc()}", file=sys.stderr)
+            reply = error_reply("step", e)  # logs the traceback once
             for rid in self.engine.active_ids:
-                self.send({"id": rid, **error_reply("complete", e)})
+                self.send({"id": rid, **reply})
             raise
 
     def op_info(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -256,10 +256,9 @@ class RunnerService:
         rid = message["id"]
         options = message.get("options") or {}
         truncate = bool(message.get("truncate", True))
-        num_keep = int(options.get("num_keep") if options.get("num_keep") is not None else 4)
         plan = plan_chat(engine, message, truncate)
         tokens = engine.prompt_tokens(plan.prompt, message.get("context"), message.get("suffix"))
-        tokens = engine.fit_prompt(tokens, num_keep, truncate)
+        tokens = engine.fit_prompt(tokens, num_keep(options), truncate)
 
         logprobs: list[dict[str, Any]] = []  # entries not sent yet: they go with the next text
 
@@ -448,8 +447,10 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
     model = f'"{name}"' if name else "this model"
     if tools and not fmt.accepts_tools:
         raise InputError(f"{model} does not support tools")
-    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
-        raise InputError(f"think must be true, false or one of {', '.join(THINK_LEVELS)}")
+    try:
+        check_think(think)  # before "does not support thinking", which would hide it
+    except ValueError as e:
+        raise InputError(str(e)) from None
     if think not in (None, False) and not fmt.can_think:
         raise InputError(f"{model} does not support thinking")
     try:
