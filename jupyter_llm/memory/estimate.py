@@ -10,7 +10,49 @@ from dataclasses import dataclass
 from jupyter_llm.memory.model_info import ModelInfo
 
 KV_PAD = 256  # llama.cpp allocates the KV cache in multiples of this many cells
-KV_BYTES = {"f16": 2.0, "q8_0": 1.0, "q4_0": 0.5, "f32": 4.0}
+# bytes per value of each KV cache type: ggml's block size over its values per block
+KV_BYTES = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+    "iq4_nl": 18 / 32,
+}
+
+# llama.cpp's sliding-window pattern per architecture (llama.cpp src/models/*.cpp
+# load_swa_pattern): every n-th layer is global, the others windowed; dense_first
+# puts the global layer first in each group.
+SWA_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma3n": (5, False),
+    "cohere2": (4, False),
+    "cohere2moe": (4, True),
+    "gpt-oss": (2, False),
+    "llama4": (4, False),
+}
+
+
+def swa_layers(arch: str, n_layer: int, n_swa: int, pattern: int | None = None) -> tuple[bool, ...]:
+    """Which layers llama.cpp windows (True), as llama_hparams::set_swa_pattern does."""
+    if n_swa <= 0 or arch not in SWA_PATTERNS:
+        return (False,) * n_layer
+    n, dense_first = SWA_PATTERNS[arch]
+    if pattern is not None:
+        n = pattern
+    if dense_first:
+        return tuple(n == 0 or i % n != 0 for i in range(n_layer))
+    return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
+
+
+def swa_cells(context: int, n_swa: int, n_seq: int, n_ubatch: int, unified: bool = True) -> int:
+    """Cells of the iswa cache's windowed part (llama_kv_cache_iswa, swa_full off)."""
+    window = n_swa * (n_seq if unified else 1) + n_ubatch
+    return -(-min(context, window) // KV_PAD) * KV_PAD
 
 
 @dataclass(frozen=True)
@@ -18,6 +60,8 @@ class EstimateOptions:
     num_ctx: int = 4096  # KV cells, shared by all of a runner's sequences
     num_batch: int = 512
     kv_type: str = "f16"
+    num_parallel: int = 4  # sequences sharing the unified cache
+    swa_full: bool = False
 
 
 @dataclass(frozen=True)
@@ -28,6 +72,7 @@ class Estimate:
     input_weights: int
     graph_full: int  # compute graph when every layer is on one device
     graph_partial: int  # per device when the model is split
+    tied_output: int = 0  # of output_weights, the token_embd shared with the input on the CPU
 
     @property
     def n_layer(self) -> int:
@@ -45,7 +90,8 @@ class Estimate:
 
     @property
     def weights_total(self) -> int:
-        return sum(self.layer_weights) + self.output_weights + self.input_weights
+        # a tied output on the CPU is the input tensor itself; offloaded, it is duplicated
+        return sum(self.layer_weights) + self.output_weights + self.input_weights - self.tied_output
 
     @property
     def cpu_only_total(self) -> int:
@@ -58,10 +104,15 @@ def estimate(model: ModelInfo, opts: EstimateOptions) -> Estimate:
     # one unified KV cache, whatever the number of sequences, of num_ctx cells
     # rounded up as llama.cpp does
     context = -(-opts.num_ctx // KV_PAD) * KV_PAD
-    kv_layer = int(
-        context * (model.head_dim_k + model.head_dim_v) * model.n_head_kv * KV_BYTES[opts.kv_type]
-    )
     batch = min(opts.num_batch, context)
+    per_cell = (model.head_dim_k + model.head_dim_v) * model.n_head_kv * KV_BYTES[opts.kv_type]
+    windowed = swa_layers(model.architecture, model.n_layer, model.n_swa, model.swa_pattern)
+    cells_swa = (
+        context
+        if opts.swa_full
+        else swa_cells(context, model.n_swa, max(1, opts.num_parallel), batch)
+    )
+    layer_kv = tuple(int((cells_swa if w else context) * per_cell) for w in windowed)
     embd, heads, vocab = model.n_embd, model.n_head, model.n_vocab
     head_dim, heads_kv = model.head_dim_k, model.n_head_kv
     graph_full = max(
@@ -76,9 +127,10 @@ def estimate(model: ModelInfo, opts: EstimateOptions) -> Estimate:
     )
     return Estimate(
         layer_weights=model.layer_bytes,
-        layer_kv=(kv_layer,) * model.n_layer,
+        layer_kv=layer_kv,
         output_weights=model.output_bytes,
         input_weights=model.input_bytes,
         graph_full=graph_full,
         graph_partial=graph_partial,
+        tied_output=model.input_bytes if model.tied_embeddings else 0,
     )

@@ -171,7 +171,10 @@ def _placement(
     cpu_layers = order[start:]
     cpu_graph = est.graph_full if not assignment else (est.graph_partial if cpu_layers else 0)
     cpu = _allocation(CPU, est, cpu_layers, cpu_graph)
-    cpu = Allocation(CPU, cpu.weights + est.input_weights, cpu.kv_cache, cpu.graph)
+    # a tied output layer left on the CPU is the input tensor itself (llama.cpp
+    # duplicates token_embd only when the output layer is offloaded)
+    tied_on_cpu = est.tied_output if est.n_layer in cpu_layers else 0
+    cpu = Allocation(CPU, cpu.weights + est.input_weights - tied_on_cpu, cpu.kv_cache, cpu.graph)
     if cpu.total > system_free:
         raise NeedsSystemMemory(cpu.total, system_free)
     allocations.append(cpu)

@@ -106,3 +106,15 @@ def fit_history(
         else:
             low = mid + 1
     return without(high)
+
+
+def swa_reusable(keep: int, pos_min: int, n_swa: int) -> int:
+    """How much of a ``keep``-token cached prefix a windowed (SWA) cache can
+    reuse: the next token at position ``keep`` attends back ``n_swa``
+    positions, so the cache must still hold them (``pos_min``: the oldest
+    position it holds, -1 if none). All of it, or nothing."""
+    if n_swa <= 0 or keep <= 0:
+        return keep
+    if pos_min < 0 or pos_min > max(0, keep - n_swa):
+        return 0
+    return keep

@@ -33,6 +33,7 @@ from jupyter_llm.runner.context_window import (
     choose_slot,
     num_keep,
     shift_span,
+    swa_reusable,
     truncate_prompt,
 )
 from jupyter_llm.runner.pooling import (
@@ -138,6 +139,10 @@ class Engine:
         cp.n_ubatch = self.n_batch
         cp.n_seq_max = self.n_seq
         cp.kv_unified = True
+        # windowed layers keep only their window (as llama-server and Ollama);
+        # a cached prefix is then reusable only while its window is still held
+        cp.swa_full = False
+        self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))
         # llama.cpp's default (auto: on where the backend has it), as
         # llama-server; about 5 % more tokens/s with 4 streams on the CPU
         cp.flash_attn_type = (
@@ -479,10 +484,14 @@ class Engine:
             slot = self.slots[index]
             # one token is always decoded again: its logits start the answer
             keep = min(shared, len(seq.job.tokens) - 1)
+            if keep and self.n_swa:
+                pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, index)
+                keep = swa_reusable(keep, pos_min, self.n_swa)
             if keep < len(slot.cached):
                 if not llama_cpp.llama_memory_seq_rm(self.memory, index, keep, -1):
-                    llama_cpp.llama_memory_seq_rm(self.memory, index, -1, -1)
                     keep = 0
+                if keep == 0:
+                    llama_cpp.llama_memory_seq_rm(self.memory, index, -1, -1)
                 del slot.cached[keep:]
             seq.slot, seq.fed = index, keep
             slot.seq = seq
