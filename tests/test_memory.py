@@ -1,5 +1,7 @@
 """Estimate and layout: pure, table-driven."""
 
+import dataclasses
+
 import pytest
 
 from jupyter_llm.memory import (
@@ -12,6 +14,7 @@ from jupyter_llm.memory import (
     estimate,
     plan_layout,
 )
+from jupyter_llm.memory.estimate import swa_cells, swa_layers
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.testing import synthetic_model
 
@@ -31,7 +34,13 @@ def gpu(id, free, integrated=False):
 
 @pytest.mark.parametrize(
     ("kv_type", "per_layer"),
-    [("f16", 4096 * 256 * 8 * 2), ("q8_0", 4096 * 256 * 8), ("q4_0", 4096 * 256 * 8 // 2)],
+    [
+        ("f16", 4096 * 256 * 8 * 2),
+        ("f32", 4096 * 256 * 8 * 4),
+        ("q8_0", 4096 * 256 * 8 * 34 // 32),  # ggml blocks: 34 bytes per 32 values
+        ("q4_0", 4096 * 256 * 8 * 18 // 32),
+        ("q5_1", 4096 * 256 * 8 * 24 // 32),
+    ],
 )
 def test_kv_cache_per_layer(kv_type, per_layer):
     est = estimate(MODEL, EstimateOptions(num_ctx=4096, kv_type=kv_type))
@@ -146,3 +155,79 @@ def test_model_info_from_demo_gguf(demo_gguf):
     assert info.head_dim_k == 16 and info.n_vocab == 265  # 256 bytes, 2 merges, 7 specials
     assert info.output_bytes == 265 * 64 * 4 + 64 * 4
     assert sum(info.layer_bytes) > 0 and info.input_bytes == 265 * 64 * 4
+
+
+@pytest.mark.parametrize(
+    ("arch", "n_layer", "n_swa", "pattern", "windowed"),
+    [
+        ("llama", 4, 4096, None, "...."),  # no SWA in llama.cpp for this architecture
+        ("gemma3", 4, 0, None, "...."),  # no window: every layer global
+        ("gemma3", 12, 512, None, "sssss.sssss."),  # 5 windowed, 1 global
+        ("gemma2", 4, 4096, None, "s.s."),
+        ("cohere2", 8, 4096, None, "sss.sss."),
+        ("cohere2moe", 8, 4096, None, ".sss.sss"),  # dense first
+        ("gpt-oss", 4, 128, None, "s.s."),
+        ("llama4", 8, 8192, None, "sss.sss."),  # chunked attention
+        ("gemma3", 6, 512, 3, "ss.ss."),  # the GGUF's pattern wins
+    ],
+)
+def test_swa_layers(arch, n_layer, n_swa, pattern, windowed):
+    got = swa_layers(arch, n_layer, n_swa, pattern)
+    assert "".join("s" if w else "." for w in got) == windowed
+
+
+@pytest.mark.parametrize(
+    ("context", "n_swa", "n_seq", "n_ubatch", "unified", "cells"),
+    [
+        (32768, 512, 4, 512, True, 2560),  # window per sequence + a ubatch
+        (32768, 512, 1, 512, True, 1024),
+        (32768, 512, 4, 512, False, 1024),  # each stream its own window
+        (2048, 512, 4, 512, True, 2048),  # never more than the context
+        (32768, 500, 1, 100, True, 768),  # padded to 256 cells
+    ],
+)
+def test_swa_cells(context, n_swa, n_seq, n_ubatch, unified, cells):
+    assert swa_cells(context, n_swa, n_seq, n_ubatch, unified) == cells
+
+
+def _gemma_like(tied: bool):
+    return dataclasses.replace(
+        synthetic_model(10, 6, n_embd=640, n_head=4, n_head_kv=1, edge_mib=160),
+        architecture="gemma3",
+        head_dim_k=256,
+        head_dim_v=256,
+        n_swa=512,
+        tied_embeddings=tied,
+    )
+
+
+def test_swa_kv_windowed_and_full():
+    model = _gemma_like(tied=True)
+    per_cell = 2 * 256 * 2  # K and V, one head of 256, f16
+    est = estimate(model, EstimateOptions(num_ctx=32768, num_parallel=4))
+    assert est.layer_kv == (2560 * per_cell,) * 5 + (32768 * per_cell,)
+    full = estimate(model, EstimateOptions(num_ctx=32768, num_parallel=4, swa_full=True))
+    assert full.layer_kv == (32768 * per_cell,) * 6
+
+
+@pytest.mark.parametrize(("tied", "edges"), [(True, 1), (False, 2)])
+def test_tied_embeddings_counted_once_on_the_cpu(tied, edges):
+    est = estimate(_gemma_like(tied), EstimateOptions(num_ctx=2048))
+    cpu = plan_layout(est, [], system_free=1 << 50).allocations[-1]
+    assert cpu.weights == 6 * 10 * MiB + edges * 160 * MiB
+    assert est.weights_total == cpu.weights
+
+
+def test_tied_output_duplicated_when_offloaded():
+    est = estimate(_gemma_like(tied=True), EstimateOptions(num_ctx=2048))
+    placement = plan_layout(est, [gpu("GPU-0", 8 * GiB)], system_free=1 << 50)
+    on_gpu, cpu = placement.allocations
+    assert on_gpu.weights == 6 * 10 * MiB + 160 * MiB  # the output copy
+    assert cpu.weights == 160 * MiB  # token_embd stays for the input
+
+
+def test_model_info_of_gemma(gemma_gguf):
+    info = read_model_info(gemma_gguf)
+    assert (info.architecture, info.n_swa, info.tied_embeddings) == ("gemma3", 512, True)
+    assert info.n_vocab == 262144
+    assert sum(swa_layers(info.architecture, info.n_layer, info.n_swa)) == 15
