@@ -115,9 +115,13 @@ def estimate(model: ModelInfo, opts: EstimateOptions) -> Estimate:
     layer_kv = tuple(int((cells_swa if w else context) * per_cell) for w in windowed)
     embd, heads, vocab = model.n_embd, model.n_head, model.n_vocab
     head_dim, heads_kv = model.head_dim_k, model.n_head_kv
+    # the runner runs flash attention (llama.cpp's auto): the graph's peak is
+    # either a block's (its f16 mask over every cell, the residual stream and
+    # the feed-forward activations) or the output's (the logits of a batch)
+    n_ff = model.n_ff or 4 * embd
     graph_full = max(
-        4 * batch * (1 + 4 * embd + context * (1 + heads)),
-        4 * batch * (embd + vocab),
+        2 * context * batch + 4 * batch * (4 * embd + 3 * n_ff),
+        4 * batch * (vocab + n_ff + 2 * embd),
     )
     graph_partial = 4 * batch * embd + max(
         4 * batch * (1 + embd + max(context, embd))

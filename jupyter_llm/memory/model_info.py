@@ -40,6 +40,7 @@ class ModelInfo:
     output_bytes: int  # output (or tied token_embd) + output_norm: the last "layer"
     input_bytes: int  # token_embd: llama.cpp keeps the input layer on the CPU
     embedding_only: bool = False
+    n_ff: int = 0  # feed-forward width (the largest block's); 0: 4 x n_embd
     tied_embeddings: bool = False  # no output tensor: token_embd is also the output layer
     n_swa: int = 0  # sliding window (0: none)
     swa_pattern: int | None = None  # from the GGUF's sliding_window_pattern, if present
@@ -95,6 +96,7 @@ def read_model_info(path: Path) -> ModelInfo:
         output_bytes=(output or token_embd) + output_norm,
         input_bytes=token_embd,
         embedding_only=bool(value(f"{arch}.pooling_type", 0, 1 << 31)) and not output,
+        n_ff=value(f"{arch}.feed_forward_length", 0, MAX_EMBEDDING),
         tied_embeddings=not output and bool(token_embd),
         n_swa=value(f"{arch}.attention.sliding_window", 0, MAX_CONTEXT),
         swa_pattern=_pattern(meta.get(f"{arch}.attention.sliding_window_pattern")),
