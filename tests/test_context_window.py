@@ -9,6 +9,7 @@ from jupyter_llm.runner.context_window import (
     fit_history,
     keep_count,
     shift_span,
+    swa_reusable,
     truncate_prompt,
 )
 
@@ -108,3 +109,19 @@ CHAT = chat("system", "user", "assistant", "user")
 def test_fit_history(messages, budget, kept):
     result = fit_history(messages, lambda ms: len(ms) <= budget)
     assert [m["content"] for m in result] == kept
+
+
+@pytest.mark.parametrize(
+    ("keep", "pos_min", "n_swa", "reusable"),
+    [
+        (100, 0, 0, 100),  # no window: any prefix
+        (0, -1, 512, 0),
+        (1925, 901, 512, 1925),  # the window before position 1925 is still held
+        (640, 901, 512, 0),  # overwritten: decode again from the start
+        (300, 0, 512, 300),  # shorter than the window, all of it held
+        (300, 10, 512, 0),
+        (300, -1, 512, 0),  # nothing cached
+    ],
+)
+def test_swa_reusable(keep, pos_min, n_swa, reusable):
+    assert swa_reusable(keep, pos_min, n_swa) == reusable
