@@ -93,11 +93,13 @@ class DevicesHandler(LLMHandler):
     async def get(self) -> None:
         devices = await self.llm.scheduler.current_devices()
         system = await self.llm.devices.system()
+        notices = await self.llm.devices.notices(devices)
         self.write_json(
             {
                 "devices": [d.to_json() for d in devices],
                 "system": system.to_json(),
                 "simulated": self.llm.devices.simulated,
+                "notices": [n.to_json() for n in notices],
             }
         )
 
