@@ -2,7 +2,7 @@
 embedded engine when none runs).
 
     jupyter llm list | ps | pull NAME | create NAME [-f Modelfile] | rm NAME...
-    jupyter llm cp SRC DST | show NAME | run NAME [PROMPT]
+    jupyter llm cp SRC DST | show NAME | run NAME [PROMPT] | doctor
 
 Finding the server, the requests and what they print live in ``connect``,
 shared with the ``%llm`` magics; this module parses arguments and prints.
@@ -20,6 +20,7 @@ from typing import Any
 
 from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
 from jupyter_llm.connect.create import create_from_path
+from jupyter_llm.connect.doctor import doctor_report
 from jupyter_llm.connect.loading import LoadWatcher, loading_text
 from jupyter_llm.connect.terminal import terminal_text
 from jupyter_llm.connect.views import loaded_table, model_details, models_table
@@ -161,6 +162,16 @@ class LoadLine:
         self.shown = False
 
 
+def cmd_doctor(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
+    data = endpoint.request("GET", "api/devices")
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0 if not data.get("notices") else 1
+    text, ok = doctor_report(data)
+    print(terminal_text(text))
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jupyter llm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -190,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="*")
     p.add_argument("-n", "--num-predict", type=int, help="stop after N tokens")
     p.set_defaults(run=cmd_run)
+    p = sub.add_parser(
+        "doctor", help="GPUs the host shows vs what llama.cpp uses; exits 1 when something is wrong"
+    )
+    p.add_argument("--json", action="store_true", help="the server's /api/devices, as JSON")
+    p.set_defaults(run=cmd_doctor)
     return parser
 
 

@@ -35,9 +35,11 @@ def build_services(settings: Settings) -> LLMServices:
     runner processes started with ``settings.python``."""
 
     async def discover() -> list[DeviceInfo]:
-        return [device_from_raw(raw) for raw in await discover_raw_devices(settings.python)]
+        return [
+            device_from_raw(raw) for raw in await discover_raw_devices(settings.python, strict=True)
+        ]
 
-    devices = DeviceSource(discover)
+    devices = DeviceSource(discover, python=settings.python)
     start = partial(
         start_serving_runner, python=settings.python, load_timeout=settings.load_timeout
     )

@@ -4,6 +4,7 @@ when none runs, printing only its own output."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -178,3 +179,33 @@ def runner_processes(models: Path) -> list[int]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+def test_doctor_on_this_machine(live):
+    """Real discovery through the runner interpreter; this machine shows no GPU."""
+    out = cli("doctor", env=live.client_env)
+    assert "runner interpreter:" in out.stdout and "CPU" in out.stdout, out.stderr
+    assert ("OK: nothing to fix." in out.stdout) == (out.returncode == 0)
+
+
+@pytest.fixture(scope="module")
+def idle_gpu_live(tmp_path_factory):
+    models = tmp_path_factory.mktemp("doctor-models")
+    env = {
+        "JUPYTER_RUNTIME_DIR": str(tmp_path_factory.mktemp("doctor-runtime")),
+        "JUPYTER_LLM_SIMULATED_HOST_GPUS": '[{"vendor": "nvidia", "name": "H200"}]',
+        "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps(
+            [{"id": "cpu", "library": "CPU", "name": "CPU", "total_memory": 8, "free_memory": 8}]
+        ),
+    }
+    server = LiveServer(models, models, env)
+    yield server
+    server.stop()
+
+
+def test_doctor_explains_an_idle_gpu(idle_gpu_live):
+    out = cli("doctor", env=idle_gpu_live.client_env)
+    assert out.returncode == 1
+    assert "H200" in out.stdout and "fix: make lab GPU=cuda" in out.stdout
+    out = cli("doctor", "--json", env=idle_gpu_live.client_env)
+    assert out.returncode == 1 and json.loads(out.stdout)["notices"][0]["kind"] == "idle_gpu"

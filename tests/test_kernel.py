@@ -582,3 +582,38 @@ def test_find_server(monkeypatch, env, servers, with_llm, embedded, expected):
     else:
         endpoint = discovery.find_server(embedded=embedded)
         assert (endpoint.url, endpoint.token, endpoint.kind) == expected
+
+
+def test_dashboard_shows_notices_escaped():
+    from jupyter_llm.kernel.widgets import notices_html
+
+    assert notices_html([]) == ""
+    out = notices_html(
+        [{"kind": "idle_gpu", "message": "1 GPU(s) <b>", "fix": "make lab GPU=cuda"}]
+    )
+    assert "&lt;b&gt;" in out and "<code>make lab GPU=cuda</code>" in out
+
+
+@pytest.fixture(scope="module")
+def idle_gpu_live(tmp_path_factory):
+    models = tmp_path_factory.mktemp("idle-models")
+    env = {
+        "JUPYTER_RUNTIME_DIR": str(tmp_path_factory.mktemp("idle-runtime")),
+        "JUPYTER_LLM_SIMULATED_HOST_GPUS": '[{"vendor": "other", "name": "Radeon"}]',
+        "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps(
+            [{"id": "cpu", "library": "CPU", "name": "CPU", "total_memory": 8, "free_memory": 8}]
+        ),
+    }
+    server = LiveServer(models, models, env)
+    yield server
+    server.stop()
+
+
+def test_llm_devices_explains_an_idle_gpu(idle_gpu_live):
+    ip = InteractiveShell.instance()
+    endpoint = ServerEndpoint(idle_gpu_live.url, idle_gpu_live.token, "env")
+    ip.register_magics(LLMMagics(shell=ip, endpoint=endpoint))
+    dash = ip.run_line_magic("llm", "devices")
+    assert isinstance(dash, DeviceDashboard)
+    assert "Radeon" in dash.notices.value and "make lab GPU=vulkan" in dash.notices.value
+    dash.close()

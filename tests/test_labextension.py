@@ -171,9 +171,11 @@ def start_lab(
     name: str,
     extra: list[str] | None = None,
     gpus: list[dict] = [SIMULATED_GPU],  # noqa: B006 (never mutated)
+    host_gpus: list[dict] | None = None,
     **kwargs,
 ) -> LiveServer:
     env = {
+        **({"JUPYTER_LLM_SIMULATED_HOST_GPUS": json.dumps(host_gpus)} if host_gpus else {}),
         "JUPYTER_LLM_SIMULATED_DEVICES": json.dumps(gpus),
         "JUPYTER_LLM_SIMULATED_SYSTEM": json.dumps(
             {"total_memory": 16 * GiB, "free_memory": 11 * GiB}
@@ -300,7 +302,11 @@ def test_sidebar_says_when_the_server_extension_is_missing(page, lab_home: Path)
 @pytest.mark.timeout(300)  # JupyterLab's first page load is slow on 2 cores
 def test_sidebar_in_notebook_7_on_a_machine_without_gpu(page, lab_home: Path) -> None:
     server = start_lab(
-        lab_home, "notebook", ["--JupyterNotebookApp.expose_app_in_browser=True"], gpus=[]
+        lab_home,
+        "notebook",
+        ["--JupyterNotebookApp.expose_app_in_browser=True"],
+        gpus=[],
+        host_gpus=[{"vendor": "nvidia", "name": "Simulated L4"}],  # an idle GPU
     )
     try:
         page.goto(f"{server.url}notebooks/Untitled.ipynb?token={server.token}")
@@ -314,6 +320,10 @@ def test_sidebar_in_notebook_7_on_a_machine_without_gpu(page, lab_home: Path) ->
         sidebar.locator('.jp-LLM-device[data-device="cpu"]').wait_for()
         assert sidebar.locator(".jp-LLM-no-gpu").is_visible()
         assert sidebar.locator(".jp-LLM-device").count() == 1  # system RAM only
+        # the host shows a GPU the CPU-only build cannot use: the sidebar says how to fix it
+        notice = sidebar.locator(".jp-LLM-gpu-notice-idle_gpu")
+        assert notice.is_visible() and "Simulated L4" in notice.inner_text()
+        assert sidebar.locator(".jp-LLM-fix").inner_text() == "make lab GPU=cuda"
         page.screenshot(path=ARTIFACTS / "sidebar-notebook7-no-gpu.png")
     finally:
         server.stop()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from dataclasses import asdict
 from typing import Any
 
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
@@ -93,11 +95,16 @@ class DevicesHandler(LLMHandler):
     async def get(self) -> None:
         devices = await self.llm.scheduler.current_devices()
         system = await self.llm.devices.system()
+        notices = await self.llm.devices.notices(devices)
+        host = await self.llm.devices.host_gpus()
         self.write_json(
             {
                 "devices": [d.to_json() for d in devices],
                 "system": system.to_json(),
                 "simulated": self.llm.devices.simulated,
+                "notices": [n.to_json() for n in notices],
+                "host_gpus": [asdict(g) for g in host],
+                "runner": {"python": self.llm.devices.python or sys.executable},
             }
         )
 

@@ -12,6 +12,8 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
+from jupyter_llm.devices.host import HOST_ENV, host_gpus, parse_simulated_host
+from jupyter_llm.devices.notices import HostGPU, Notice, idle_gpu_notices, runner_notice
 from jupyter_llm.devices.nvml import nvml_memory, overlay_nvml
 from jupyter_llm.devices.simulated import (
     DEVICES_ENV,
@@ -22,7 +24,15 @@ from jupyter_llm.devices.simulated import (
 from jupyter_llm.devices.system import read_system_info
 from jupyter_llm.devices.types import DeviceInfo, SystemInfo, serving_gpus, sort_devices
 
-__all__ = ["DeviceInfo", "DeviceSource", "SystemInfo", "serving_gpus", "sort_devices"]
+__all__ = [
+    "DeviceInfo",
+    "DeviceSource",
+    "HostGPU",
+    "Notice",
+    "SystemInfo",
+    "serving_gpus",
+    "sort_devices",
+]
 
 Discover = Callable[[], Awaitable[list[DeviceInfo]]]
 
@@ -34,9 +44,17 @@ class DeviceSource:
     once (devices do not come and go) while free memory is re-read each time.
     """
 
-    def __init__(self, discover: Discover, environ: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        discover: Discover,
+        environ: dict[str, str] | None = None,
+        python: str = "",
+    ) -> None:
         env = os.environ if environ is None else environ
         self._discover = discover
+        self.python = python  # the runner interpreter, for notices
+        self.discovery_error = ""  # why discovery failed, when it raised
+        self._simulated_host = parse_simulated_host(env[HOST_ENV]) if env.get(HOST_ENV) else None
         self._simulated = (
             parse_simulated_devices(env[DEVICES_ENV]) if env.get(DEVICES_ENV) else None
         )
@@ -99,8 +117,29 @@ class DeviceSource:
     async def _raw_devices(self) -> list[DeviceInfo]:
         async with self._lock:
             if self._discovered is None:
-                self._discovered = await self._discover()
+                try:
+                    self._discovered = await self._discover()
+                except Exception as e:  # a bad interpreter costs the GPUs, not the server
+                    self.discovery_error = str(e) or type(e).__name__
+                    self._discovered = []
             return self._discovered
+
+    async def host_gpus(self) -> list[HostGPU]:
+        """The GPUs the host shows (NVML, device nodes, the OS), or simulated ones."""
+        if self._simulated_host is not None:
+            return list(self._simulated_host)
+        return await asyncio.get_running_loop().run_in_executor(None, host_gpus)
+
+    async def notices(self, devices: list[DeviceInfo] | None = None) -> list[Notice]:
+        """What is wrong with the GPU setup: a failed discovery, GPUs the build
+        cannot use (each with the command that fixes it)."""
+        devices = devices if devices is not None else await self.devices()
+        out = []
+        if self.discovery_error:
+            out.append(runner_notice(self.python or "(this one)", self.discovery_error))
+        libraries = {d.library for d in devices}
+        out.extend(idle_gpu_notices(await self.host_gpus(), libraries))
+        return out
 
 
 def device_from_raw(raw: dict) -> DeviceInfo:

@@ -97,11 +97,13 @@ class DeviceDashboard(w.VBox):
         self.endpoint = endpoint
         self.interval = interval
         self.title = w.HTML("<b>Devices</b>")
+        self.notices = w.HTML("")
         self.device_rows = w.VBox()
         self.model_rows = w.VBox()
         self.status = w.HTML("")
         self.children = [
             self.title,
+            self.notices,
             self.device_rows,
             w.HTML("<b>Loaded models</b>"),
             self.model_rows,
@@ -133,6 +135,7 @@ class DeviceDashboard(w.VBox):
             self.status.value = f'<span style="color:#c62828">{html.escape(str(e))}</span>'
             return
         self.status.value = ""
+        self.notices.value = notices_html(devices.get("notices", []))
         rows = []
         for d in devices["devices"]:
             if d["library"] == "CPU":
@@ -190,6 +193,15 @@ class DeviceDashboard(w.VBox):
         except LLMClientError as e:
             self.status.value = f'<span style="color:#c62828">{html.escape(str(e))}</span>'
         self.refresh()
+
+
+def notices_html(notices: list[dict[str, Any]]) -> str:
+    """Pure: each notice (an idle GPU, a failed runner interpreter) and its fix."""
+    return "".join(
+        f'<div style="color:#e65100">&#9888; {html.escape(str(n.get("message", "")))}'
+        f"<br>Fix: <code>{html.escape(str(n.get('fix', '')))}</code></div>"
+        for n in notices
+    )
 
 
 def _gib(n: int) -> str:

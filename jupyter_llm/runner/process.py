@@ -73,7 +73,10 @@ class RunnerProcess:
             )
         except OSError as e:
             parent.close()
-            raise RunnerFailed(f"could not start the runner process: {e}") from e
+            raise RunnerFailed(
+                f"could not start the runner process with the interpreter {self.python} "
+                f"(the python setting): {e.strerror or e}"
+            ) from e
         finally:
             child.close()
         reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=self.limit)

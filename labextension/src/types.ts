@@ -18,10 +18,18 @@ export interface ISystemMemory {
   threads?: number;
 }
 
+/** Something wrong with the GPU setup, and the command that fixes it. */
+export interface INotice {
+  kind: string; // idle_gpu, runner_failed
+  message: string;
+  fix: string;
+}
+
 export interface IDevicesReply {
   devices: IDevice[];
   system: ISystemMemory;
   simulated?: boolean;
+  notices?: INotice[];
 }
 
 /** Memory one loaded model holds on one device. */

@@ -13,7 +13,7 @@ import {
   processor,
   segmentWidths
 } from './format';
-import { CPU_DEVICE, IDevice, ILoadedModel, ISnapshot } from './types';
+import { CPU_DEVICE, IDevice, ILoadedModel, INotice, ISnapshot } from './types';
 
 export type ViewState =
   | { kind: 'loading' }
@@ -130,6 +130,7 @@ export class SidebarView {
   private devices: HTMLElement;
   private deviceList: HTMLElement;
   private gpuNote: HTMLElement;
+  private gpuNotices: HTMLElement;
   private models: HTMLElement;
   private modelHeading: HTMLElement;
   private modelList: HTMLElement;
@@ -164,8 +165,14 @@ export class SidebarView {
       'jp-LLM-empty jp-LLM-no-gpu',
       'No GPU found: models run on the CPU, in system RAM.'
     );
+    this.gpuNotices = el('div', 'jp-LLM-gpu-notices');
     this.deviceList = el('div', 'jp-LLM-device-list');
-    this.devices.append(el('h3', 'jp-LLM-heading', 'Memory'), this.gpuNote, this.deviceList);
+    this.devices.append(
+      el('h3', 'jp-LLM-heading', 'Memory'),
+      this.gpuNotices,
+      this.gpuNote,
+      this.deviceList
+    );
     this.devices.append(this.legend());
 
     this.models = el('section', 'jp-LLM-models');
@@ -258,6 +265,7 @@ export class SidebarView {
     const models = snapshot.models;
     const rows = deviceRows(snapshot);
     this.gpuNote.hidden = rows.length > 1;
+    this.renderGpuNotices(snapshot.devices.notices ?? []);
     reconcile(
       this.deviceList,
       rows,
@@ -289,6 +297,18 @@ export class SidebarView {
     );
 
     this.renderModels(models, now);
+  }
+
+  /** An idle GPU (or a runner interpreter that failed) and its fix; text only. */
+  private renderGpuNotices(notices: INotice[]): void {
+    this.gpuNotices.hidden = notices.length === 0;
+    this.gpuNotices.replaceChildren(
+      ...notices.map(n => {
+        const node = el('p', `jp-LLM-gpu-notice jp-LLM-gpu-notice-${n.kind}`);
+        node.append(n.message, el('br'), 'Fix: ', el('code', 'jp-LLM-fix', n.fix));
+        return node;
+      })
+    );
   }
 
   private renderModels(models: ILoadedModel[], now: number): void {

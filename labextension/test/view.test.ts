@@ -214,4 +214,26 @@ describe('SidebarView', () => {
     expect(document.querySelector('img')).toBeNull();
     expect(q('.jp-LLM-model-label').textContent).toBe(evil.name);
   });
+
+  it('explains an idle GPU with the command that fixes it, as text', () => {
+    const { view } = makeView();
+    const idle = snapshot([], false);
+    view.update({ kind: 'ready', snapshot: idle }, NOW);
+    expect(q('.jp-LLM-gpu-notices').hidden).toBe(true);
+    idle.devices.notices = [
+      {
+        kind: 'idle_gpu',
+        message: '1 GPU(s) seen (<img src=x onerror=alert(1)>) but the build has only CPU',
+        fix: 'make lab GPU=cuda'
+      }
+    ];
+    view.update({ kind: 'ready', snapshot: idle }, NOW);
+    expect(q('.jp-LLM-gpu-notices').hidden).toBe(false);
+    expect(q('.jp-LLM-gpu-notice-idle_gpu').textContent).toContain('1 GPU(s) seen');
+    expect(q('.jp-LLM-fix').textContent).toBe('make lab GPU=cuda');
+    expect(document.querySelector('img')).toBeNull();
+    idle.devices.notices = [];
+    view.update({ kind: 'ready', snapshot: idle }, NOW);
+    expect(q('.jp-LLM-gpu-notices').hidden).toBe(true);
+  });
 });
