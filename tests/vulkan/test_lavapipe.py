@@ -39,7 +39,7 @@ PROBE = (
 
 def unavailable(reason: str) -> None:
     if REQUIRED:
-        pytest.fail(f"JUPYTER_LLM_TEST_VULKAN=1 but {reason}")
+        pytest.fail(f"the Vulkan tests must run here (CI, JUPYTER_LLM_TEST_VULKAN=1) but {reason}")
     pytest.skip(reason)
 
 
@@ -200,6 +200,7 @@ async def test_measured_weights_and_kv_cache_match_the_estimate_per_device(
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,  # only the comparison: a runner or setup failure still fails
     reason="the compute graph estimate (Ollama's formula) is 2-8x what ggml-vulkan "
     "reserves per device for these models; issue 15 part 1 brings it within 10 %",
 )
