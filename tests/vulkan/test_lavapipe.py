@@ -95,11 +95,18 @@ def small_gguf(tmp_path_factory) -> Path:
     return write_demo_model(tmp_path_factory.mktemp("vk") / "small.gguf", spec)
 
 
-@pytest.fixture(scope="session")
-def big_gguf(tmp_path_factory) -> Path:
-    """1.1 GiB of f32 weights: one copy fits on lavapipe's 2 GiB, two do not."""
+@pytest.fixture
+def big_models(models_dir: Path, tmp_path: Path):
+    """``big`` and ``big2``: one 1.1 GiB file of f32 weights under two names. One
+    fits on lavapipe's 2 GiB, two do not. Written for the one test that needs
+    it, and deleted after it (pytest keeps recent temporary folders)."""
     spec = DemoModelSpec(n_embd=1024, n_layer=26, n_ff=2816, n_head=16, n_head_kv=4)
-    return write_demo_model(tmp_path_factory.mktemp("vk") / "big.gguf", spec)
+    path = write_demo_model(tmp_path / "big.gguf", spec)
+    install(models_dir, path, "big", "big2")
+    path.unlink()
+    yield
+    for blob in (models_dir / "blobs").glob("sha256-*"):
+        blob.unlink()
 
 
 def install(models_dir: Path, gguf: Path, *names: str) -> None:
@@ -222,10 +229,7 @@ async def test_measured_graph_and_total_match_the_estimate_per_device(
         assert within(real_total, est_total, TOLERANCE), (device, errors)
 
 
-async def test_a_second_big_model_evicts_the_first(
-    jp_fetch, jp_serverapp, models_dir, big_gguf, lavapipe
-):
-    install(models_dir, big_gguf, "big", "big2")
+async def test_a_second_big_model_evicts_the_first(jp_fetch, big_models, lavapipe):
     await generate(jp_fetch, "big")
     (first,) = await ps(jp_fetch)
     assert first["num_gpu_layers"] == first["num_layers"]  # alone, it fits
