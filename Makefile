@@ -3,6 +3,11 @@
 # llama.cpp on its first install, about 5 minutes on 2 cores; pip's wheel cache
 # makes later installs fast). The install also builds the JupyterLab sidebar
 # with Node and npm (about a minute the first time).
+#
+# GPUs: `make lab GPU=cuda` (or vulkan, metal; also `make install GPU=...`)
+# builds llama-cpp-python for that backend into .venv-<backend>
+# (scripts/build-runner-env; minutes the first time, then a cached wheel) and
+# points .venv's server at it; `make lab` without GPU goes back to the CPU build.
 
 PYTHON ?= python3
 VENV := .venv
@@ -16,7 +21,10 @@ LABEXT_SOURCES := $(LABEXT)/package.json $(LABEXT)/package-lock.json \
 NODE_MODULES := $(LABEXT)/node_modules/.package-lock.json
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install demo-model lab test lint format bench clean browser
+GPU ?=
+RUNNER_ENV := scripts/build-runner-env
+
+.PHONY: install demo-model lab test test-vulkan vulkan-env runner-env lint format bench clean browser
 
 $(STAMP): pyproject.toml $(LABEXT_SOURCES)
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +32,16 @@ $(STAMP): pyproject.toml $(LABEXT_SOURCES)
 	$(BIN)/python -m pip install -e '.[test,lab]'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) $(if $(GPU),runner-env)
+
+# the runners' interpreter: GPU=... builds and selects one, no GPU the CPU build
+runner-env: $(STAMP)
+	$(BIN)/python $(RUNNER_ENV) $(or $(GPU),cpu) --point $(VENV)
 
 demo-model: install
 	$(BIN)/python -m jupyter_llm.demo --install demo
 
-lab: demo-model
+lab: demo-model runner-env
 	$(BIN)/jupyter lab $(LAB_ARGS)
 
 # the install's build already ran npm; this only repairs a missing node_modules
@@ -50,9 +62,23 @@ lint: install $(NODE_MODULES)
 	$(BIN)/ruff format --check .
 	cd $(LABEXT) && npm run lint
 
-test: lint browser
+test: lint browser vulkan-env
 	cd $(LABEXT) && npm test
 	$(BIN)/python -m pytest
+
+# llama.cpp's Vulkan backend on Mesa's software driver (lavapipe): real layers
+# offloaded to a real non-CPU ggml device (tests/vulkan), with the runners in
+# .venv-vulkan. Installs Debian's Vulkan packages where apt-get is there; the
+# build takes about 6 minutes once, then a cached wheel installs in seconds.
+# Best effort for `make test`: where it cannot be built the Vulkan tests are
+# skipped (and fail under CI, which must have them); `make test-vulkan` insists.
+vulkan-env: install
+	@$(BIN)/python $(RUNNER_ENV) vulkan || \
+		echo "could not build .venv-vulkan: the Vulkan tests (tests/vulkan) will be skipped"
+
+test-vulkan: install
+	$(BIN)/python $(RUNNER_ENV) vulkan
+	JUPYTER_LLM_TEST_VULKAN=1 $(BIN)/python -m pytest tests/vulkan
 
 format: install $(NODE_MODULES)
 	$(BIN)/ruff format .
@@ -63,5 +89,5 @@ bench: install
 	$(BIN)/python benchmarks/decode.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache test-artifacts jupyter_llm/labextension \
+	rm -rf $(VENV) .venv-cuda .venv-vulkan .venv-metal .pytest_cache .ruff_cache test-artifacts jupyter_llm/labextension \
 		$(LABEXT)/node_modules $(LABEXT)/lib $(LABEXT)/tsconfig.tsbuildinfo

@@ -34,6 +34,7 @@ SETTINGS_TRAITS = (
     "load_timeout",
     "stream_interval",
     "num_threads",
+    "python",
 )
 
 
@@ -59,6 +60,13 @@ class LLMExtension(ExtensionApp):
     load_timeout = _duration("Give up on a model load after this: seconds, or '5m'.")
     num_threads = Int(None, allow_none=True, config=True, help="CPU threads; 0: automatic.")
     stream_interval = Float(None, allow_none=True, config=True, help="Token grouping (s).")
+    python = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="Interpreter for runner processes (a GPU build's environment, as "
+        "`make lab GPU=...` sets it); empty: the server's own.",
+    )
 
     services: LLMServices
 

@@ -53,6 +53,11 @@ def app_from_argv(argv: list[str]) -> LLMExtension:
         (["--LLMExtension.stream_interval=0.05"], "stream_interval", 0.05),
         (["--LLMExtension.gpu_overhead=1073741824"], "gpu_overhead", 1 << 30),
         (["--LLMExtension.new_estimates=True"], "new_estimates", True),
+        (
+            ["--LLMExtension.python=/opt/venv-cuda/bin/python"],
+            "python",
+            "/opt/venv-cuda/bin/python",
+        ),
     ],
 )
 def test_command_line_traits(argv, field, value):

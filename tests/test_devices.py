@@ -6,6 +6,7 @@ from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw, sort_
 from jupyter_llm.devices.nvml import overlay_nvml
 from jupyter_llm.devices.simulated import parse_simulated_devices, parse_simulated_system
 from jupyter_llm.devices.system import cap_by_cgroup
+from jupyter_llm.devices.types import without_our_use
 from jupyter_llm.errors import ConfigError
 
 GiB = 1 << 30
@@ -146,3 +147,35 @@ async def test_device_source_simulated_ignores_hardware():
     devices = await source.devices()
     assert [d.id for d in devices] == ["d", "i", "cpu"]
     assert devices[-1].free_memory == 500
+
+
+@pytest.mark.parametrize(
+    ("total", "reported_free", "ours", "free"),
+    [
+        (8, 8, 3, 5),  # lavapipe: the whole heap reported free whatever is allocated
+        (8, 5, 3, 5),  # a driver that already counts our 3
+        (8, 4, 3, 4),  # ... and another process's 1
+        (8, 6, 0, 6),  # nothing of ours there
+        (8, 8, 9, 0),  # more than the total (estimates): never below zero
+        (0, 4, 3, 4),  # no total reported: nothing to go by
+    ],
+)
+def test_free_memory_never_above_total_less_ours(total, reported_free, ours, free):
+    device = DeviceInfo(id="g", library="Vulkan", name="g", total_memory=total * GiB,
+                        free_memory=reported_free * GiB)  # fmt: skip
+    assert without_our_use(device, ours * GiB).free_memory == free * GiB
+
+
+async def test_device_source_counts_our_runners_on_a_gpu_that_does_not():
+    lavapipe = DeviceInfo(id="Vulkan0", library="Vulkan", name="Vulkan0",
+                          total_memory=2 * GiB, free_memory=2 * GiB)  # fmt: skip
+    cpu = DeviceInfo(id="cpu", library="CPU", name="CPU")
+
+    async def discover():
+        return [lavapipe, cpu]
+
+    source = DeviceSource(discover, environ={})
+    (gpu_now, _) = await source.devices(used={"Vulkan0": GiB // 2, "cpu": GiB})
+    assert gpu_now.id == "Vulkan0" and gpu_now.free_memory == 3 * GiB // 2
+    (gpu_idle, _) = await source.devices()
+    assert gpu_idle.free_memory == 2 * GiB

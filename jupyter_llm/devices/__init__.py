@@ -22,7 +22,13 @@ from jupyter_llm.devices.simulated import (
     parse_simulated_system,
 )
 from jupyter_llm.devices.system import read_system_info
-from jupyter_llm.devices.types import DeviceInfo, SystemInfo, serving_gpus, sort_devices
+from jupyter_llm.devices.types import (
+    DeviceInfo,
+    SystemInfo,
+    serving_gpus,
+    sort_devices,
+    without_our_use,
+)
 
 __all__ = [
     "DeviceInfo",
@@ -84,7 +90,8 @@ class DeviceSource:
         ``fresh`` asks a loaded runner for its backends' current free memory
         (cheaper and more current than a discovery runner). ``used`` is what our
         runners hold per device id ("cpu" for the host); simulated devices
-        subtract it, as real ones would show it.
+        subtract it, as real ones would show it, and a real GPU never shows
+        more free than its total less that (``without_our_use``).
         """
         used = used or {}
         system = await self.system(used.get("cpu", 0))
@@ -104,7 +111,10 @@ class DeviceSource:
                     raw = None
             raw = raw if raw is not None else await self._raw_devices()
             nvml = await asyncio.get_running_loop().run_in_executor(None, nvml_memory)
-            gpus = overlay_nvml([d for d in raw if d.is_gpu], nvml)
+            gpus = [
+                without_our_use(d, used.get(d.id, 0))
+                for d in overlay_nvml([d for d in raw if d.is_gpu], nvml)
+            ]
             cpu = next((d for d in raw if not d.is_gpu), None)
         cpu = replace(
             cpu or DeviceInfo(id="cpu", library="CPU", name="CPU"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 
@@ -40,6 +40,18 @@ class SystemInfo:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def without_our_use(device: DeviceInfo, ours: int) -> DeviceInfo:
+    """``device`` with free memory no more than its total less what our runners
+    hold on it (Ollama's rule). A driver may report allocations late, or never:
+    lavapipe reports its whole heap free however much is allocated. Either way
+    two models must not be placed in the same bytes. A device that reports no
+    total is left as it is."""
+    if device.total_memory <= 0 or ours <= 0:
+        return device
+    free = min(device.free_memory, max(0, device.total_memory - ours))
+    return replace(device, free_memory=free)
 
 
 def device_sort_key(device: DeviceInfo) -> tuple[int, int, str]:

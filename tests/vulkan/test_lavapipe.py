@@ -1,0 +1,250 @@
+"""llama.cpp's Vulkan backend on Mesa's software Vulkan driver (lavapipe): a real
+non-CPU ggml device, so discovery, placement, measured allocations and eviction
+run through ggml-vulkan for real rather than through simulated devices.
+
+The runners use the Vulkan build in .venv-vulkan (``make test-vulkan`` builds it
+with scripts/build-runner-env; ``JUPYTER_LLM_VULKAN_PYTHON`` names another).
+Without it the module is skipped, unless ``JUPYTER_LLM_TEST_VULKAN=1`` (as
+``make test-vulkan`` sets) or ``CI`` makes that a failure. lavapipe is a
+CPU-type Vulkan device, which ggml-vulkan skips unless
+``GGML_VK_VISIBLE_DEVICES`` names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.models.store import ModelStore
+
+ROOT = Path(__file__).resolve().parents[2]
+VULKAN_PYTHON = Path(
+    os.environ.get("JUPYTER_LLM_VULKAN_PYTHON") or ROOT / ".venv-vulkan/bin/python"
+)
+# CI must run these, as must `make test-vulkan`
+REQUIRED = os.environ.get("JUPYTER_LLM_TEST_VULKAN") == "1" or bool(os.environ.get("CI"))
+MiB = 1 << 20
+# a deadline, not a speed assumption: lavapipe compiles each compute pipeline the
+# first time (seconds each on 2 cores), and a big model's load copies 1.1 GiB
+pytestmark = pytest.mark.timeout(600)
+PROBE = (
+    "import json; from jupyter_llm.runner.ggml_devices import list_ggml_devices; "
+    "print(json.dumps(list_ggml_devices()))"
+)
+
+
+def unavailable(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"the Vulkan tests must run here (CI, JUPYTER_LLM_TEST_VULKAN=1) but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def lavapipe() -> dict:
+    """The lavapipe device as the Vulkan build's ggml sees it."""
+    if not VULKAN_PYTHON.exists():
+        unavailable(f"no Vulkan runner environment at {VULKAN_PYTHON} (make test-vulkan)")
+    env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": "0"}
+    result = subprocess.run(
+        [str(VULKAN_PYTHON), "-c", PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
+    if result.returncode != 0:
+        unavailable(f"the Vulkan runner environment fails: {result.stderr[-2000:]}")
+    devices = [d for d in json.loads(result.stdout) if d["library"] == "Vulkan"]
+    if not devices or "llvmpipe" not in devices[0]["description"]:
+        unavailable(f"no lavapipe device: {result.stdout} {result.stderr[-2000:]}")
+    return devices[0]
+
+
+@pytest.fixture(scope="session")
+def shader_cache(tmp_path_factory) -> Path:
+    """One Mesa shader cache for the session: each test has its own HOME, and
+    lavapipe compiles a pipeline in seconds the first time it meets it."""
+    return tmp_path_factory.mktemp("mesa-shader-cache")
+
+
+@pytest.fixture(autouse=True)
+def vulkan_runners(lavapipe, shader_cache, monkeypatch, jp_environ):
+    """Runner processes see lavapipe, and import the Vulkan build's llama_cpp
+    (pytest-jupyter puts this interpreter's sys.path, with its CPU build, on
+    PYTHONPATH, which would shadow it)."""
+    monkeypatch.setenv("GGML_VK_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("MESA_SHADER_CACHE_DIR", str(shader_cache))
+    for name in list(os.environ):
+        if name.startswith("JUPYTER_LLM_") and name not in (
+            "JUPYTER_LLM_TEST_VULKAN",
+            "JUPYTER_LLM_VULKAN_PYTHON",
+        ):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def llm_config():
+    return {"python": str(VULKAN_PYTHON), "new_estimates": True}
+
+
+@pytest.fixture(scope="session")
+def small_gguf(tmp_path_factory) -> Path:
+    """105 MiB of f32 weights in 8 blocks, plus the output layer."""
+    spec = DemoModelSpec(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=8)
+    return write_demo_model(tmp_path_factory.mktemp("vk") / "small.gguf", spec)
+
+
+@pytest.fixture
+def big_models(models_dir: Path, tmp_path: Path):
+    """``big`` and ``big2``: one 1.1 GiB file of f32 weights under two names. One
+    fits on lavapipe's 2 GiB, two do not. Written for the one test that needs
+    it, and deleted after it (pytest keeps recent temporary folders)."""
+    spec = DemoModelSpec(n_embd=1024, n_layer=26, n_ff=2816, n_head=16, n_head_kv=4)
+    path = write_demo_model(tmp_path / "big.gguf", spec)
+    install(models_dir, path, "big", "big2")
+    path.unlink()
+    yield
+    for blob in (models_dir / "blobs").glob("sha256-*"):
+        blob.unlink()
+
+
+def install(models_dir: Path, gguf: Path, *names: str) -> None:
+    store = ModelStore(models_dir)
+    digest = store.add_blob_from_file(gguf)
+    for name in names:
+        store.create(name, {gguf.name: digest})
+
+
+async def generate(jp_fetch, model: str, **options) -> dict:
+    body = {
+        "model": model,
+        "prompt": "hi",
+        "stream": False,
+        "options": {"num_predict": 2, "temperature": 0, **options},
+    }
+    r = await jp_fetch("llm", "api", "generate", method="POST", body=json.dumps(body))
+    reply = json.loads(r.body)
+    assert reply["eval_count"] == 2
+    return reply
+
+
+async def ps(jp_fetch) -> list[dict]:
+    return json.loads((await jp_fetch("llm", "api", "ps")).body)["models"]
+
+
+def by_device(entry: dict) -> dict[str, dict]:
+    return {a["device"]: a for a in entry["allocations"]}
+
+
+def loaded(jp_serverapp, name: str):
+    scheduler = jp_serverapp.web_app.settings["jupyter_llm"].scheduler
+    return next(m for m in scheduler.loaded_models() if m.key == name)
+
+
+async def test_discovery_lists_lavapipe_with_its_memory(jp_fetch, lavapipe):
+    body = json.loads((await jp_fetch("llm", "api", "devices")).body)
+    assert body["simulated"] is False
+    gpus = [d for d in body["devices"] if d["library"] == "Vulkan"]
+    assert [(d["id"], d["name"]) for d in gpus] == [("Vulkan0", "Vulkan0")]
+    (vulkan,) = gpus
+    assert vulkan["description"].startswith("llvmpipe")
+    assert vulkan["total_memory"] == lavapipe["total_memory"] > 0
+    assert 0 < vulkan["free_memory"] <= vulkan["total_memory"]
+    assert body["devices"][-1]["id"] == "cpu"  # the GPU sorts first
+
+
+async def test_every_layer_goes_to_vulkan0(jp_fetch, models_dir, small_gguf):
+    install(models_dir, small_gguf, "small")
+    await generate(jp_fetch, "small")
+    (entry,) = await ps(jp_fetch)
+    assert entry["num_gpu_layers"] == entry["num_layers"] == 9
+    devices = by_device(entry)
+    assert list(devices) == ["Vulkan0", "cpu"]
+    vulkan = devices["Vulkan0"]
+    # llama.cpp's own buffer sizes: the weights and KV cache are on Vulkan0
+    assert vulkan["measured"] is True
+    assert vulkan["weights"] > 100 * MiB and vulkan["kv_cache"] > 0 and vulkan["graph"] > 0
+    assert devices["cpu"]["weights"] < MiB and devices["cpu"]["kv_cache"] == 0
+    assert entry["size_vram"] == vulkan["weights"] + vulkan["kv_cache"] + vulkan["graph"]
+
+
+async def test_num_gpu_offloads_that_many_layers(jp_fetch, jp_serverapp, models_dir, small_gguf):
+    install(models_dir, small_gguf, "small")
+    await generate(jp_fetch, "small", num_gpu=4)
+    (entry,) = await ps(jp_fetch)
+    assert entry["num_gpu_layers"] == 4 and entry["num_layers"] == 9
+    devices = by_device(entry)
+    # the output layer and the last 3 blocks on Vulkan0, 5 blocks on the CPU
+    assert loaded(jp_serverapp, "small:latest").placement.gpu_layers == (("Vulkan0", 4),)
+    assert devices["Vulkan0"]["kv_cache"] == 3 * devices["cpu"]["kv_cache"] // 5
+    assert 0 < devices["Vulkan0"]["weights"] < devices["cpu"]["weights"]
+
+
+def within(measured: int, estimated: int, tolerance: float) -> bool:
+    return abs(estimated - measured) <= tolerance * measured
+
+
+TOLERANCE = 0.10  # what the estimate claims per kind (issue 15, benchmarks/memory.py)
+
+
+@pytest.mark.parametrize("num_gpu", [-1, 4], ids=["all layers", "4 layers"])
+async def test_measured_weights_and_kv_cache_match_the_estimate_per_device(
+    jp_fetch, jp_serverapp, models_dir, small_gguf, num_gpu
+):
+    install(models_dir, small_gguf, "small")
+    await generate(jp_fetch, "small", num_gpu=num_gpu)
+    model = loaded(jp_serverapp, "small:latest")
+    assert model.measured
+    estimated = {a.device: a for a in model.placement.allocations}
+    measured = {a.device: a for a in model.allocations}
+    assert set(measured) == set(estimated) == {"Vulkan0", "cpu"}
+    for device, est in estimated.items():
+        real = measured[device]
+        for kind in ("weights", "kv_cache"):
+            assert within(getattr(real, kind), getattr(est, kind), TOLERANCE), (device, kind)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,  # only the comparison: a runner or setup failure still fails
+    reason="the compute graph estimate (Ollama's formula) is 2.7-8x what ggml reserves "
+    "on each device for this model, and has nothing for the Vulkan_Host buffer of a "
+    "full offload; issue 15 part 1 brings it within 10 %",
+)
+@pytest.mark.parametrize("num_gpu", [-1, 4], ids=["all layers", "4 layers"])
+async def test_measured_graph_and_total_match_the_estimate_per_device(
+    jp_fetch, jp_serverapp, models_dir, small_gguf, num_gpu
+):
+    install(models_dir, small_gguf, "small")
+    await generate(jp_fetch, "small", num_gpu=num_gpu)
+    model = loaded(jp_serverapp, "small:latest")
+    estimated = {a.device: a for a in model.placement.allocations}
+    measured = {a.device: a for a in model.allocations}
+    errors = {
+        device: (est.graph, measured[device].graph, est.total, measured[device].total)
+        for device, est in estimated.items()
+    }
+    for device, (est_graph, real_graph, est_total, real_total) in errors.items():
+        assert within(real_graph, est_graph, TOLERANCE), (device, errors)
+        assert within(real_total, est_total, TOLERANCE), (device, errors)
+
+
+async def test_a_second_big_model_evicts_the_first(jp_fetch, big_models, lavapipe):
+    await generate(jp_fetch, "big")
+    (first,) = await ps(jp_fetch)
+    assert first["num_gpu_layers"] == first["num_layers"]  # alone, it fits
+    held = by_device(first)["Vulkan0"]
+    one = held["weights"] + held["kv_cache"] + held["graph"]
+    assert lavapipe["total_memory"] // 2 < one < lavapipe["total_memory"]  # two do not
+    # the device shows what the first holds, though lavapipe reports its heap free
+    body = json.loads((await jp_fetch("llm", "api", "devices")).body)
+    (vulkan,) = [d for d in body["devices"] if d["id"] == "Vulkan0"]
+    assert vulkan["free_memory"] <= lavapipe["total_memory"] - one
+
+    await generate(jp_fetch, "big2")
+    (second,) = await ps(jp_fetch)
+    assert second["name"] == "big2:latest"
+    assert second["num_gpu_layers"] == second["num_layers"]
+    assert second["pid"] != first["pid"]
