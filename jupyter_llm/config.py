@@ -29,12 +29,16 @@ class Settings:
     max_loaded_models: int = 0  # 0: 3 x GPUs, at least 3
     num_parallel: int = 4  # sequences per model, sharing one KV cache
     max_queue: int = 512
+    max_requests_per_user: int = 0  # concurrent requests per user; 0: no limit (more queue)
     gpu_overhead: int = 0
     new_estimates: bool = False
     load_timeout: float = 300.0
     num_threads: int = 0  # 0: the physical cores the runner may use (runner/cpu_threads.py)
     stream_interval: float = 0.1  # seconds a fast model's tokens are grouped for streaming
     python: str = ""  # interpreter for runner processes; "" = this one
+    # the shared engine (``jupyter llm serve``, a JupyterHub service) that this
+    # server forwards its /llm/ routes to; "" = run the engine here
+    service_url: str = ""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
