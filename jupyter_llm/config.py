@@ -36,9 +36,6 @@ class Settings:
     num_threads: int = 0  # 0: the physical cores the runner may use (runner/cpu_threads.py)
     stream_interval: float = 0.1  # seconds a fast model's tokens are grouped for streaming
     python: str = ""  # interpreter for runner processes; "" = this one
-    # the shared engine (``jupyter llm serve``, a JupyterHub service) that this
-    # server forwards its /llm/ routes to; "" = run the engine here
-    service_url: str = ""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
