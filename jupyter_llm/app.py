@@ -29,6 +29,7 @@ SETTINGS_TRAITS = (
     "max_loaded_models",
     "num_parallel",
     "max_queue",
+    "max_requests_per_user",
     "gpu_overhead",
     "new_estimates",
     "load_timeout",
@@ -55,6 +56,9 @@ class LLMExtension(ExtensionApp):
     max_loaded_models = Int(None, allow_none=True, config=True, help="0: 3 x GPUs (min 3).")
     num_parallel = Int(None, allow_none=True, config=True, help="Parallel requests per model.")
     max_queue = Int(None, allow_none=True, config=True, help="Bound of the pending queue.")
+    max_requests_per_user = Int(
+        None, allow_none=True, config=True, help="Concurrent requests per user; 0: no limit."
+    )
     gpu_overhead = Int(None, allow_none=True, config=True, help="Bytes reserved per GPU.")
     new_estimates = Bool(None, allow_none=True, config=True, help="Use measured allocations.")
     load_timeout = _duration("Give up on a model load after this: seconds, or '5m'.")

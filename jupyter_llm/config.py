@@ -29,6 +29,7 @@ class Settings:
     max_loaded_models: int = 0  # 0: 3 x GPUs, at least 3
     num_parallel: int = 4  # sequences per model, sharing one KV cache
     max_queue: int = 512
+    max_requests_per_user: int = 0  # concurrent requests per user; 0: no limit (more queue)
     gpu_overhead: int = 0
     new_estimates: bool = False
     load_timeout: float = 300.0

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from typing import Any, Protocol
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw, serving_gpus
 from jupyter_llm.errors import AllocationFailed, InsufficientMemory, ModelLoadFailed, ServerBusy
+from jupyter_llm.fair_queue import FairQueue, Waiter, unload_now
+from jupyter_llm.identity import LOCAL, Requester
 from jupyter_llm.memory import (
     CPU,
     Allocation,
@@ -114,9 +117,9 @@ class Loaded:
     allocations: tuple[Allocation, ...]
     measured: bool
     keep_alive: float
-    slots: asyncio.Semaphore
     parallel: int = 1  # requests it serves at once (the number of slots)
-    refcount: int = 0
+    refcount: int = 0  # slots taken (requests running on it)
+    users: Counter[str] = field(default_factory=Counter)  # running requests per user
     waiting: int = 0
     drainers: int = 0  # loads waiting (without the load lock) for its requests to end
     last_used: float = field(default_factory=time.monotonic)
@@ -146,9 +149,12 @@ class MustDrain(Exception):
 class Lease:
     """A request's hold on a loaded runner; released however the request ends."""
 
-    def __init__(self, scheduler: Scheduler, loaded: Loaded, load_duration_ns: int) -> None:
+    def __init__(
+        self, scheduler: Scheduler, loaded: Loaded, load_duration_ns: int, user: str
+    ) -> None:
         self._scheduler = scheduler
         self.loaded = loaded
+        self.user = user
         self.runner = loaded.runner
         self.load_duration_ns = load_duration_ns
         self._released = False
@@ -156,7 +162,7 @@ class Lease:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._scheduler._release(self.loaded)
+            self._scheduler._release(self.loaded, self.user)
 
 
 # -- pure policy -----------------------------------------------------------------------
@@ -209,23 +215,36 @@ class Scheduler:
         self._closing = False
         self._background: set[asyncio.Future[None]] = set()
         self._loading: dict[str, float] = {}  # model -> load progress, while it loads
+        # slots are handed out fairly across users (fair_queue.py)
+        self._fair = FairQueue()
+        self._grants: dict[Waiter, tuple[asyncio.Future[None], Loaded]] = {}
+        self._active: Counter[str] = Counter()  # running requests per user, all models
 
     # -- public --------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def use(
-        self, entry: ModelEntry, options: LoadOptions, keep_alive: float | None
+        self,
+        entry: ModelEntry,
+        options: LoadOptions,
+        keep_alive: float | None,
+        requester: Requester = LOCAL,
     ) -> AsyncIterator[Lease]:
-        lease = await self.acquire(entry, options, keep_alive)
+        lease = await self.acquire(entry, options, keep_alive, requester)
         try:
             yield lease
         finally:
             lease.release()
 
     async def acquire(
-        self, entry: ModelEntry, options: LoadOptions, keep_alive: float | None
+        self,
+        entry: ModelEntry,
+        options: LoadOptions,
+        keep_alive: float | None,
+        requester: Requester = LOCAL,
     ) -> Lease:
         """A runner for ``entry`` with a free slot, loading it if needed. Waiting
-        here (for a load or a slot) counts against ``max_queue``."""
+        here (for a load or a slot) counts against ``max_queue``; free slots go
+        to the waiting users in turn (``fair_queue``)."""
         if self._waiting >= self.settings.max_queue:
             raise ServerBusy()
         self._waiting += 1
@@ -233,17 +252,56 @@ class Scheduler:
             loaded, fresh_ns = await self._get_loaded(entry, options, keep_alive)
             loaded.waiting += 1
             try:
-                await loaded.slots.acquire()
+                await self._take_slot(loaded, requester.name)
             finally:
                 loaded.waiting -= 1
         finally:
             self._waiting -= 1
-        loaded.refcount += 1
         loaded.last_used = time.monotonic()
         self._stop_timer(loaded)
         if keep_alive is not None:
             loaded.keep_alive = keep_alive
-        return Lease(self, loaded, fresh_ns)
+        return Lease(self, loaded, fresh_ns, requester.name)
+
+    async def _take_slot(self, loaded: Loaded, user: str) -> None:
+        """Wait in ``user``'s queue until ``_dispatch`` gives this request a slot."""
+        waiter = self._fair.push(user, loaded.key)
+        granted = asyncio.get_running_loop().create_future()
+        self._grants[waiter] = (granted, loaded)
+        self._dispatch()
+        try:
+            await granted
+        except BaseException:
+            if granted.done() and not granted.cancelled():
+                self._release(loaded, user)  # granted as it was cancelled
+            else:
+                self._fair.remove(waiter)
+                self._grants.pop(waiter, None)
+            raise
+
+    def _dispatch(self) -> None:
+        """Hand every free slot to the next waiter the fair queue picks."""
+
+        def has_slot(waiter: Waiter) -> bool:
+            loaded = self._grants[waiter][1]
+            return loaded.refcount < loaded.parallel
+
+        limit = self.settings.max_requests_per_user
+        while (waiter := self._fair.pop(self._active, limit, has_slot)) is not None:
+            granted, loaded = self._grants.pop(waiter)
+            loaded.refcount += 1
+            loaded.users[waiter.user] += 1
+            self._active[waiter.user] += 1
+            granted.set_result(None)
+
+    def holders(self, loaded: Loaded) -> list[dict[str, Any]]:
+        """Who holds ``loaded``: each user with requests running or queued on it."""
+        queued = self._fair.queued(loaded.key) if self._loaded.get(loaded.key) is loaded else {}
+        names = sorted({*(u for u, n in loaded.users.items() if n), *queued})
+        return [
+            {"name": u, "running": loaded.users.get(u, 0), "queued": queued.get(u, 0)}
+            for u in names
+        ]
 
     @property
     def pending(self) -> int:
@@ -253,15 +311,21 @@ class Scheduler:
     def loaded_models(self) -> list[Loaded]:
         return [m for m in self._loaded.values() if m.runner.alive]
 
-    async def unload(self, name: str) -> bool:
-        """Unload now if idle, or as soon as its requests end."""
+    async def unload(self, name: str, requester: Requester = LOCAL) -> bool:
+        """Unload now if idle, or as soon as its requests end. Another user's
+        running requests only an admin may cut off (``fair_queue.unload_now``);
+        anyone else's unload waits until the model is idle."""
         loaded = self._loaded.get(name)
         if loaded is None:
             return False
         loaded.keep_alive = 0
-        if loaded.refcount == 0:
+        if unload_now(loaded.users, requester.name, requester.admin):
             async with self._load_lock:
-                if self._loaded.get(name) is loaded and loaded.refcount == 0:
+                if self._loaded.get(name) is loaded and unload_now(
+                    loaded.users, requester.name, requester.admin
+                ):
+                    if loaded.refcount:
+                        log.info("%s unloads %s in use by others", requester.name, name)
                     await self._unload(loaded)
         return True
 
@@ -460,7 +524,6 @@ class Scheduler:
             allocations=allocations,
             measured=measured,
             keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
-            slots=asyncio.Semaphore(runner.n_seq),
             parallel=runner.n_seq,
         )
 
@@ -559,12 +622,18 @@ class Scheduler:
             await asyncio.sleep(VRAM_RECOVERY_POLL)
 
     # -- release and keep_alive ------------------------------------------------------
-    def _release(self, loaded: Loaded) -> None:
+    def _release(self, loaded: Loaded, user: str) -> None:
         loaded.refcount -= 1
-        loaded.slots.release()
+        loaded.users[user] -= 1
+        if loaded.users[user] <= 0:
+            del loaded.users[user]
+        self._active[user] -= 1
+        if self._active[user] <= 0:
+            del self._active[user]
         loaded.last_used = time.monotonic()
         if self._closing:
             return
+        self._dispatch()
         if not loaded.runner.alive:
             if self._loaded.get(loaded.key) is loaded:
                 del self._loaded[loaded.key]

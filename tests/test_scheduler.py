@@ -235,7 +235,6 @@ def test_choose_victim(models, expected):
             allocations=(),
             measured=False,
             keep_alive=k,
-            slots=None,
             refcount=r,
             last_used=used,
         )

@@ -33,6 +33,7 @@ from tornado.iostream import StreamClosedError
 from jupyter_llm.api.generation import Job, Reply, collect, complete
 from jupyter_llm.api.requests import parse_json_object
 from jupyter_llm.errors import LLMError
+from jupyter_llm.identity import Requester, requester_of
 
 if TYPE_CHECKING:
     from jupyter_llm.services import LLMServices
@@ -117,6 +118,11 @@ class LLMHandler(APIHandler):
         """The extension's services, set in the tornado settings by the app."""
         return self.settings["jupyter_llm"]
 
+    @property
+    def requester(self) -> Requester:
+        """Who asks: ``local`` on a plain server, the Hub's user behind JupyterHub."""
+        return requester_of(self.current_user)
+
     def body_json(self) -> dict[str, Any]:
         if self._received > self.max_body:
             raise web.HTTPError(413, f"request body is larger than {self.max_body} bytes")
@@ -183,7 +189,7 @@ class LLMHandler(APIHandler):
     async def whole_completion(self, job: Job) -> Reply | None:
         """A completion not streamed: its text and last event, or ``None`` if
         the client left (which cancelled the generation)."""
-        async with aclosing(self.connected(complete(self.llm, job))) as batches:
+        async with aclosing(self.connected(complete(self.llm, job, self.requester))) as batches:
             result = await collect(batches)
         if result is None and not self._client_gone:
             raise LLMError("the runner ended without finishing")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jupyter_llm.api.structured import OutputFormat, check_output
+from jupyter_llm.identity import LOCAL, Requester
 from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.options import sampling_options
@@ -101,7 +102,9 @@ async def find_model(services: LLMServices, name: ModelName) -> ModelEntry:
     return await loop.run_in_executor(None, services.store.get, name)
 
 
-async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event], None]:
+async def complete(
+    services: LLMServices, job: Job, requester: Requester = LOCAL
+) -> AsyncGenerator[list[Event], None]:
     """Batches of text pieces, the last batch ending with ``Finished``.
 
     Errors before the first batch (unknown model, bad input, server busy, no
@@ -112,7 +115,8 @@ async def complete(services: LLMServices, job: Job) -> AsyncGenerator[list[Event
     started = time.perf_counter_ns()
     entry = await find_model(services, job.model)
     options = {**entry.params, **job.options}  # the model's parameters sit beneath
-    async with services.scheduler.use(entry, load_options(options), job.keep_alive) as lease:
+    load = load_options(options)
+    async with services.scheduler.use(entry, load, job.keep_alive, requester) as lease:
         request: dict[str, Any] = {
             "options": sampling_options(options),
             "stream_interval": services.settings.stream_interval,
@@ -248,11 +252,12 @@ async def embed(
     normalize: bool | None = True,  # None: as the legacy /api/embeddings does
     options: dict[str, Any] | None = None,
     keep_alive: float | None = None,
+    requester: Requester = LOCAL,
 ) -> Embedded:
     started = time.perf_counter_ns()
     entry = await find_model(services, model)
     load = load_options({**entry.params, **(options or {})})
-    async with services.scheduler.use(entry, load, keep_alive) as lease:
+    async with services.scheduler.use(entry, load, keep_alive, requester) as lease:
         reply = await lease.runner.embed(
             inputs=inputs, truncate=truncate, dimensions=dimensions, normalize=normalize
         )
@@ -265,15 +270,19 @@ async def embed(
 
 
 async def load_only(
-    services: LLMServices, model: ModelName, options: dict[str, Any], keep_alive: float | None
+    services: LLMServices,
+    model: ModelName,
+    options: dict[str, Any],
+    keep_alive: float | None,
+    requester: Requester = LOCAL,
 ) -> int:
     """Load (or keep) a model without generating; returns the load time."""
     entry = await find_model(services, model)
     load = load_options({**entry.params, **options})
-    async with services.scheduler.use(entry, load, keep_alive) as lease:
+    async with services.scheduler.use(entry, load, keep_alive, requester) as lease:
         return lease.load_duration_ns
 
 
-async def unload(services: LLMServices, model: ModelName) -> None:
+async def unload(services: LLMServices, model: ModelName, requester: Requester = LOCAL) -> None:
     entry = await find_model(services, model)
-    await services.scheduler.unload(entry.name.display)
+    await services.scheduler.unload(entry.name.display, requester)

@@ -300,10 +300,10 @@ class CompletionHandler(LLMHandler):
         services = self.llm
         if empty:  # load or unload only
             if req.keep_alive == 0:
-                await unload(services, req.model)
+                await unload(services, req.model, self.requester)
                 self.write_json({**chunk(""), "done": True, "done_reason": "unload"})
             else:
-                await load_only(services, req.model, req.options, req.keep_alive)
+                await load_only(services, req.model, req.options, req.keep_alive, self.requester)
                 self.write_json({**chunk(""), "done": True, "done_reason": "load"})
             return
         if not req.stream:
@@ -336,7 +336,7 @@ class CompletionHandler(LLMHandler):
             return {**chunk(""), **done_fields(e), **final_extra(e)}
 
         async def ndjson() -> AsyncGenerator[list[dict[str, Any]], None]:
-            async with aclosing(complete(services, job)) as events:
+            async with aclosing(complete(services, job, self.requester)) as events:
                 async for batch in events:
                     yield [value(e) for e in batch]
 
@@ -464,7 +464,7 @@ class EmbedHandler(LLMHandler):
     async def post(self) -> None:
         req = EmbedRequest.parse(self.body_json())
         if not req.inputs:
-            await load_only(self.llm, req.model, req.options, req.keep_alive)
+            await load_only(self.llm, req.model, req.options, req.keep_alive, self.requester)
             self.write_json({"model": req.model.display, "embeddings": []})
             return
         result = await embed(
@@ -475,6 +475,7 @@ class EmbedHandler(LLMHandler):
             dimensions=req.dimensions,
             options=req.options,
             keep_alive=req.keep_alive,
+            requester=self.requester,
         )
         self.write_json(
             {
@@ -507,6 +508,7 @@ class EmbeddingsHandler(LLMHandler):
             normalize=None,
             options=req.options,
             keep_alive=req.keep_alive,
+            requester=self.requester,
         )
         self.write_json({"embedding": result.embeddings[0]})
 
@@ -591,7 +593,7 @@ class DeleteHandler(LLMHandler):
         body = self.body_json()
         name = parse_model_name(body.get("model", body.get("name")))
         entry = await self.blocking(self.llm.store.get, name)
-        await self.llm.scheduler.unload(entry.name.display)
+        await self.llm.scheduler.unload(entry.name.display, self.requester)
         await self.blocking(self.llm.store.delete, name)
         self.set_status(200)
         self.finish()

@@ -67,7 +67,7 @@ class OpenAIHandler(LLMHandler):
 
         async def events() -> AsyncGenerator[list[dict[str, Any]], None]:
             called = False
-            async with aclosing(complete(self.llm, job)) as batches:
+            async with aclosing(complete(self.llm, job, self.requester)) as batches:
                 async for batch in batches:
                     out = []
                     for event in batch:
@@ -365,7 +365,9 @@ class EmbeddingsHandler(OpenAIHandler):
             isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
         ):
             raise InvalidRequest("dimensions must be a positive integer")
-        result = await embed(self.llm, model, inputs, dimensions=dimensions)
+        result = await embed(
+            self.llm, model, inputs, dimensions=dimensions, requester=self.requester
+        )
 
         def encode(vector: list[float]) -> Any:
             if encoding == "float":

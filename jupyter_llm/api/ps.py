@@ -18,7 +18,7 @@ FOREVER_ISO = "2318-01-01T00:00:00Z"  # what Ollama reports for keep_alive < 0
 
 def ps_body(scheduler: Scheduler) -> dict[str, Any]:
     return {
-        "models": [describe_loaded(m) for m in scheduler.loaded_models()],
+        "models": [describe_loaded(m, scheduler.holders(m)) for m in scheduler.loaded_models()],
         "loading": describe_loading(scheduler.loading_models()),
     }
 
@@ -31,7 +31,8 @@ def describe_loading(loading: dict[str, float]) -> list[dict[str, Any]]:
     ]
 
 
-def describe_loaded(loaded: Loaded) -> dict[str, Any]:
+def describe_loaded(loaded: Loaded, users: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``users``: who holds it (``Scheduler.holders``: name, running, queued)."""
     entry = loaded.entry
     expires = loaded.expires_at
     if expires is None and not math.isinf(loaded.keep_alive):
@@ -51,6 +52,7 @@ def describe_loaded(loaded: Loaded) -> dict[str, Any]:
         "num_layers": loaded.placement.n_layers,
         "pid": loaded.runner.pid,
         "parallel": loaded.parallel,
+        "users": users or [],
         "allocations": [
             {"device": a.device, "weights": a.weights, "kv_cache": a.kv_cache,
              "graph": a.graph, "measured": loaded.measured}

@@ -1,0 +1,97 @@
+"""Pure policy for sharing a model's slots between users (no asyncio here).
+
+Each user has a FIFO queue of pending requests. When a slot frees, the next
+request comes from the user served least recently (never served: first),
+so one user's batch of 500 prompts does not starve another user's chat.
+A user at the per-user limit of concurrent requests is passed over (their
+requests stay queued), and so is a request whose model has no free slot.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, eq=False)
+class Waiter:
+    """One pending request: whose, for which model, and its arrival order."""
+
+    user: str
+    model: str
+    seq: int
+
+
+def next_waiter(
+    waiting: Iterable[Waiter],
+    last_served: Mapping[str, int],
+    active: Mapping[str, int],
+    limit: int,
+    has_slot: Callable[[Waiter], bool],
+) -> Waiter | None:
+    """The waiter to serve next, or None when none can go now.
+
+    ``last_served``: the tick each user was last served at (absent: never);
+    ``active``: each user's running requests; ``limit`` 0: no per-user limit.
+    Each user's earliest servable request competes; the least recently served
+    user wins, ties broken by arrival."""
+    first: dict[str, Waiter] = {}
+    for w in waiting:
+        if w.user in first or not has_slot(w):
+            continue
+        if limit and active.get(w.user, 0) >= limit:
+            continue
+        first[w.user] = w
+    if not first:
+        return None
+    return min(first.values(), key=lambda w: (last_served.get(w.user, -1), w.seq))
+
+
+@dataclass
+class FairQueue:
+    """The pending requests and each user's last service, for ``next_waiter``."""
+
+    _waiting: list[Waiter] = field(default_factory=list)  # in arrival order
+    _last_served: dict[str, int] = field(default_factory=dict)
+    _ticks: itertools.count = field(default_factory=itertools.count)
+    _seqs: itertools.count = field(default_factory=itertools.count)
+
+    def push(self, user: str, model: str) -> Waiter:
+        waiter = Waiter(user, model, next(self._seqs))
+        self._waiting.append(waiter)
+        return waiter
+
+    def remove(self, waiter: Waiter) -> None:
+        if waiter in self._waiting:
+            self._waiting.remove(waiter)
+
+    def pop(
+        self, active: Mapping[str, int], limit: int, has_slot: Callable[[Waiter], bool]
+    ) -> Waiter | None:
+        """The next waiter to serve (taken out of the queue), or None."""
+        waiter = next_waiter(self._waiting, self._last_served, active, limit, has_slot)
+        if waiter is not None:
+            self._waiting.remove(waiter)
+            self._last_served[waiter.user] = next(self._ticks)
+        return waiter
+
+    def queued(self, model: str) -> dict[str, int]:
+        """How many requests each user has waiting for ``model``."""
+        counts: dict[str, int] = {}
+        for w in self._waiting:
+            if w.model == model:
+                counts[w.user] = counts.get(w.user, 0) + 1
+        return counts
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+
+def unload_now(holders: Mapping[str, int], requester: str, admin: bool) -> bool:
+    """An unload asked by ``requester`` goes ahead now when nobody holds the
+    model, or when an admin asks and other users hold it (their requests end
+    with an error). Otherwise it waits until the model is idle."""
+    if not any(holders.values()):
+        return True
+    return admin and any(n and user != requester for user, n in holders.items())
