@@ -54,6 +54,8 @@ class DemoModelSpec:
     arch: str = "llama"  # one of ARCHS
     # ``<arch>.pooling_type`` (0 none, 1 mean, 2 CLS, 3 last, 4 rank); None: no key
     pooling_type: int | None = None
+    # scale of the attention weights: larger, earlier positions (an image) sway the output more
+    attn_scale: float = 0.02
 
 
 ARCHS = ("llama", "qwen3", "bert")
@@ -171,13 +173,16 @@ def _decoder_tensors(writer: Any, spec: DemoModelSpec, tokens: list[str], weight
     writer.add_tensor("token_embd.weight", weights(n_vocab, spec.n_embd, scale=1.0))
     for i in range(spec.n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.attn_q.weight", weights(spec.n_embd, spec.n_embd))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", weights(n_embd_kv, spec.n_embd))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", weights(n_embd_kv, spec.n_embd))
+        attn = spec.attn_scale
+        writer.add_tensor(f"blk.{i}.attn_q.weight", weights(spec.n_embd, spec.n_embd, scale=attn))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", weights(n_embd_kv, spec.n_embd, scale=attn))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", weights(n_embd_kv, spec.n_embd, scale=attn))
         if spec.arch == "qwen3":
             writer.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
             writer.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", weights(spec.n_embd, spec.n_embd))
+        writer.add_tensor(
+            f"blk.{i}.attn_output.weight", weights(spec.n_embd, spec.n_embd, scale=attn)
+        )
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", weights(spec.n_ff, spec.n_embd))
         writer.add_tensor(f"blk.{i}.ffn_up.weight", weights(spec.n_ff, spec.n_embd))
@@ -248,7 +253,7 @@ def write_vision_model(
     paths. The projector's output width is the text model's ``n_embd``, as
     mtmd requires."""
     directory = Path(directory)
-    spec = spec or DemoModelSpec(name=name)
+    spec = spec or DemoModelSpec(name=name, attn_scale=0.15)  # the image sways the answer
     model = write_demo_model(directory / f"{name}.gguf", spec)
     projector = write_projector(directory / f"mmproj-{name}.gguf", spec.n_embd, vision)
     return model, projector
