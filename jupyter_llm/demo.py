@@ -5,7 +5,8 @@ exercises every path (tokenizer, chat template, KV cache, sampling) through
 llama.cpp exactly like a real model does, and nothing has to be downloaded.
 Besides the default llama model there are the shapes of embedding models:
 ``qwen3`` (decoder, as qwen3-embedding) and ``bert`` (encoder), each with an
-optional ``<arch>.pooling_type``.
+optional ``<arch>.pooling_type``, and a vision model: a text model with its
+image projector (``write_vision_model``), which llama.cpp's mtmd loads.
 
     python -m jupyter_llm.demo model.gguf            # just the file
     python -m jupyter_llm.demo --install demo         # into the model store
@@ -53,6 +54,8 @@ class DemoModelSpec:
     arch: str = "llama"  # one of ARCHS
     # ``<arch>.pooling_type`` (0 none, 1 mean, 2 CLS, 3 last, 4 rank); None: no key
     pooling_type: int | None = None
+    # scale of the attention weights: larger, earlier positions (an image) sway the output more
+    attn_scale: float = 0.02
 
 
 ARCHS = ("llama", "qwen3", "bert")
@@ -170,13 +173,16 @@ def _decoder_tensors(writer: Any, spec: DemoModelSpec, tokens: list[str], weight
     writer.add_tensor("token_embd.weight", weights(n_vocab, spec.n_embd, scale=1.0))
     for i in range(spec.n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.attn_q.weight", weights(spec.n_embd, spec.n_embd))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", weights(n_embd_kv, spec.n_embd))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", weights(n_embd_kv, spec.n_embd))
+        attn = spec.attn_scale
+        writer.add_tensor(f"blk.{i}.attn_q.weight", weights(spec.n_embd, spec.n_embd, scale=attn))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", weights(n_embd_kv, spec.n_embd, scale=attn))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", weights(n_embd_kv, spec.n_embd, scale=attn))
         if spec.arch == "qwen3":
             writer.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
             writer.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", weights(spec.n_embd, spec.n_embd))
+        writer.add_tensor(
+            f"blk.{i}.attn_output.weight", weights(spec.n_embd, spec.n_embd, scale=attn)
+        )
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", weights(spec.n_ff, spec.n_embd))
         writer.add_tensor(f"blk.{i}.ffn_up.weight", weights(spec.n_ff, spec.n_embd))
@@ -218,6 +224,111 @@ def _bert_tensors(writer: Any, spec: DemoModelSpec, n_vocab: int, weights: Weigh
         linear(f"blk.{i}.ffn_up", ff, n)
         linear(f"blk.{i}.ffn_down", n, ff)
         norm(f"blk.{i}.layer_output_norm")
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """Shape of a generated image encoder (a llava-style CLIP with an MLP
+    projector): a ``image_size`` square image in ``patch_size`` patches, one
+    embedding per patch, so an image is ``(image_size // patch_size) ** 2``
+    positions of the text model (16 by default) and encodes in milliseconds."""
+
+    image_size: int = 32
+    patch_size: int = 8
+    n_embd: int = 32
+    n_ff: int = 64  # not n_embd: clip.cpp takes ffn_down of width n_embd as swapped
+    n_head: int = 2
+    n_layer: int = 2  # llava's graph runs all but the last layer
+    seed: int = 1
+
+
+def write_vision_model(
+    directory: str | os.PathLike[str],
+    name: str = "tiny-vision",
+    spec: DemoModelSpec | None = None,
+    vision: VisionSpec | None = None,
+) -> tuple[Path, Path]:
+    """Write ``<name>.gguf`` (a text model, ``spec``) and its random-weight
+    image projector ``mmproj-<name>.gguf`` into ``directory``; returns both
+    paths. The projector's output width is the text model's ``n_embd``, as
+    mtmd requires."""
+    directory = Path(directory)
+    spec = spec or DemoModelSpec(name=name, attn_scale=0.15)  # the image sways the answer
+    model = write_demo_model(directory / f"{name}.gguf", spec)
+    projector = write_projector(directory / f"mmproj-{name}.gguf", spec.n_embd, vision)
+    return model, projector
+
+
+def write_projector(
+    path: str | os.PathLike[str], n_embd_text: int, vision: VisionSpec | None = None
+) -> Path:
+    """An mmproj GGUF (``general.architecture = "clip"``, projector type
+    ``mlp``, as llava 1.5's) with seeded random weights, written atomically."""
+    import gguf
+
+    v = vision or VisionSpec()
+    if v.image_size % v.patch_size or v.n_embd % v.n_head or v.n_ff == v.n_embd:
+        raise ValueError("image_size must divide by patch_size, n_embd by n_head; n_ff != n_embd")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(v.seed)
+
+    def weights(*shape: int, scale: float = 0.1) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    n, n_pos = v.n_embd, (v.image_size // v.patch_size) ** 2
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), "clip")
+    writer.add_name("jupyter-llm-demo-vision")
+    writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", v.image_size)
+    writer.add_uint32("clip.vision.patch_size", v.patch_size)
+    writer.add_uint32("clip.vision.embedding_length", n)
+    writer.add_uint32("clip.vision.feed_forward_length", v.n_ff)
+    writer.add_uint32("clip.vision.block_count", v.n_layer)
+    writer.add_uint32("clip.vision.projection_dim", n_embd_text)
+    writer.add_uint32("clip.vision.attention.head_count", v.n_head)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+    def linear(name: str, n_out: int, n_in: int) -> None:
+        writer.add_tensor(f"{name}.weight", weights(n_out, n_in))
+        writer.add_tensor(f"{name}.bias", weights(n_out, scale=0.02))
+
+    def norm(name: str) -> None:
+        writer.add_tensor(f"{name}.weight", np.ones(n, dtype=np.float32))
+        writer.add_tensor(f"{name}.bias", np.zeros(n, dtype=np.float32))
+
+    # numpy shapes are ggml's ne reversed: the patch convolution is [OC, IC, KH, KW]
+    writer.add_tensor("v.patch_embd.weight", weights(n, 3, v.patch_size, v.patch_size))
+    writer.add_tensor("v.patch_embd.bias", weights(n, scale=0.02))
+    writer.add_tensor("v.position_embd.weight", weights(n_pos, n))
+    norm("v.pre_ln")
+    for i in range(v.n_layer):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            linear(f"v.blk.{i}.{part}", n, n)
+        norm(f"v.blk.{i}.ln1")
+        norm(f"v.blk.{i}.ln2")
+        linear(f"v.blk.{i}.ffn_up", v.n_ff, n)
+        linear(f"v.blk.{i}.ffn_down", n, v.n_ff)
+    # the projector: two layers with a GELU between, out to the text model's width
+    linear("mm.0", n_embd_text, n)
+    writer.add_tensor("mm.2.weight", weights(n_embd_text, n_embd_text, scale=1.0))
+    writer.add_tensor("mm.2.bias", weights(n_embd_text, scale=0.02))
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

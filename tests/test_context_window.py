@@ -11,6 +11,7 @@ from jupyter_llm.runner.context_window import (
     shift_span,
     swa_reusable,
     truncate_prompt,
+    truncation,
 )
 
 
@@ -82,6 +83,40 @@ def test_truncate_prompt(n_tokens, n_ctx, num_keep, head, tail):
     assert cut[:head] == tokens[:head] and len(cut) == min(n_tokens, n_ctx - 1)
     if tail:
         assert cut[head:] == tokens[-tail:]
+
+
+@pytest.mark.parametrize(
+    "n_past, num_keep, spans, span",
+    [
+        (100, 4, [(10, 30)], (4, 52)),  # an image clear of both cuts changes nothing
+        (100, 4, [(2, 18)], (18, 59)),  # an image across the head's end stays in it
+        (100, 4, [(40, 60)], (4, 60)),  # one across the discarded end goes whole
+        (100, 4, [(2, 18), (50, 90)], (18, 90)),
+        (100, 4, [(4, 20)], (4, 52)),  # starting at the head's end: no cut
+        (30, 4, [(1, 29)], (29, 29)),  # the head holds all but one: no shift
+    ],
+)
+def test_shift_span_never_cuts_an_image(n_past, num_keep, spans, span):
+    assert shift_span(n_past, num_keep, spans) == span
+    start, end = span
+    assert all(not (s < start < e or s < end < e) for s, e in spans)
+
+
+@pytest.mark.parametrize(
+    "n_tokens, n_ctx, num_keep, spans, cut",
+    [
+        (10, 16, 4, [(2, 8)], (10, 10)),  # fits
+        (100, 16, 4, [], (4, 89)),
+        (100, 16, 4, [(2, 20)], (2, 89)),  # the image across the head goes whole
+        (100, 16, 4, [(80, 95)], (4, 95)),  # the image across the tail goes whole
+        (100, 16, 4, [(90, 98)], (4, 89)),  # an image in the kept end stays
+    ],
+)
+def test_truncation_never_cuts_an_image(n_tokens, n_ctx, num_keep, spans, cut):
+    head, tail = truncation(n_tokens, n_ctx, num_keep, spans)
+    assert (head, tail) == cut
+    assert head + (n_tokens - tail) <= min(n_tokens, n_ctx - 1)  # what is kept fits
+    assert all(not (s < head < e or s < tail < e) for s, e in spans)
 
 
 def chat(*roles: str) -> list[dict]:

@@ -15,7 +15,7 @@ from jupyter_llm.chat_formats.detect import (
     prompt_opens_thinking,
     template_variables,
 )
-from jupyter_llm.chat_formats.history import ToolArguments, template_messages
+from jupyter_llm.chat_formats.history import ToolArguments, place_images, template_messages
 from jupyter_llm.chat_formats.output import OutputDelta, OutputStream, ParsedOutput, parse_output
 from jupyter_llm.chat_formats.thinking import (
     SplitOutput,
@@ -48,6 +48,7 @@ __all__ = [
     "detect_format",
     "parse_output",
     "parse_tool_calls",
+    "place_images",
     "prompt_opens_thinking",
     "read_template",
     "split_thinking",

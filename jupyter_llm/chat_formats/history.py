@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from jupyter_llm.chat_formats.detect import ChatFormat
@@ -77,6 +78,32 @@ def template_messages(messages: list[dict[str, Any]], fmt: ChatFormat) -> list[d
             message.update(_result(i, message, pending, fmt))
         out.append(message)
     return out
+
+
+def place_images(
+    messages: list[dict[str, Any]], marker: Callable[[int], str]
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Each message's ``images`` as markers before its text: the chat's
+    ``k``-th image (in message order) becomes ``marker(k)``, which the
+    runner turns back into that image after the template has rendered the
+    text. Returns the messages, without ``images``, and the images in
+    order. ``ValueError`` for images beside content that is not text."""
+    out: list[dict[str, Any]] = []
+    images: list[Any] = []
+    for i, message in enumerate(messages):
+        message = dict(message)
+        found = message.pop("images", None) or []
+        if found:
+            content = message.get("content")
+            if content is None:
+                content = ""
+            if not isinstance(content, str):
+                raise ValueError(f"messages[{i}].content must be text beside images")
+            markers = "".join(marker(len(images) + j) for j in range(len(found)))
+            message["content"] = markers + content
+            images.extend(found)
+        out.append(message)
+    return out, images
 
 
 def _copy_thinking(message: dict[str, Any]) -> None:

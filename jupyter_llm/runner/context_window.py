@@ -7,6 +7,12 @@ context keeps its first ``num_keep`` tokens and the most recent half of the
 rest; a prompt longer than the context keeps its first ``num_keep`` tokens and
 its end; a chat history longer than the context drops whole messages, oldest
 first, never a system message or the latest one.
+
+Images are spans of positions (``Span``, ``[start, end)``) that no cut may
+split, since an image's embeddings cannot be decoded in part: a shift keeps
+an image across its head's end in the head and drops one across its
+discarded part's end whole; a truncation drops whole any image that a cut
+would split.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_llm.options import DEFAULT_OPTIONS
+
+Span = tuple[int, int]  # the positions [start, end) of one image
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -66,22 +74,45 @@ def keep_count(num_keep: int, n_tokens: int) -> int:
     return max(0, min(keep, n_tokens - 1))
 
 
-def shift_span(n_past: int, num_keep: int) -> tuple[int, int]:
+def inside(position: int, spans: Sequence[Span]) -> Span | None:
+    """The span that ``position`` cuts (strictly inside it), if any."""
+    return next((span for span in spans if span[0] < position < span[1]), None)
+
+
+def shift_span(n_past: int, num_keep: int, spans: Sequence[Span] = ()) -> tuple[int, int]:
     """The positions ``[start, end)`` a context shift discards: after the
-    kept head, half of what follows it."""
+    kept head, half of what follows it. An image across the head's end stays
+    in the head; one across ``end`` goes whole. ``end <= start``: no shift."""
     keep = keep_count(num_keep, n_past)
-    discard = (n_past - keep) // 2
-    return keep, keep + discard
+    if (cut := inside(keep, spans)) is not None:
+        keep = cut[1]
+    end = keep + (n_past - keep) // 2
+    if (cut := inside(end, spans)) is not None:
+        end = cut[1]
+    return keep, min(end, n_past)
+
+
+def truncation(n_tokens: int, n_ctx: int, num_keep: int, spans: Sequence[Span] = ()) -> Span:
+    """Where a prompt too long for ``n_ctx`` (with room for one generated
+    token) is cut: it keeps ``[0, head)`` and ``[tail, n_tokens)``, the first
+    ``num_keep`` and the end. An image a cut would split is dropped whole."""
+    limit = n_ctx - 1
+    if n_tokens <= limit:
+        return n_tokens, n_tokens
+    head = min(keep_count(num_keep, n_tokens), limit - 1)
+    tail = n_tokens - (limit - head)
+    if (cut := inside(head, spans)) is not None:
+        head = cut[0]
+    if (cut := inside(tail, spans)) is not None:
+        tail = cut[1]
+    return head, tail
 
 
 def truncate_prompt(tokens: list[int], n_ctx: int, num_keep: int) -> list[int]:
     """``tokens`` cut to fit ``n_ctx`` with room for one generated token: the
     first ``num_keep`` and the end."""
-    limit = n_ctx - 1
-    if len(tokens) <= limit:
-        return tokens
-    keep = min(keep_count(num_keep, len(tokens)), limit - 1)
-    return tokens[:keep] + tokens[len(tokens) - (limit - keep) :]
+    head, tail = truncation(len(tokens), n_ctx, num_keep)
+    return tokens[:head] + tokens[tail:]
 
 
 def fit_history(

@@ -9,6 +9,9 @@ slot whose cache shares the longest prefix with its prompt. The KV cache is
 unified: all sequences share ``n_ctx`` cells, so a single user has the whole
 context and more users cost no more memory. The high-level ``llama_cpp.Llama``
 is not used: it serves one sequence and spends Python time per token.
+With a projector, prompts may hold images (``runner.vision``): each image is
+decoded on its own for its sequence between two steps, one image per step,
+so the other sequences keep streaming around an image prompt.
 Runs in the runner process only; everything here blocks.
 """
 
@@ -30,11 +33,13 @@ from jupyter_llm.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
 from jupyter_llm.runner.chat_template import ChatTemplate
 from jupyter_llm.runner.context_window import (
     SlotView,
+    Span,
     choose_slot,
+    inside,
     num_keep,
     shift_span,
     swa_reusable,
-    truncate_prompt,
+    truncation,
 )
 from jupyter_llm.runner.pooling import (
     POOLING_NAMES,
@@ -45,6 +50,7 @@ from jupyter_llm.runner.pooling import (
 )
 from jupyter_llm.runner.protocol import EngineError, InputError
 from jupyter_llm.runner.sequence import Completion, Job, Sequence, build_sampler
+from jupyter_llm.runner.vision import ImagePrompt, Part, Vision, split_plain
 
 Emit = Callable[[str], None]
 Cancelled = Callable[[], bool]
@@ -62,6 +68,7 @@ class LoadParams:
     use_mmap: bool = True
     flash_attn: bool = False
     n_seq: int = 1  # sequences decoded together, sharing the n_ctx cells
+    projector: str = ""  # the image projector (mmproj GGUF) to load beside the model
 
 
 _backend_ready = False
@@ -172,8 +179,20 @@ class Engine:
         self._embed_ctx: Any = None
         self._embed_batch: Any = None
         self.beat: Callable[[], None] = lambda: None  # progress between decode steps
+        self.vision: Vision | None = None
+        if params.projector:
+            try:  # on the GPU where the model's layers are
+                self.vision = Vision(
+                    params.projector, self.model, self._n_threads, params.n_gpu_layers != 0
+                )
+            except EngineError:
+                self.close()
+                raise
 
     def close(self) -> None:
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
         if self._embed_ctx:
             llama_cpp.llama_batch_free(self._embed_batch)
             llama_cpp.llama_free(self._embed_ctx)
@@ -408,14 +427,57 @@ class Engine:
     def fit_prompt(self, tokens: list[int], num_keep: int, truncate: bool) -> list[int]:
         """``tokens`` within the context: truncated like Ollama's runner (the
         first ``num_keep`` and the end), or an ``InputError`` if not allowed."""
-        if len(tokens) < self.n_ctx:
-            return tokens
+        head, tail = self._truncation(len(tokens), num_keep, truncate, ())
+        return tokens[:head] + tokens[tail:]
+
+    def _truncation(
+        self, n_tokens: int, num_keep: int, truncate: bool, spans: Iterable[Span]
+    ) -> Span:
+        if n_tokens < self.n_ctx:
+            return n_tokens, n_tokens
         if not truncate:
             raise InputError(
-                f"the prompt ({len(tokens)} tokens) does not fit the context length "
+                f"the prompt ({n_tokens} tokens) does not fit the context length "
                 f"({self.n_ctx}); shorten it, raise num_ctx, or allow truncate"
             )
-        return truncate_prompt(tokens, self.n_ctx, num_keep)
+        return truncation(n_tokens, self.n_ctx, num_keep, list(spans))
+
+    # -- images ----------------------------------------------------------------------
+    @property
+    def image_marker(self) -> str:
+        """The text that places an image in a plain prompt (mtmd's marker)."""
+        return self._vision().marker
+
+    def _vision(self) -> Vision:
+        if self.vision is None:
+            raise InputError("this model cannot take images: it was loaded without a projector")
+        return self.vision
+
+    def image_prompt(self, parts: list[Part], context: list[int] | None = None) -> ImagePrompt:
+        """A prompt of text and images (file bytes) as tokens and image
+        chunks, after Ollama's ``context`` if given. It must end with text:
+        the answer starts from the logits of its last token."""
+        if context and any(not 0 <= t < self.n_vocab for t in context):
+            raise InputError("context contains a token id that is not in the vocabulary")
+        vision = self._vision()
+        prompt = vision.tokenize(parts, self.add_bos and not context, self.n_batch)
+        if context:
+            prompt.tokens[:0] = context
+            prompt.images = {s + len(context): im for s, im in prompt.images.items()}
+        if not prompt.tokens or any(e == len(prompt.tokens) for _, e in prompt.spans()):
+            prompt.close()
+            raise InputError("a prompt may not end with an image: put text after it")
+        return prompt
+
+    def fit_image_prompt(self, prompt: ImagePrompt, num_keep: int, truncate: bool) -> ImagePrompt:
+        """``prompt`` within the context as ``fit_prompt``, an image that a
+        cut would split dropped whole."""
+        try:
+            head, tail = self._truncation(len(prompt.tokens), num_keep, truncate, prompt.spans())
+        except InputError:
+            prompt.close()
+            raise
+        return prompt.cut(head, tail)
 
     def fits(self, text: str) -> bool:
         """Does a rendered prompt leave room in the context for an answer?"""
@@ -447,14 +509,14 @@ class Engine:
         grammar: str | None = None,
         context: list[int] | None = None,
         suffix: str | None = None,
+        images: list[bytes] | None = None,
     ) -> Completion:
         """One request, run to its end on its own (tests, benchmarks)."""
         done: list[Completion] = []
         errors: list[Exception] = []
-        tokens = self.prompt_tokens(prompt, context, suffix)
         job = Job(
             rid=-1,
-            tokens=self.fit_prompt(tokens, num_keep(options), truncate=True),
+            tokens=[],
             options=options,
             emit=emit,
             finish=done.append,
@@ -462,6 +524,15 @@ class Engine:
             cancelled=cancelled,
             grammar=grammar,
         )
+        if images:
+            parts = split_plain(prompt, self.image_marker, images)
+            media = self.fit_image_prompt(
+                self.image_prompt(parts, context), num_keep(options), True
+            )
+            job.tokens, job.images, job.release = media.tokens, media.images, media.close
+        else:
+            tokens = self.prompt_tokens(prompt, context, suffix)
+            job.tokens = self.fit_prompt(tokens, num_keep(options), truncate=True)
         self.submit(job)
         while not done and not errors:
             self.step()
@@ -482,8 +553,12 @@ class Engine:
                 continue
             index, shared = choose_slot(idle, seq.job.tokens)
             slot = self.slots[index]
-            # one token is always decoded again: its logits start the answer
+            # one token is always decoded again: its logits start the answer;
+            # an image is reused whole or decoded again whole
             keep = min(shared, len(seq.job.tokens) - 1)
+            for spans in (slot.images, seq.job.spans()):
+                if (cut := inside(keep, spans)) is not None:
+                    keep = cut[0]
             if keep and self.n_swa:
                 pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, index)
                 keep = swa_reusable(keep, pos_min, self.n_swa)
@@ -492,7 +567,7 @@ class Engine:
                     keep = 0
                 if keep == 0:
                     llama_cpp.llama_memory_seq_rm(self.memory, index, -1, -1)
-                del slot.cached[keep:]
+                slot.truncate(keep)
             seq.slot, seq.fed = index, keep
             slot.seq = seq
 
@@ -514,23 +589,27 @@ class Engine:
         slot = self.slots[seq.slot]
         slot.seq = None
         llama_cpp.llama_memory_seq_rm(self.memory, slot.index, -1, -1)
-        slot.cached.clear()
+        slot.truncate(0)
         seq.free()
         seq.job.fail(error)
 
     def _shift(self, slot: Slot, num_keep: int) -> bool:
         """Make room in ``slot``'s sequence: keep its head and the most recent
-        half of the rest (Ollama's context shift). False if this cache cannot."""
+        half of the rest (Ollama's context shift). False if this cache cannot.
+        A shift never cuts through an image (``context_window.shift_span``):
+        an image across the end of the kept head stays with the head, one
+        across the end of the discarded half goes whole; where that leaves
+        nothing to discard, the sequence ends with done_reason "length"."""
         if not self._can_shift:
             return False
         n_past = len(slot.cached)
-        start, end = shift_span(n_past, num_keep)
+        start, end = shift_span(n_past, num_keep, slot.images)
         if end <= start:
             return False
         if not llama_cpp.llama_memory_seq_rm(self.memory, slot.index, start, end):
             return False
         llama_cpp.llama_memory_seq_add(self.memory, slot.index, end, n_past, start - end)
-        del slot.cached[start:end]
+        slot.remove(start, end)
         return True
 
     def _drop_idle_cache(self) -> bool:
@@ -540,7 +619,7 @@ class Engine:
             return False
         slot = min(idle, key=lambda s: s.last_used)
         llama_cpp.llama_memory_seq_rm(self.memory, slot.index, -1, -1)
-        slot.cached.clear()
+        slot.truncate(0)
         return True
 
     def step(self) -> None:
@@ -581,6 +660,12 @@ class Engine:
                 self._finish(seq, "length")
                 generating.remove(seq)
             used = sum(len(s.cached) for s in self.slots)
+        if self._feed_image(prompting, used, len(generating)):
+            prompting = [q for q in prompting if self.slots[q.slot].seq is q]
+            used = sum(len(s.cached) for s in self.slots)
+            fed_image = True
+        else:
+            fed_image = False
         room = max(0, min(self.n_batch, self.n_ctx - used) - len(generating))
         b = self.batch
         n = 0
@@ -601,7 +686,10 @@ class Engine:
             if room <= 0:
                 break
             slot = self.slots[seq.slot]
-            chunk = seq.job.tokens[seq.fed : seq.fed + room]
+            end = min(seq.fed + room, seq.job.next_image(seq.fed))
+            chunk = seq.job.tokens[seq.fed : end]  # up to its next image
+            if not chunk:
+                continue
             pos0 = len(slot.cached)
             for i, token in enumerate(chunk):
                 b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = token, pos0 + i, 1, 0
@@ -612,6 +700,8 @@ class Engine:
                 outputs.append((seq, n - 1))
             fed.append((seq, len(chunk)))
             room -= len(chunk)
+        if n == 0 and fed_image:
+            return
         if n == 0:  # prompts fill the shared cache: the newest gives way
             self._fail(
                 prompting[-1],
@@ -652,6 +742,28 @@ class Engine:
             if not seq.accept(token, piece, eog):
                 self._finish(seq, seq.reason)
 
+    def _feed_image(self, prompting: list[Sequence], used: int, n_generating: int) -> bool:
+        """Decode the next image of the oldest prompt that stands at one and
+        has room for it; at most one per step. True if one went in (or failed
+        its sequence)."""
+        for seq in prompting:
+            image = seq.job.images.get(seq.fed)
+            if image is None or used + image.n_tokens + n_generating > self.n_ctx:
+                continue
+            slot = self.slots[seq.slot]
+            pos = len(slot.cached)
+            try:
+                seq.prompt_ns += self._vision().decode(self.ctx, image, pos, seq.slot, self.n_batch)
+            except EngineError as e:
+                self._fail(seq, e)
+                return True
+            self.beat()
+            slot.cached.extend(seq.job.tokens[seq.fed : seq.fed + image.n_tokens])
+            slot.images.append(image.span(pos))
+            seq.fed += image.n_tokens
+            return True
+        return False
+
     def _logprob(self, index: int, token: int, top: int) -> dict[str, Any]:
         """The model's log-probability of ``token`` at batch position ``index``
         (log-softmax of the raw logits, before any sampler), with the ``top``
@@ -686,3 +798,19 @@ class Slot:
     cached: list[int] = field(default_factory=list)  # tokens whose KV entries it holds
     seq: Sequence | None = None
     last_used: float = 0.0
+    images: list[Span] = field(default_factory=list)  # positions in ``cached`` that are images
+
+    def truncate(self, keep: int) -> None:
+        """Forget all but the first ``keep`` positions (never inside an image)."""
+        del self.cached[keep:]
+        self.images = [span for span in self.images if span[1] <= keep]
+
+    def remove(self, start: int, end: int) -> None:
+        """Forget the positions ``[start, end)``; those after move down."""
+        del self.cached[start:end]
+        n = end - start
+        self.images = [
+            (s, e) if e <= start else (s - n, e - n)
+            for s, e in self.images
+            if e <= start or s >= end
+        ]

@@ -49,6 +49,7 @@ class LoadSpec:
     tensor_split: tuple[float, ...] = ()
     use_mmap: bool = True
     n_seq: int = 1  # sequences the runner decodes together
+    projector: str = ""  # the image projector (mmproj GGUF) beside the model, "" = none
     env: tuple[tuple[str, str], ...] = field(default=())  # device visibility for the runner
 
 

@@ -52,6 +52,18 @@ class Job:
     preserve: frozenset[int] = frozenset()  # control tokens rendered as their text
     logprobs: int = -1  # -1: none; else each token's log-probability and this many alternatives
     on_logprob: Callable[[dict[str, Any]], None] = lambda entry: None
+    # images by their first position in ``tokens`` (``vision.ImageChunk``); ``tokens``
+    # holds marks (negative) there. ``release`` frees them when the job ends.
+    images: dict[int, Any] = field(default_factory=dict)
+    release: Callable[[], None] = lambda: None
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The positions ``[start, end)`` of each image."""
+        return sorted((s, s + im.n_tokens) for s, im in self.images.items())
+
+    def next_image(self, position: int) -> int:
+        """Where the first image at or after ``position`` starts (else the end)."""
+        return min((s for s in self.images if s >= position), default=len(self.tokens))
 
 
 @dataclass(frozen=True)
@@ -206,13 +218,16 @@ class Sequence:
             prompt_eval_duration=self.prompt_ns,
             eval_count=len(self.generated),
             eval_duration=now - self.generating_since if self.generating_since else 0,
-            context=(prompt + self.generated) if done else prompt[: self.fed],
+            context=[
+                t for t in (prompt + self.generated if done else prompt[: self.fed]) if t >= 0
+            ],
         )
 
     def free(self) -> None:
         if self.chain is not None:
             llama_cpp.llama_sampler_free(self.chain)
             self.chain = None
+        self.job.release()  # its images (idempotent)
 
 
 def split_at_stop(pending: str, stops: list[str]) -> tuple[str, bool]:

@@ -28,6 +28,7 @@ from jupyter_llm.chat_formats import (
     OutputDelta,
     OutputStream,
     detect_format,
+    place_images,
     prompt_opens_thinking,
     template_messages,
     template_variables,
@@ -51,6 +52,13 @@ from jupyter_llm.runner.protocol import (
     encode,
 )
 from jupyter_llm.runner.sequence import Job, Triggers
+from jupyter_llm.runner.vision import (
+    Part,
+    chat_markers,
+    decode_images,
+    split_chat,
+    split_plain,
+)
 
 DEFAULT_PART_BYTES = 4 << 20  # JSON of one embedding message, unless the server says
 
@@ -236,6 +244,7 @@ class RunnerService:
                 raise AllocationError(f"{e}: {allocation_log.failure}") from e
             raise
         self.engine.beat = self.beat
+        vision = self.engine.vision
         return {
             "allocations": allocation_log.devices,
             "n_ctx": self.engine.n_ctx,
@@ -245,6 +254,7 @@ class RunnerService:
             "n_threads": params.n_threads,
             "chat_template": self.engine.chat_template,
             "supports_insert": self.engine.supports_insert,
+            "vision": vision is not None and not vision.refusal,
         }
 
     def op_complete(self, message: dict[str, Any]) -> None:
@@ -257,8 +267,18 @@ class RunnerService:
         options = message.get("options") or {}
         truncate = bool(message.get("truncate", True))
         plan = plan_chat(engine, message, truncate)
-        tokens = engine.prompt_tokens(plan.prompt, message.get("context"), message.get("suffix"))
-        tokens = engine.fit_prompt(tokens, num_keep(options), truncate)
+        media = None
+        if plan.parts is not None:
+            if message.get("suffix") is not None:
+                raise InputError("images cannot be used with suffix (fill-in-the-middle)")
+            media = engine.image_prompt(plan.parts, message.get("context"))
+            media = engine.fit_image_prompt(media, num_keep(options), truncate)
+            tokens = media.tokens
+        else:
+            tokens = engine.prompt_tokens(
+                plan.prompt, message.get("context"), message.get("suffix")
+            )
+            tokens = engine.fit_prompt(tokens, num_keep(options), truncate)
 
         logprobs: list[dict[str, Any]] = []  # entries not sent yet: they go with the next text
 
@@ -308,23 +328,28 @@ class RunnerService:
             self.cancelled.discard(rid)
             self.send({"id": rid, **error_reply("complete", error)})
 
-        engine.submit(
-            Job(
-                rid=rid,
-                tokens=tokens,
-                options=options,
-                emit=emit,
-                finish=finish,
-                fail=fail,
-                cancelled=lambda: rid in self.cancelled,
-                grammar=plan.grammar,
-                shift=bool(message.get("shift", True)),
-                triggers=plan.triggers,
-                preserve=plan.preserve,
-                logprobs=logprobs_count(message),
-                on_logprob=logprobs.append,
-            )
+        job = Job(
+            rid=rid,
+            tokens=tokens,
+            options=options,
+            emit=emit,
+            finish=finish,
+            fail=fail,
+            cancelled=lambda: rid in self.cancelled,
+            grammar=plan.grammar,
+            shift=bool(message.get("shift", True)),
+            triggers=plan.triggers,
+            preserve=plan.preserve,
+            logprobs=logprobs_count(message),
+            on_logprob=logprobs.append,
         )
+        if media is not None:
+            job.images, job.release = media.images, media.close
+        try:
+            engine.submit(job)
+        except Exception:
+            job.release()  # no sequence took its images
+            raise
         return None
 
     def op_embed(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -428,6 +453,7 @@ class ChatPlan:
     triggers: Triggers | None = None
     preserve: frozenset[int] = frozenset()
     reader: OutputStream | None = None
+    parts: list[Part] | None = None  # the prompt as text and images, when it has images
 
 
 def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
@@ -439,8 +465,14 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
     think = message.get("think")
     grammar = message.get("grammar")
     is_chat = message.get("messages") is not None
+    plain_images = decode_images(message.get("images"))
+    if plain_images and is_chat:
+        raise InputError("a chat's images go in its messages, not beside them")
     if not is_chat and tools is None and think is None:
-        return ChatPlan(prompt=str(message.get("prompt", "")), grammar=grammar)
+        prompt = str(message.get("prompt", ""))
+        return ChatPlan(
+            prompt=prompt, grammar=grammar, parts=plain_parts(engine, prompt, plain_images)
+        )
     setup = chat_setup(engine)
     fmt = setup.fmt
     name = message.get("model")
@@ -456,14 +488,21 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
     try:
         choice = resolve_tool_choice(message.get("tool_choice"), tools)
         variables = template_variables(fmt, think)
+        marker = chat_markers()
+        images: list[bytes] = []
         if is_chat:
-            messages = template_messages(list(message["messages"]), fmt)
+            messages, images = place_images(chat_images(message["messages"]), marker)
+            messages = template_messages(messages, fmt)
     except ValueError as e:
         raise InputError(str(e)) from None
+    if images:
+        engine.image_marker  # noqa: B018 - a model without a projector refuses before rendering
     if is_chat:
         prompt = chat_prompt(engine, messages, tools, truncate, variables)
+        parts = split_chat(prompt, marker, images) if images else None
     else:
         prompt = str(message.get("prompt", ""))
+        parts = plain_parts(engine, prompt, plain_images)
     starts_in_thinking = prompt_opens_thinking(prompt, fmt)
     triggers = None
     if tools and choice != "none" and not (grammar and choice == "auto"):
@@ -491,7 +530,29 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
             split_thinking=fmt.can_think,
             tool_names=tool_names(tools),
         )
-    return ChatPlan(prompt, grammar, triggers, setup.preserve if reader else frozenset(), reader)
+    preserve = setup.preserve if reader else frozenset()
+    return ChatPlan(prompt, grammar, triggers, preserve, reader, parts)
+
+
+def chat_images(messages: Any) -> list[dict[str, Any]]:
+    """The chat with each message's ``images`` decoded (base64 → bytes)."""
+    out = []
+    for i, message in enumerate(list(messages)):
+        if isinstance(message, dict) and message.get("images"):
+            message = {
+                **message,
+                "images": decode_images(message["images"], f"messages[{i}].images"),
+            }
+        out.append(message)
+    return out
+
+
+def plain_parts(engine: Any, prompt: str, images: list[bytes]) -> list[Part] | None:
+    """A plain prompt with images as parts (None without images): at its
+    markers (mtmd's), else first."""
+    if not images:
+        return None
+    return split_plain(prompt, engine.image_marker, images)
 
 
 def logprobs_count(message: dict[str, Any]) -> int:
