@@ -51,6 +51,7 @@ def describe_loaded(loaded: Loaded) -> dict[str, Any]:
         "num_layers": loaded.placement.n_layers,
         "pid": loaded.runner.pid,
         "parallel": loaded.parallel,
+        "vision": entry.vision,
         "allocations": [
             {"device": a.device, "weights": a.weights, "kv_cache": a.kv_cache,
              "graph": a.graph, "measured": loaded.measured}

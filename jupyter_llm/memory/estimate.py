@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jupyter_llm.memory.model_info import ModelInfo
+from jupyter_llm.memory.projector import ProjectorInfo, projector_graph
 
 KV_PAD = 256  # llama.cpp allocates the KV cache in multiples of this many cells
 KV_BYTES = {"f16": 2.0, "q8_0": 1.0, "q4_0": 0.5, "f32": 4.0}
@@ -28,6 +29,13 @@ class Estimate:
     input_weights: int
     graph_full: int  # compute graph when every layer is on one device
     graph_partial: int  # per device when the model is split
+    # a vision projector: its weights and compute buffer, on one device
+    projector_weights: int = 0
+    projector_graph: int = 0
+
+    @property
+    def projector_total(self) -> int:
+        return self.projector_weights + self.projector_graph
 
     @property
     def n_layer(self) -> int:
@@ -49,10 +57,12 @@ class Estimate:
 
     @property
     def cpu_only_total(self) -> int:
-        return self.weights_total + self.kv_total + self.graph_full
+        return self.weights_total + self.kv_total + self.graph_full + self.projector_total
 
 
-def estimate(model: ModelInfo, opts: EstimateOptions) -> Estimate:
+def estimate(
+    model: ModelInfo, opts: EstimateOptions, projector: ProjectorInfo | None = None
+) -> Estimate:
     if opts.kv_type not in KV_BYTES:
         raise ValueError(f"unknown kv cache type {opts.kv_type!r}")
     # one unified KV cache, whatever the number of sequences, of num_ctx cells
@@ -81,4 +91,6 @@ def estimate(model: ModelInfo, opts: EstimateOptions) -> Estimate:
         input_weights=model.input_bytes,
         graph_full=graph_full,
         graph_partial=graph_partial,
+        projector_weights=projector.weights_bytes if projector else 0,
+        projector_graph=projector_graph(projector) if projector else 0,
     )
