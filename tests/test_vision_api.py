@@ -41,7 +41,9 @@ def b64(data: bytes) -> str:
 
 
 # -- images.py -----------------------------------------------------------------------
-@pytest.mark.parametrize(("data", "fmt"), [(PNG, "png"), (JPEG, "jpeg"), (GIF, "gif"), (BMP, "bmp")])
+@pytest.mark.parametrize(
+    ("data", "fmt"), [(PNG, "png"), (JPEG, "jpeg"), (GIF, "gif"), (BMP, "bmp")]
+)
 def test_formats_stb_image_reads_are_accepted(data, fmt):
     assert images.image_format(data) == fmt
     assert images.parse_image(b64(data), "images[0]") == b64(data)
@@ -98,7 +100,10 @@ def test_bad_image_lists(raw, match):
         {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(PNG)}},
         {"type": "image_url", "image_url": "data:image/png;base64," + b64(PNG)},
         {"type": "image_url", "image_url": {"url": "data:;base64," + b64(PNG), "detail": "low"}},
-        {"type": "image_url", "image_url": {"url": "data:image/jpeg;name=x.png;base64," + b64(PNG)}},
+        {
+            "type": "image_url",
+            "image_url": {"url": "data:image/jpeg;name=x.png;base64," + b64(PNG)},
+        },
     ],
 )
 def test_openai_image_parts(part):
@@ -208,7 +213,9 @@ def test_a_pulled_manifest_with_a_projector_layer(tmp_path, demo_gguf, projector
         for m, p in ((MEDIA_MODEL, demo_gguf), (MEDIA_PROJECTOR, projector))
     ]
     config = store.add_blob_bytes(b"{}")
-    raw = json.dumps({"schemaVersion": 2, "config": {"digest": config, "size": 2}, "layers": layers})
+    raw = json.dumps(
+        {"schemaVersion": 2, "config": {"digest": config, "size": 2}, "layers": layers}
+    )
     entry = store.write_manifest(parse_model_name("llava"), raw.encode())
     assert entry.projector_path == store.blob_path(layers[1]["digest"])
 
@@ -217,7 +224,7 @@ def test_a_pulled_manifest_with_a_projector_layer(tmp_path, demo_gguf, projector
 def test_a_second_from_names_the_projector():
     m = parse_modelfile("FROM ./model.gguf\nFROM ./mmproj-model.gguf\nSYSTEM hi")
     assert m.source == "./model.gguf" and m.more_files == ["./mmproj-model.gguf"]
-    with pytest.raises(InvalidRequest, match="a second FROM must name a .gguf file"):
+    with pytest.raises(InvalidRequest, match=r"a second FROM must name a \.gguf file"):
         parse_modelfile("FROM llava\nFROM ./mmproj.gguf")
     with pytest.raises(InvalidRequest, match="a second FROM"):
         parse_modelfile("FROM ./model.gguf\nFROM llava")
@@ -278,7 +285,9 @@ def test_the_projector_goes_into_the_load_request_and_the_estimate(tmp_path, pro
     info = read_projector_info(projector)
     gpu = next(a for a in loaded.allocations if a.device == "gpu0")
     plain = plan_layout(
-        estimate(model, EstimateOptions(num_ctx=2048)), [GpuSlot("gpu0", "CUDA", 24 * GiB)], 64 * GiB
+        estimate(model, EstimateOptions(num_ctx=2048)),
+        [GpuSlot("gpu0", "CUDA", 24 * GiB)],
+        64 * GiB,
     )
     assert gpu.weights - plain.allocations[0].weights == info.weights_bytes
     assert gpu.graph - plain.allocations[0].graph == projector_graph(info)
@@ -489,3 +498,49 @@ async def test_bad_images_are_a_400(jp_fetch, vision_model, path, body, match):
 
     message = await refused(jp_fetch, path, {"model": "seer", "stream": False, **body})
     assert re.search(match, message), message
+
+
+def test_jupyter_llm_create_takes_the_projector_next_to_the_gguf(tmp_path, demo_gguf):
+    """The client uploads ``mmproj-<stem>.gguf`` beside the GGUF, or the one a
+    second FROM names; the server tells which is the projector."""
+    import subprocess
+    import sys
+
+    from live_server import LiveServer
+
+    folder = tmp_path / "files"
+    folder.mkdir()
+    (folder / "seer.gguf").write_bytes(demo_gguf.read_bytes())
+    write_projector_header(folder / "mmproj-seer.gguf")
+    write_projector_header(folder / "mmproj-other.gguf", n_embd=8)
+    models = tmp_path / "models"
+    server = LiveServer(models, tmp_path)
+    try:
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "jupyter_llm.cli", *args],
+                env=server.client_env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+                cwd=folder,
+            )
+
+        out = cli("create", "next", "-f", "seer.gguf")
+        assert out.returncode == 0 and "using projector mmproj-seer.gguf" in out.stderr, out.stderr
+        (folder / "Modelfile").write_text("FROM ./seer.gguf\nFROM ./mmproj-other.gguf\n")
+        assert cli("create", "named", "-f", "Modelfile").returncode == 0
+        (folder / "mmproj-seer.gguf").unlink()
+        write_projector_header(folder / "mmproj-third.gguf")  # two, neither named for seer
+        out = cli("create", "none", "-f", "seer.gguf")
+        assert out.returncode == 0 and "projector" not in out.stderr
+        store = ModelStore(models)
+        shown = {
+            name: read_projector_info(p) if (p := store.get(name).projector_path) else None
+            for name in ("next", "named", "none")
+        }
+        assert shown["next"].n_embd == 16 and shown["named"].n_embd == 8
+        assert shown["none"] is None
+    finally:
+        server.stop()
