@@ -544,3 +544,40 @@ def test_jupyter_llm_create_takes_the_projector_next_to_the_gguf(tmp_path, demo_
         assert shown["none"] is None
     finally:
         server.stop()
+
+
+# -- pulls -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("names", "chosen"),
+    [
+        (["m.Q4_K_M.gguf"], None),
+        (["m.Q4_K_M.gguf", "mmproj-m-f16.gguf"], "mmproj-m-f16.gguf"),
+        (["mmproj-F32.gguf", "mmproj-BF16.gguf", "mmproj-F16.gguf"], "mmproj-F16.gguf"),
+        (["mmproj-model-f32.gguf", "mmproj-model-bf16.gguf"], "mmproj-model-bf16.gguf"),
+        (["mmproj-x-long.gguf", "mmproj-x.gguf"], "mmproj-x.gguf"),
+        (["mmproj-notes.txt"], None),
+    ],
+)
+def test_pick_projector(names, chosen):
+    from jupyter_llm.models.pull import pick_projector
+
+    found = pick_projector([{"rfilename": n} for n in names])
+    assert (found[0] if found else None) == chosen
+
+
+async def test_a_hugging_face_pull_takes_the_repos_projector(
+    jp_fetch, jp_serverapp, server, remote, demo_gguf, projector
+):
+    from loopback import pull_events
+
+    remote.hf_repos["someone/Seer-GGUF"] = {
+        "seer.Q4_K_M.gguf": demo_gguf.read_bytes(),
+        "mmproj-seer-f16.gguf": projector.read_bytes(),
+        "mmproj-seer-f32.gguf": write_projector_header(projector.parent / "f32.gguf").read_bytes(),
+    }
+    jp_serverapp.web_app.settings["jupyter_llm"].puller.hf_endpoint = server.base
+    events = await pull_events(jp_fetch, {"model": "hf.co/someone/Seer-GGUF"}, timeout=120)
+    assert events[-1] == {"status": "success"}, events
+    shown = await post(jp_fetch, "api/show", {"model": "hf.co/someone/Seer-GGUF:Q4_K_M"})
+    assert "vision" in shown["capabilities"]
+    assert shown["projector_info"]["general.architecture"] == "clip"
