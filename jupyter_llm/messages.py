@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from jupyter_llm.images import check_image_count, parse_image_url, parse_images
+
 ROLES = ("system", "user", "assistant", "tool")
 OPENAI_ROLES = {"developer": "system"}  # OpenAI's extra roles, as the template knows them
 
@@ -19,9 +21,10 @@ def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
     """``[{"role", "content"}]`` for the chat template, from untrusted JSON.
 
     Ollama's messages may be empty (the request then only loads the model)
-    and keep their ``tool_calls``. With ``openai``, the list must not be
-    empty, ``developer`` means ``system`` and content may be a list of text
-    parts.
+    and keep their ``tool_calls`` and ``images`` (base64, checked by
+    ``jupyter_llm.images``). With ``openai``, the list must not be empty,
+    ``developer`` means ``system`` and content may be a list of text and
+    ``image_url`` parts (the images become the message's ``images``).
     """
     if openai and (not isinstance(raw, list) or not raw):
         raise ValueError("messages must be a non-empty list")
@@ -37,7 +40,12 @@ def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
         role = roles.get(m.get("role")) if isinstance(m.get("role"), str) else None
         if role is None:
             raise ValueError(f"messages[{i}].role must be one of {', '.join(roles)}")
-        message = {"role": role, "content": _content(m.get("content"), i, openai)}
+        content, images = _content(m.get("content"), i, openai)
+        message: dict[str, Any] = {"role": role, "content": content}
+        if not openai:
+            images = parse_images(m.get("images"), f"messages[{i}].images")
+        if images:
+            message["images"] = images
         if m.get("tool_calls") is not None:
             message["tool_calls"] = _tool_calls(m["tool_calls"], i)
         for key, field in TEXT_FIELDS.items():
@@ -48,6 +56,7 @@ def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
                 raise ValueError(f"messages[{i}].{key} must be a string")
             message.setdefault(field, value)
         messages.append(message)
+    check_image_count(sum(len(m.get("images", ())) for m in messages))
     return messages
 
 
@@ -100,21 +109,28 @@ def _tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
     return calls
 
 
-def _content(content: Any, i: int, parts: bool) -> str:
+def _content(content: Any, i: int, parts: bool) -> tuple[str, list[str]]:
+    """The message's text, and the images of its ``image_url`` parts."""
     if content is None:
-        return ""
+        return "", []
     if isinstance(content, str):
-        return content
+        return content, []
     if not parts:
         raise ValueError(f"messages[{i}].content must be a string")
     if not isinstance(content, list):
         raise ValueError(f"messages[{i}].content must be a string or a list of parts")
-    texts = []
+    texts, images = [], []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text":
-            raise ValueError(f"messages[{i}].content: only text parts are supported")
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image_url":
+            images.append(parse_image_url(part, f"messages[{i}].content[{j}]"))
+            continue
+        if kind != "text":
+            raise ValueError(
+                f"messages[{i}].content[{j}]: only text and image_url parts are supported"
+            )
         text = part.get("text", "")
         if not isinstance(text, str):
             raise ValueError(f"messages[{i}].content[{j}].text must be a string")
         texts.append(text)
-    return "".join(texts)
+    return "".join(texts), images

@@ -42,6 +42,7 @@ from jupyter_llm.memory import (
 )
 from jupyter_llm.memory.measured import backend_names, measured_allocations
 from jupyter_llm.memory.model_info import read_model_info
+from jupyter_llm.memory.projector import ProjectorInfo, read_projector_info
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.runner.launch import LoadRequest, gpu_library
 from jupyter_llm.runner.progress import reporting_load_progress
@@ -202,12 +203,15 @@ class Scheduler:
         start_runner: RunnerFactory,
         devices: DeviceSource,
         read_info: Callable[[Path], ModelInfo] = read_model_info,
+        read_projector: Callable[[Path], ProjectorInfo] = read_projector_info,
     ) -> None:
         self.settings = settings
         self.devices = devices
         self._start_runner = start_runner
         self._read_info = read_info
+        self._read_projector = read_projector
         self._infos: dict[Path, ModelInfo] = {}
+        self._projectors: dict[Path, ProjectorInfo] = {}
         self._loaded: dict[str, Loaded] = {}
         self._load_lock = asyncio.Lock()
         self._waiting = 0
@@ -420,12 +424,21 @@ class Scheduler:
 
     async def _model_info(self, path: Path) -> ModelInfo:
         """GGUF facts, parsed once per file (blobs are content-addressed)."""
-        if (info := self._infos.get(path)) is None:
+        return await self._cached(self._infos, self._read_info, path)
+
+    async def _projector_info(self, path: Path | None) -> ProjectorInfo | None:
+        if path is None:
+            return None
+        return await self._cached(self._projectors, self._read_projector, path)
+
+    @staticmethod
+    async def _cached(cache: dict[Path, Any], read: Callable[[Path], Any], path: Path) -> Any:
+        if (info := cache.get(path)) is None:
             loop = asyncio.get_running_loop()
-            info = await loop.run_in_executor(None, self._read_info, path)
-            if len(self._infos) >= 256:
-                self._infos.clear()
-            self._infos[path] = info
+            info = await loop.run_in_executor(None, read, path)
+            if len(cache) >= 256:
+                cache.clear()
+            cache[path] = info
         return info
 
     async def _reusable(self, loaded: Loaded, entry: ModelEntry, wanted: Wanted) -> bool:
@@ -441,7 +454,10 @@ class Scheduler:
     ) -> Loaded:
         """The fit loop: place, evicting others while that is what it takes."""
         parallel = 1 if info.embedding_only else self.settings.num_parallel
-        est = estimate(info, EstimateOptions(num_ctx=wanted.num_ctx, num_batch=wanted.num_batch))
+        projector = await self._projector_info(entry.projector_path)
+        est = estimate(
+            info, EstimateOptions(num_ctx=wanted.num_ctx, num_batch=wanted.num_batch), projector
+        )
         backoff = 0
         while True:
             if self._closing:
@@ -553,6 +569,7 @@ class Scheduler:
             placement=placement,
             gpus=tuple(serving_gpus(devices)),
             simulated=self.devices.simulated,
+            projector=str(entry.projector_path or ""),
         )
 
     # -- eviction --------------------------------------------------------------------

@@ -468,13 +468,13 @@ async def test_generate_suffix_fill_in_the_middle(jp_fetch, installed_model):
     assert r["prompt_eval_count"] == 3 + len("def f(") + len("    return x")  # byte tokens
 
 
-async def test_images_refused(jp_fetch, installed_model):
-    await expect_error(
+async def test_an_image_that_is_not_one_is_refused(jp_fetch, installed_model):
+    await expect_error(  # "hi": base64, but not an image (tests/test_vision_api.py has the rest)
         jp_fetch,
         "api/generate",
         {"model": "tiny", "prompt": "x", "images": ["aGk="]},
         400,
-        "images",
+        "images[0] is not an image",
     )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from jupyter_llm.api.structured import OutputFormat, check_output
 from jupyter_llm.identity import LOCAL, Requester
+from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.options import sampling_options
@@ -33,7 +34,8 @@ class Job:
     model: ModelName
     options: dict[str, Any] = field(default_factory=dict)  # Ollama options
     keep_alive: float | None = None
-    prompt: str | None = None  # raw text, or...
+    prompt: str | None = None  # raw text (with its images), or...
+    images: list[str] = field(default_factory=list)  # base64 image files for the prompt
     messages: list[dict[str, Any]] | None = None  # ...chat messages for the template
     tools: list[Any] | None = None
     context: list[int] | None = None  # tokens of an earlier exchange, before the prompt
@@ -114,6 +116,11 @@ async def complete(
     """
     started = time.perf_counter_ns()
     entry = await find_model(services, job.model)
+    messages = None if job.messages is None else with_model_messages(entry, job.messages)
+    if entry.projector_path is None and (
+        job.images or any(m.get("images") for m in messages or ())
+    ):  # never dropped: a model without a projector cannot see them
+        raise InvalidRequest(f"model '{entry.name.display}' does not support images")
     options = {**entry.params, **job.options}  # the model's parameters sit beneath
     load = load_options(options)
     async with services.scheduler.use(entry, load, job.keep_alive, requester) as lease:
@@ -121,11 +128,13 @@ async def complete(
             "options": sampling_options(options),
             "stream_interval": services.settings.stream_interval,
         }
-        if job.messages is not None:
-            request["messages"] = with_model_messages(entry, job.messages)
+        if messages is not None:
+            request["messages"] = messages
             request["tools"] = job.tools
         else:
             request["prompt"] = job.prompt or ""
+            if job.images:
+                request["images"] = job.images
         if job.context:
             request["context"] = job.context
         if job.suffix:

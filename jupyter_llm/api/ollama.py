@@ -406,21 +406,24 @@ class GenerateHandler(CompletionHandler):
             shift=req.shift,
         )
         if req.raw or req.suffix is not None:
-            job.prompt = req.prompt
+            job.prompt, job.images = req.prompt, req.images
         elif req.template is not None:
             values = {"System": req.system or "", "Prompt": req.prompt}
-            job.prompt = render_go_template(req.template, values)
+            job.prompt, job.images = render_go_template(req.template, values), req.images
         else:
             job.messages = []
             if req.system:
                 job.messages.append({"role": "system", "content": req.system})
-            job.messages.append({"role": "user", "content": req.prompt})
+            user: dict[str, Any] = {"role": "user", "content": req.prompt}
+            if req.images:
+                user["images"] = req.images
+            job.messages.append(user)
 
         def chunk(text: str, thinking: str = "", calls: Any = None) -> dict[str, Any]:
             out = {"model": name, "created_at": now_iso(), "response": text}
             return {**out, "thinking": thinking} if thinking else out
 
-        empty = not req.prompt and req.suffix is None
+        empty = not req.prompt and not req.images and req.suffix is None
         await self._respond(req, job, empty, chunk, lambda f: {"context": f.context})
 
 
@@ -528,10 +531,18 @@ class ShowHandler(LLMHandler):
         info = await self.blocking(read_metadata, entry.model_path, verbose)
         template = entry.template or str(info.get("tokenizer.chat_template") or "")
         capabilities = model_capabilities(info, template)
+        extra: dict[str, Any] = {}
+        if entry.projector_path is not None:  # its GGUF's keys, as model_info is the model's
+            capabilities.append("vision")
+            extra["projector_info"] = await self.blocking(
+                read_metadata, entry.projector_path, verbose
+            )
         self.write_json(
             {
                 "license": entry.license or "",
-                "modelfile": f"FROM {entry.model_path}\n",
+                "modelfile": "".join(
+                    f"FROM {path}\n" for path in (entry.model_path, entry.projector_path) if path
+                ),
                 "parameters": format_parameters(entry.params),
                 "messages": entry.messages,
                 "template": template,
@@ -540,6 +551,7 @@ class ShowHandler(LLMHandler):
                 "model_info": info,
                 "capabilities": capabilities,
                 "modified_at": entry.modified_at.isoformat().replace("+00:00", "Z"),
+                **extra,
             }
         )
 

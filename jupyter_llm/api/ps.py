@@ -53,6 +53,7 @@ def describe_loaded(loaded: Loaded, users: list[dict[str, Any]] | None = None) -
         "pid": loaded.runner.pid,
         "parallel": loaded.parallel,
         "users": users or [],
+        "vision": entry.vision,
         "allocations": [
             {"device": a.device, "weights": a.weights, "kv_cache": a.kv_cache,
              "graph": a.graph, "measured": loaded.measured}

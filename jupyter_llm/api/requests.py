@@ -20,6 +20,7 @@ from jupyter_llm.chat_formats.detect import THINK_LEVELS, check_think
 from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
 from jupyter_llm.durations import parse_duration
 from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.images import parse_images
 from jupyter_llm.messages import parse_messages
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.options import OPTION_TYPES as OPTION_TYPES  # re-exported for the fuzz test
@@ -134,8 +135,6 @@ def keep_alive_field(body: dict[str, Any]) -> float | None:
 
 
 def _common(body: dict[str, Any]) -> dict[str, Any]:
-    if body.get("images"):
-        raise InvalidRequest("images are not supported: this server has no vision models yet")
     return {
         "model": parse_model_name(body.get("model")),
         "stream": _typed(body, "stream", bool, "a boolean", True),
@@ -157,6 +156,7 @@ class GenerateRequest(CompletionRequest):
     template: str | None = None
     suffix: str | None = None
     context: list[int] | None = None
+    images: list[str] = field(default_factory=list)  # base64 of image files
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> GenerateRequest:
@@ -174,6 +174,7 @@ class GenerateRequest(CompletionRequest):
             template=_typed(body, "template", str, "a string") or None,
             suffix=_typed(body, "suffix", str, "a string") or None,
             context=context,
+            images=checked(parse_images, body.get("images")),
         )
 
 

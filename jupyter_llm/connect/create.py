@@ -1,7 +1,11 @@
 """Creating a model from a local Modelfile or ``.gguf`` file: the file lives
 on the client's disk, so the client uploads the GGUF as a blob and sends
 ``/api/create`` (as Ollama's CLI does). Used by ``jupyter llm create`` and
-``%llm create``."""
+``%llm create``.
+
+A vision model's projector travels with it: a second ``FROM`` file, or else
+the mmproj file next to the GGUF (``find_projector``). The server tells the
+two apart by their headers."""
 
 from __future__ import annotations
 
@@ -53,12 +57,46 @@ def create_from_modelfile(
         raise LLMClientError(str(e)) from None
     body = modelfile.create_request(name)
     if modelfile.from_file:
-        path = (base_dir / Path(modelfile.source).expanduser()).resolve()
-        if not path.is_file():
-            raise LLMClientError(f"FROM {modelfile.source}: no such file")
-        body["files"] = {path.name: upload_blob(endpoint, path)}
+        paths = [_local(base_dir, source) for source in [modelfile.source, *modelfile.more_files]]
+        if not modelfile.more_files and (projector := find_projector(paths[0])):
+            progress(f"using projector {projector.name}")
+            paths.append(projector)
+        body["files"] = {}
+        for path in paths:
+            if path.name in body["files"]:
+                raise LLMClientError(f"FROM {path.name} is given twice")
+            body["files"][path.name] = upload_blob(endpoint, path)
     for event in endpoint.stream("api/create", body):
         progress(event.get("status", ""))
+
+
+def _local(base_dir: Path, source: str) -> Path:
+    path = (base_dir / Path(source).expanduser()).resolve()
+    if not path.is_file():
+        raise LLMClientError(f"FROM {source}: no such file")
+    return path
+
+
+def find_projector(model: Path) -> Path | None:
+    """The projector next to a GGUF: ``mmproj-<stem>.gguf``, or else the
+    folder's only ``mmproj*.gguf`` file (names compared case-insensitively).
+    With several and none named for the model, none (give it as a second FROM)."""
+    if model.name.lower().startswith("mmproj"):
+        return None  # the projector itself
+    try:
+        candidates = [
+            p
+            for p in model.parent.iterdir()
+            if p.name.lower().startswith("mmproj")
+            and p.name.lower().endswith(".gguf")
+            and p.is_file()
+        ]
+    except OSError:
+        return None
+    named = f"mmproj-{model.stem}.gguf".lower()
+    if exact := [p for p in candidates if p.name.lower() == named]:
+        return exact[0]
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def create_from_path(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jupyter_llm.memory.model_info import ModelInfo
+from jupyter_llm.memory.projector import ProjectorInfo, projector_graph
 
 KV_PAD = 256  # llama.cpp allocates the KV cache in multiples of this many cells
 # bytes per value of each KV cache type: ggml's block size over its values per block
@@ -73,6 +74,13 @@ class Estimate:
     graph_full: int  # compute graph when every layer is on one device
     graph_partial: int  # per device when the model is split
     tied_output: int = 0  # of output_weights, the token_embd shared with the input on the CPU
+    # a vision projector: its weights and compute buffer, on one device
+    projector_weights: int = 0
+    projector_graph: int = 0
+
+    @property
+    def projector_total(self) -> int:
+        return self.projector_weights + self.projector_graph
 
     @property
     def n_layer(self) -> int:
@@ -95,10 +103,12 @@ class Estimate:
 
     @property
     def cpu_only_total(self) -> int:
-        return self.weights_total + self.kv_total + self.graph_full
+        return self.weights_total + self.kv_total + self.graph_full + self.projector_total
 
 
-def estimate(model: ModelInfo, opts: EstimateOptions) -> Estimate:
+def estimate(
+    model: ModelInfo, opts: EstimateOptions, projector: ProjectorInfo | None = None
+) -> Estimate:
     if opts.kv_type not in KV_BYTES:
         raise ValueError(f"unknown kv cache type {opts.kv_type!r}")
     # one unified KV cache, whatever the number of sequences, of num_ctx cells
@@ -137,4 +147,6 @@ def estimate(model: ModelInfo, opts: EstimateOptions) -> Estimate:
         graph_full=graph_full,
         graph_partial=graph_partial,
         tied_output=model.input_bytes if model.tied_embeddings else 0,
+        projector_weights=projector.weights_bytes if projector else 0,
+        projector_graph=projector_graph(projector) if projector else 0,
     )

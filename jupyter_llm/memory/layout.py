@@ -124,7 +124,8 @@ def plan_layout(
     def fill(candidates: list[GpuSlot], limit: int, graph: int) -> list[tuple[GpuSlot, int]]:
         assigned, placed = [], 0
         for gpu in candidates:
-            left, n = room(gpu, graph), 0
+            # the first GPU with layers also holds the projector
+            left, n = room(gpu, graph) - (0 if assigned else est.projector_total), 0
             while placed < limit and sizes[placed] <= left:
                 left -= sizes[placed]
                 placed += 1
@@ -167,7 +168,8 @@ def _placement(
         layers = order[start : start + n]
         start += n
         graph = est.graph_full if single else est.graph_partial
-        allocations.append(_allocation(gpu.id, est, layers, graph))
+        allocation = _allocation(gpu.id, est, layers, graph)
+        allocations.append(allocation if start > n else _with_projector(allocation, est))
     cpu_layers = order[start:]
     cpu_graph = est.graph_full if not assignment else (est.graph_partial if cpu_layers else 0)
     cpu = _allocation(CPU, est, cpu_layers, cpu_graph)
@@ -175,6 +177,8 @@ def _placement(
     # duplicates token_embd only when the output layer is offloaded)
     tied_on_cpu = est.tied_output if est.n_layer in cpu_layers else 0
     cpu = Allocation(CPU, cpu.weights + est.input_weights - tied_on_cpu, cpu.kv_cache, cpu.graph)
+    if not assignment:
+        cpu = _with_projector(cpu, est)
     if cpu.total > system_free:
         raise NeedsSystemMemory(cpu.total, system_free)
     allocations.append(cpu)
@@ -183,6 +187,12 @@ def _placement(
         allocations=tuple(allocations),
         n_gpu_layers=offloaded,
         n_layers=n_total,
+    )
+
+
+def _with_projector(a: Allocation, est: Estimate) -> Allocation:
+    return Allocation(
+        a.device, a.weights + est.projector_weights, a.kv_cache, a.graph + est.projector_graph
     )
 
 

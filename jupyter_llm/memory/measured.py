@@ -10,6 +10,14 @@ only here.
     load_tensors:   CPU_Mapped model buffer size =    12.34 MiB
     llama_kv_cache:        CPU KV buffer size =    64.00 MiB
     sched_reserve:       CUDA0 compute buffer size =   120.00 MiB
+
+A vision projector (clip, inside mtmd) names its backend once, then its
+weights without one, then its compute buffers; a reservation it makes again
+(the flash-attention probe) replaces its first rather than adding to it:
+
+    clip_ctx: CLIP using CUDA0 backend
+    load_hparams: model size:         3.21 MiB
+    reserve_compute_meta:      CUDA0 compute buffer size =     1.50 MiB
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ _KINDS = {
     "compute": "graph",
     "output": "graph",
 }
+_CLIP_BACKEND = re.compile(r"\bCLIP using (\S+) backend")
+_CLIP_WEIGHTS = re.compile(r"\bmodel size:\s*([\d.]+)\s*([KMG]i?B)")
+_CLIP_RESERVE = "reserve_compute_meta"
 # How ggml and llama.cpp word a failed allocation (CPU malloc, CUDA, Metal,
 # Vulkan, the KV cache and the compute graph reserve).
 _FAILURE = re.compile(
@@ -53,8 +64,15 @@ def parse_buffer_line(line: str) -> tuple[str, str, int] | None:
     if not m:
         return None
     name, kind, size, unit = m.groups()
-    device = CPU if name.startswith("CPU") or name.endswith("_Host") else name
-    return device, _KINDS[kind], int(float(size) * _UNITS[unit])
+    return _device(name), _KINDS[kind], _bytes(size, unit)
+
+
+def _device(name: str) -> str:
+    return CPU if name.startswith("CPU") or name.endswith("_Host") else name
+
+
+def _bytes(size: str, unit: str) -> int:
+    return int(float(size) * _UNITS[unit])
 
 
 def is_allocation_failure_line(line: str) -> bool:
@@ -69,18 +87,35 @@ class AllocationLog:
     def __init__(self) -> None:
         self.devices: dict[str, dict[str, int]] = {}
         self.failure = ""
+        self._clip_device = ""  # the projector's backend, once clip named it
+        self._clip_graph: dict[str, int] = {}  # its latest reservation per device
 
     def feed(self, line: str) -> None:
         if parsed := parse_buffer_line(line):
             device, kind, size = parsed
-            sizes = self.devices.setdefault(device, dict.fromkeys(KINDS, 0))
-            sizes[kind] += size
+            if _CLIP_RESERVE in line:
+                if device in self._clip_graph:  # reserved again: the new one replaces it
+                    for old, n in self._clip_graph.items():
+                        self._add(old, "graph", -n)
+                    self._clip_graph = {}
+                self._clip_graph[device] = size
+            self._add(device, kind, size)
+        elif m := _CLIP_BACKEND.search(line):
+            self._clip_device = _device(m.group(1))
+        elif self._clip_device and (m := _CLIP_WEIGHTS.search(line)):
+            self._add(self._clip_device, "weights", _bytes(m.group(1), m.group(2)))
         elif not self.failure and is_allocation_failure_line(line):
             self.failure = line.strip()
+
+    def _add(self, device: str, kind: str, size: int) -> None:
+        sizes = self.devices.setdefault(device, dict.fromkeys(KINDS, 0))
+        sizes[kind] += size
 
     def reset(self) -> None:
         self.devices = {}
         self.failure = ""
+        self._clip_device = ""
+        self._clip_graph = {}
 
 
 def backend_names(library: str, gpus: list[str]) -> dict[str, str]:

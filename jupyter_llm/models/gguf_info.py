@@ -73,6 +73,12 @@ class GGUFInfo:
     embedding_length: int
     block_count: int
     chat_template: str
+    kind: str = ""  # general.type: "model", "adapter", "mmproj"...
+
+    @property
+    def is_projector(self) -> bool:
+        """A multimodal projector (an mmproj file) rather than a language model."""
+        return self.kind in ("mmproj", "projector") or self.architecture == "clip"
 
     @property
     def parameter_size(self) -> str:
@@ -148,6 +154,7 @@ def read_gguf_info(path: Path) -> GGUFInfo:
         embedding_length=integer(meta, f"{arch}.embedding_length", 0, 1 << 63),
         block_count=integer(meta, f"{arch}.block_count", 0, MAX_BLOCK_COUNT),
         chat_template=text(meta, "tokenizer.chat_template", ""),
+        kind=text(meta, "general.type", ""),
     )
 
 

@@ -1,5 +1,7 @@
 """Ollama's Modelfile: ``FROM``, ``PARAMETER``, ``TEMPLATE``, ``SYSTEM``,
 ``MESSAGE``, ``LICENSE``, parsed into the fields of an ``/api/create`` request.
+A second ``FROM`` naming a ``.gguf`` file adds that file (a vision model's
+projector, as in Ollama, where every file ``FROM`` joins ``files``).
 
 A ``PARAMETER`` is checked here against the option table, types and ranges
 as a request's options are, so a bad one is refused with its line number.
@@ -21,6 +23,7 @@ ROLES = ("system", "user", "assistant")
 @dataclass
 class Modelfile:
     source: str  # FROM: a model name or a path to a .gguf file
+    more_files: list[str] = field(default_factory=list)  # later FROM files (a projector)
     parameters: dict[str, Any] = field(default_factory=dict)
     template: str | None = None
     system: str | None = None
@@ -29,9 +32,7 @@ class Modelfile:
 
     @property
     def from_file(self) -> bool:
-        return self.source.lower().endswith(".gguf") or (
-            "/" in self.source and (self.source.startswith((".", "/", "~")))
-        )
+        return is_file_source(self.source)
 
     def create_request(self, model: str) -> dict[str, Any]:
         """The /api/create body (``from`` for a model; files are the caller's job)."""
@@ -50,12 +51,26 @@ class Modelfile:
         return body
 
 
+def is_file_source(source: str) -> bool:
+    """Does a ``FROM`` name a file (rather than a model)?"""
+    return source.lower().endswith(".gguf") or (
+        "/" in source and (source.startswith((".", "/", "~")))
+    )
+
+
 def parse_modelfile(text: str) -> Modelfile:
     source = None
     out = Modelfile(source="")
     for lineno, command, args in _commands(text):
-        if command == "from":
+        if command == "from" and source is None:
             source = args
+        elif command == "from":
+            if not (is_file_source(source) and is_file_source(args)):
+                raise InvalidRequest(
+                    f"Modelfile line {lineno}: a second FROM must name a .gguf file "
+                    "(a projector) beside a first FROM that is one"
+                )
+            out.more_files.append(args)
         elif command == "parameter":
             name, _, value = args.partition(" ")
             name, value = name.lower(), value.strip()

@@ -158,16 +158,23 @@ class Puller:
         except ValueError:
             raise PullFailed("pull model manifest: Hugging Face sent invalid JSON") from None
         file, digest, size = pick_gguf(siblings, quant)
-        async with self._hold([digest] if digest else []) as hold:
-            await self._check_disk([size] if not (digest and await self._has(digest)) else [])
-            url = f"{self.hf_endpoint}/{repo}/resolve/main/{file}"
-            async with contextlib.aclosing(self._fetch_blob(url, digest, size, hold)) as blob:
-                async for event in blob:
-                    if event.get("digest"):
-                        digest = event["digest"]
-                    yield event
+        projector = pick_projector(siblings)  # a vision model's mmproj file, if the repo has one
+        wanted = [(file, digest, size), *([projector] if projector else [])]
+        async with self._hold([d for _, d, _ in wanted if d]) as hold:
+            await self._check_disk([n for _, d, n in wanted if not (d and await self._has(d))])
+            files: dict[str, str] = {}
+            for name, known, n in wanted:
+                url = f"{self.hf_endpoint}/{repo}/resolve/main/{name}"
+                async with contextlib.aclosing(self._fetch_blob(url, known, n, hold)) as blob:
+                    async for event in blob:
+                        if event.get("digest"):
+                            known = event["digest"]
+                        yield event
+                if known is None:
+                    raise PullFailed("the download produced no file")
+                files[Path(name).name] = known
             named = ModelName("hf.co", model.namespace, model.name, quant)
-            async for event in self._finish_gguf(named, digest, file):
+            async for event in self._finish_gguf(named, files):
                 yield event
 
     # -- direct URL ----------------------------------------------------------------
@@ -192,18 +199,20 @@ class Puller:
                 async for event in blob:
                     digest = event.get("digest") or digest
                     yield event
-            async for event in self._finish_gguf(model, digest, file):
+            if digest is None:
+                raise PullFailed("the download produced no file")
+            async for event in self._finish_gguf(model, {file: digest}):
                 yield event
 
     async def _finish_gguf(
-        self, model: ModelName, digest: str | None, file: str
+        self, model: ModelName, files: dict[str, str]
     ) -> AsyncIterator[Progress]:
-        if digest is None:
-            raise PullFailed("the download produced no file")
+        """Create the model from its downloaded GGUFs (the store tells a projector
+        from the model by its header)."""
         yield {"status": "verifying sha256 digest"}
         yield {"status": "writing manifest"}
         await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.store.create(model, {file: digest})
+            None, lambda: self.store.create(model, files)
         )
         yield {"status": "success"}
 
@@ -398,7 +407,37 @@ def pick_gguf(siblings: list[dict[str, Any]], quant: str) -> tuple[str, str | No
             f"{', '.join(quants) or 'none recognised'}",
             404,
         )
-    choice = sorted(matches, key=lambda s: len(s["rfilename"]))[0]
+    return _sibling(sorted(matches, key=lambda s: len(s["rfilename"]))[0])
+
+
+# A repo's projector, when it has several precisions: the one llama.cpp's
+# own repos (ggml-org) and most others publish first.
+PROJECTOR_PREFERENCE = ("f16", "bf16", "f32", "q8_0")
+
+
+def pick_projector(siblings: list[dict[str, Any]]) -> tuple[str, str | None, int] | None:
+    """The repo's mmproj GGUF (its sha256 and size), or None: a repo with
+    several takes the first precision of ``PROJECTOR_PREFERENCE`` found in
+    the names, else the shortest name."""
+    found = [
+        s
+        for s in siblings
+        if str(s.get("rfilename", "")).lower().endswith(".gguf")
+        and "mmproj" in Path(str(s["rfilename"])).name.lower()
+    ]
+    if not found:
+        return None
+
+    def rank(s: dict[str, Any]) -> tuple[int, int, str]:
+        name = Path(s["rfilename"]).name.lower()
+        words = re.split(r"[-_.]", name)
+        hits = [i for i, p in enumerate(PROJECTOR_PREFERENCE) if p in words]
+        return (hits[0] if hits else len(PROJECTOR_PREFERENCE), len(name), name)
+
+    return _sibling(sorted(found, key=rank)[0])
+
+
+def _sibling(choice: dict[str, Any]) -> tuple[str, str | None, int]:
     lfs = choice.get("lfs") or {}
     digest = (
         f"sha256:{lfs['sha256']}" if re.fullmatch(r"[0-9a-f]{64}", str(lfs.get("sha256"))) else None

@@ -41,6 +41,7 @@ MEDIA_SYSTEM = "application/vnd.ollama.image.system"
 MEDIA_PARAMS = "application/vnd.ollama.image.params"
 MEDIA_LICENSE = "application/vnd.ollama.image.license"
 MEDIA_MESSAGES = "application/vnd.ollama.image.messages"
+MEDIA_PROJECTOR = "application/vnd.ollama.image.projector"  # a vision model's mmproj GGUF
 REPLACEABLE = (MEDIA_TEMPLATE, MEDIA_SYSTEM, MEDIA_PARAMS, MEDIA_MESSAGES, MEDIA_LICENSE)
 
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
@@ -73,16 +74,26 @@ class ModelEntry:
     params: dict[str, Any] = field(default_factory=dict)  # Ollama options
     messages: list[dict[str, Any]] = field(default_factory=list)
     license: str | None = None
+    projector_path: Path | None = None  # the projector layer's blob: the model sees images
+
+    @property
+    def vision(self) -> bool:
+        return self.projector_path is not None
 
     @property
     def details(self) -> dict[str, Any]:
         c = self.config
         family = c.get("model_family", "")
+        families = c.get("model_families")
+        if not (
+            isinstance(families, list) and families and all(isinstance(f, str) for f in families)
+        ):
+            families = [family] if family else None
         return {
             "parent_model": "",
             "format": c.get("model_format", "gguf"),
             "family": family,
-            "families": [family] if family else None,
+            "families": families,
             "parameter_size": c.get("model_type", ""),
             "quantization_level": c.get("file_type", ""),
         }
@@ -191,15 +202,16 @@ class ModelStore:
         messages: list[dict[str, Any]] | None = None,
         license: str | list[str] | None = None,
     ) -> ModelEntry:
-        """Make a model from an uploaded GGUF blob (``files``) or an existing model
-        (``from_model``), with optional template, system prompt, parameters,
-        messages and license layers replacing the base's."""
+        """Make a model from uploaded GGUF blobs (``files``: the model, and at most
+        one projector, told apart by their headers as Ollama does) or an existing
+        model (``from_model``, whose projector it keeps), with optional template,
+        system prompt, parameters, messages and license layers replacing the base's."""
         name = model if isinstance(model, ModelName) else parse_model_name(model)
         if files and from_model:
             raise InvalidRequest("give either files or from, not both")
         if not files and not from_model:
             raise InvalidRequest("files or from is required: upload a GGUF with /api/blobs first")
-        info = None if from_model else read_gguf_info(self.blob_path(self._one_gguf(files)))
+        ggufs = None if from_model else self._ggufs(files)
         texts = {
             MEDIA_TEMPLATE: template,
             MEDIA_SYSTEM: system,
@@ -211,10 +223,11 @@ class ModelStore:
             if from_model:
                 layers, kept, config = self._base_layers(from_model)
             else:
-                assert info is not None
-                digest = self._one_gguf(files)  # again: it may have gone meanwhile
-                layers, kept = [self._layer(MEDIA_MODEL, digest)], {}
-                config = self._config_for(info)
+                assert ggufs is not None
+                # again: a blob may have gone meanwhile
+                layers = [self._layer(media, self._uploaded(f, d)) for media, f, d, _ in ggufs]
+                kept = {}
+                config = self._config_for(*(info for _, _, _, info in ggufs))
             for media in REPLACEABLE:
                 if media == MEDIA_LICENSE:
                     continue
@@ -240,14 +253,36 @@ class ModelStore:
             self._replace_manifest(name, json.dumps(manifest, indent=2).encode())
             return self.get(name)
 
-    def _one_gguf(self, files: object) -> str:
-        """The digest of the one uploaded GGUF that ``files`` names."""
-        if not isinstance(files, dict):
+    def _ggufs(self, files: object) -> list[tuple[str, str, str, GGUFInfo]]:
+        """(media type, file name, digest, header) of each uploaded GGUF that
+        ``files`` names: exactly one model, and at most one projector (a GGUF
+        whose ``general.architecture`` is ``clip``), the model first."""
+        if not isinstance(files, dict) or not files:
             raise InvalidRequest("files must be an object mapping file names to digests")
-        ggufs = [(f, parse_digest(d, f"files[{f!r}]")) for f, d in files.items()]
-        if len(ggufs) != 1:
-            raise InvalidRequest("files must name exactly one GGUF model file")
-        fname, digest = ggufs[0]
+        if len(files) > 2:  # refused before any header is read
+            raise InvalidRequest(
+                f"files names {len(files)} files: one GGUF model file and at most one projector"
+            )
+        found = []
+        for fname, raw in files.items():
+            digest = self._uploaded(fname, parse_digest(raw, f"files[{fname!r}]"))
+            info = read_gguf_info(self.blob_path(digest))
+            found.append(
+                (MEDIA_PROJECTOR if info.is_projector else MEDIA_MODEL, fname, digest, info)
+            )
+        models = [g for g in found if g[0] == MEDIA_MODEL]
+        projectors = [g for g in found if g[0] == MEDIA_PROJECTOR]
+        if len(projectors) > 1:
+            names = ", ".join(repr(f) for _, f, _, _ in projectors)
+            raise InvalidRequest(f"files name more than one projector: {names}")
+        if len(models) != 1:
+            raise InvalidRequest(
+                "files must name exactly one GGUF model file"
+                + (f" (and at most one projector), not {len(models)}" if models else "")
+            )
+        return models + projectors
+
+    def _uploaded(self, fname: str, digest: str) -> str:
         if not self.has_blob(digest):
             raise InvalidRequest(f"blob {digest} for {fname!r} has not been uploaded")
         return digest
@@ -452,6 +487,9 @@ class ModelStore:
             params=params,
             messages=messages if isinstance(messages, list) else [],
             license=text(MEDIA_LICENSE),
+            projector_path=self.blob_path(found["digest"])
+            if (found := layer(MEDIA_PROJECTOR))
+            else None,
         )
 
     def _small_blob(self, digest: str, name: ModelName) -> bytes:
@@ -470,11 +508,15 @@ class ModelStore:
         return {"mediaType": media, "digest": digest, "size": self.blob_path(digest).stat().st_size}
 
     @staticmethod
-    def _config_for(info: GGUFInfo) -> dict[str, Any]:
+    def _config_for(info: GGUFInfo, *projectors: GGUFInfo) -> dict[str, Any]:
+        """The config blob; a projector's architecture joins the families
+        ("llama", "clip"), as in Ollama's vision models."""
+        families = [info.architecture]
+        families += [p.architecture for p in projectors if p.architecture not in families]
         return {
             "model_format": "gguf",
             "model_family": info.architecture,
-            "model_families": [info.architecture],
+            "model_families": families,
             "model_type": info.parameter_size,
             "file_type": info.file_type,
             "architecture": "amd64",

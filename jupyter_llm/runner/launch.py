@@ -34,6 +34,7 @@ class LoadRequest:
     placement: Placement
     gpus: tuple[DeviceInfo, ...] = ()  # the serving GPUs, in the order the layout saw them
     simulated: bool = False  # simulated GPUs: the runner computes on the CPU
+    projector: str = ""  # the vision projector GGUF ("" = none)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class LoadSpec:
     tensor_split: tuple[float, ...] = ()
     use_mmap: bool = True
     n_seq: int = 1  # sequences the runner decodes together
-    projector: str = ""  # the image projector (mmproj GGUF) beside the model, "" = none
+    projector: str = ""  # the mmproj GGUF mtmd loads beside the model ("" = none)
     env: tuple[tuple[str, str], ...] = field(default=())  # device visibility for the runner
 
 
@@ -68,6 +69,7 @@ def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
         n_batch=request.num_batch,
         n_threads=request.num_thread,
         use_mmap=request.use_mmap,
+        projector=request.projector,
     )
     placement = request.placement
     if request.simulated or not placement.gpus:
