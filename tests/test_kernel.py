@@ -3,6 +3,7 @@ results, and embedded mode."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -256,10 +257,27 @@ def test_default_model_from_config(shell):
         ("tiny -i", "{undefined}", "Error: -i: 'undefined' is not defined"),
         ("tiny -t hot", "x", "Error: argument -t/--temperature: invalid float value: 'hot'"),
         ("tiny -f bad", "x", 'Error: invalid format: {"type": "nonsense"}'),
+        ("tiny --image nowhere", "x", "Error: --image: 'nowhere' is not defined"),
+        ("tiny --image bad", "x", "Error: --image bad is a dict; give a PIL image"),
+        ("tiny --image path", "x", "Error: --image path: no file 'no-such.png'"),
+        ("tiny --image text", "x", "Error: --image text: the bytes are not an image file"),
+        # a real PNG to a model without a projector: the server's 400, as one line
+        ("tiny --image png", "x", "Error: model 'tiny:latest' does not support images"),
+        ("tiny --map words --image bad", "x", "Error: --map: images[0] is a dict; give"),
     ],
 )
 def test_errors_are_one_red_line(shell, capsys, line, cell, message):
-    shell.user_ns["bad"] = {"type": "nonsense"}
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(png, format="PNG")
+    shell.user_ns.update(
+        bad={"type": "nonsense"},
+        path="no-such.png",
+        text=b"hello",
+        png=png.getvalue(),
+        words=["a"],
+    )
     assert run(shell, line, cell) is None
     out = capsys.readouterr().out
     assert message in out and "Traceback" not in out
