@@ -24,7 +24,7 @@ from jupyter_llm.kernel.images import (
 from jupyter_llm.kernel.magics import parse_cell_args
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def pil(mode: str = "RGB", size: tuple[int, int] = (6, 4)) -> Image.Image:
