@@ -600,3 +600,42 @@ def test_find_server(monkeypatch, env, servers, with_llm, embedded, expected):
     else:
         endpoint = discovery.find_server(embedded=embedded)
         assert (endpoint.url, endpoint.token, endpoint.kind) == expected
+
+
+def test_agents_and_vision_notebook_runs_end_to_end(live, monkeypatch, tmp_path):
+    """examples/agents_and_vision.ipynb on generated models: the agent model
+    carries Qwen's template (its tool calls are grammar-held), the vision
+    model a random-weight projector."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from jupyter_llm.chat_formats import read_template
+    from jupyter_llm.demo import DemoModelSpec, write_demo_model, write_vision_model
+
+    store = ModelStore(live.env["JUPYTER_LLM_MODELS"])
+    spec = DemoModelSpec(chat_template=read_template("Qwen-Qwen2.5-7B-Instruct"))
+    agent = write_demo_model(tmp_path / "agent.gguf", spec)
+    store.create("agent", {"agent.gguf": store.add_blob_from_file(agent)})
+    model, projector = write_vision_model(tmp_path, "seer")
+    files = {p.name: store.add_blob_from_file(p) for p in (model, projector)}
+    store.create("seer", files)
+    monkeypatch.setenv("JUPYTER_LLM_URL", live.url)
+    monkeypatch.setenv("JUPYTER_LLM_TOKEN", live.token)
+    monkeypatch.setenv("AGENT_MODEL", "agent")
+    monkeypatch.setenv("VISION_MODEL", "seer")
+    nb = nbformat.read("examples/agents_and_vision.ipynb", as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3").execute()  # raises on any error
+    assert "Error:" not in json.dumps([c.get("outputs", []) for c in nb.cells])
+
+    def value(source: str) -> str:
+        cell = next(c for c in nb.cells if c.source == source)
+        return next(o for o in cell.outputs if o["output_type"] == "execute_result")["data"]
+
+    calls = value("calls_made")["text/plain"]
+    assert calls.startswith("[(") and ("'add'" in calls or "'multiply'" in calls)
+    seen = next(c for c in nb.cells if "--image fig" in c.source)
+    shown = [o for o in seen.outputs if o["output_type"] == "execute_result"]
+    assert "seer · 60 tokens" in shown[0]["data"]["text/markdown"]
+    usage = next(c for c in nb.cells if c.source.endswith("response.usage"))
+    printed = [o for o in usage.outputs if o["output_type"] == "execute_result"]
+    assert "completion_tokens=60" in printed[0]["data"]["text/plain"]
