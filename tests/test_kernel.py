@@ -639,3 +639,42 @@ def test_agents_and_vision_notebook_runs_end_to_end(live, monkeypatch, tmp_path)
     usage = next(c for c in nb.cells if c.source.endswith("response.usage"))
     printed = [o for o in usage.outputs if o["output_type"] == "execute_result"]
     assert "completion_tokens=60" in printed[0]["data"]["text/plain"]
+
+
+@pytest.fixture(scope="module")
+def seer(live, tmp_path_factory):
+    """``seer``: a generated vision model (random-weight projector)."""
+    from jupyter_llm.demo import write_vision_model
+
+    model, projector = write_vision_model(tmp_path_factory.mktemp("seer"), "seer")
+    store = ModelStore(live.env["JUPYTER_LLM_MODELS"])
+    store.create("seer", {p.name: store.add_blob_from_file(p) for p in (model, projector)})
+    yield "seer"
+    live.client.post("api/generate", json={"model": "seer", "keep_alive": 0})
+
+
+def test_images_reach_a_vision_model_from_the_magic(shell, seer, tmp_path):
+    """Each --image adds the image's tokens to the prompt; the chat keeps
+    the images in its history, as Ollama's clients do."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    fig, ax = plt.subplots(figsize=(2, 2), dpi=40)
+    ax.plot([0, 1], [1, 0])
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (32, 32), (10, 200, 10)).save(photo)
+    shell.user_ns.update(fig=fig, photo=photo, pil=Image.new("L", (16, 16), 99))
+    plain = run(shell, "seer -n 2 --no-stream", "Describe it.")
+    one = run(shell, "seer -n 2 --no-stream --image fig", "Describe it.")
+    two = run(shell, "seer -n 2 --no-stream --image fig --image photo --chat look", "Describe.")
+    assert plain.metrics.prompt_eval_count < one.metrics.prompt_eval_count
+    assert one.metrics.prompt_eval_count < two.metrics.prompt_eval_count
+    talk = shell.user_ns["look"]
+    assert len(talk.messages[0]["images"]) == 2
+    again = run(shell, "--chat look -n 2 --no-stream --image pil", "And this one?")
+    assert again.metrics.eval_count == 2 and len(talk.messages) == 4
+    assert len(talk.messages[2]["images"]) == 1
+    plt.close(fig)
