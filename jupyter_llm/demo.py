@@ -9,6 +9,7 @@ optional ``<arch>.pooling_type``.
 
     python -m jupyter_llm.demo model.gguf            # just the file
     python -m jupyter_llm.demo --install demo         # into the model store
+    python -m jupyter_llm.demo --vision --install demo-vision  # with its projector
 """
 
 from __future__ import annotations
@@ -249,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("path", nargs="?", help="output .gguf file")
     parser.add_argument("--install", metavar="NAME", help="also add it to the model store")
+    parser.add_argument(
+        "--vision",
+        action="store_true",
+        help="the tiny vision model: a model and its projector, mmproj-<name>.gguf beside it",
+    )
     parser.add_argument("--n-embd", type=int, default=DemoModelSpec.n_embd)
     parser.add_argument("--n-layer", type=int, default=DemoModelSpec.n_layer)
     parser.add_argument("--n-ff", type=int, default=DemoModelSpec.n_ff)
@@ -272,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         arch=args.arch,
         pooling_type=args.pooling_type,
     )
+    if args.vision:  # vision-runner's writer, in this module once both branches are merged
+        from jupyter_llm.demo import write_vision_model
     if args.install:
         import tempfile
 
@@ -280,11 +288,16 @@ def main(argv: list[str] | None = None) -> int:
 
         store = ModelStore(Settings.from_env().models_dir)
         with tempfile.TemporaryDirectory(dir=store.root) as tmp:
-            model_file = write_demo_model(Path(tmp) / "demo.gguf", spec)
-            digest = store.add_blob_from_file(model_file)
-            store.create(args.install, {"demo.gguf": digest})
+            if args.vision:  # the store tells the projector from the model by its header
+                files = write_vision_model(Path(tmp), "demo")
+            else:
+                files = (write_demo_model(Path(tmp) / "demo.gguf", spec),)
+            store.create(args.install, {f.name: store.add_blob_from_file(f) for f in files})
         print(f"installed {args.install} into {store.root}")
-    if args.path:
+    if args.path and args.vision:
+        path = Path(args.path)
+        print(*write_vision_model(path.parent, path.name.removesuffix(".gguf")), sep="\n")
+    elif args.path:
         print(write_demo_model(args.path, spec))
     return 0
 

@@ -195,7 +195,8 @@ def test_create_refuses_what_is_not_one_model_and_one_projector(tmp_path, demo_g
     cases = [
         ({"p.gguf": proj}, "exactly one GGUF model file"),
         ({"a.gguf": model, "b.gguf": model}, "exactly one GGUF model file"),
-        ({"m.gguf": model, "p.gguf": proj, "q.gguf": second}, "more than one projector"),
+        ({"p.gguf": proj, "q.gguf": second}, "more than one projector"),
+        ({"m.gguf": model, "p.gguf": proj, "q.gguf": second}, "names 3 files: one GGUF model"),
         ({"m.gguf": model, "p.gguf": "sha256:" + "2" * 64}, "has not been uploaded"),
         ({}, "files or from is required"),
     ]

@@ -259,6 +259,10 @@ class ModelStore:
         whose ``general.architecture`` is ``clip``), the model first."""
         if not isinstance(files, dict) or not files:
             raise InvalidRequest("files must be an object mapping file names to digests")
+        if len(files) > 2:  # refused before any header is read
+            raise InvalidRequest(
+                f"files names {len(files)} files: one GGUF model file and at most one projector"
+            )
         found = []
         for fname, raw in files.items():
             digest = self._uploaded(fname, parse_digest(raw, f"files[{fname!r}]"))
@@ -268,14 +272,14 @@ class ModelStore:
             )
         models = [g for g in found if g[0] == MEDIA_MODEL]
         projectors = [g for g in found if g[0] == MEDIA_PROJECTOR]
+        if len(projectors) > 1:
+            names = ", ".join(repr(f) for _, f, _, _ in projectors)
+            raise InvalidRequest(f"files name more than one projector: {names}")
         if len(models) != 1:
             raise InvalidRequest(
                 "files must name exactly one GGUF model file"
                 + (f" (and at most one projector), not {len(models)}" if models else "")
             )
-        if len(projectors) > 1:
-            names = ", ".join(repr(f) for _, f, _, _ in projectors)
-            raise InvalidRequest(f"files name more than one projector: {names}")
         return models + projectors
 
     def _uploaded(self, fname: str, digest: str) -> str:
