@@ -263,7 +263,7 @@ def test_default_model_from_config(shell):
         ("tiny --image text", "x", "Error: --image text: the bytes are not an image file"),
         # a real PNG to a model without a projector: the server's 400, as one line
         ("tiny --image png", "x", "Error: model 'tiny:latest' does not support images"),
-        ("tiny --map words --image bad", "x", "Error: --map: images[0] is a dict; give"),
+        ("tiny --map words --image bad", "x", "Error: --image bad is a dict; give"),
     ],
 )
 def test_errors_are_one_red_line(shell, capsys, line, cell, message):

@@ -117,8 +117,13 @@ def namespace_values(names: Iterable[str], namespace: dict[str, Any]) -> list[An
     return [namespace[name] for name in names]
 
 
-def images_from_namespace(names: Iterable[str], namespace: dict[str, Any]) -> list[str]:
-    """``--image VAR`` (repeatable): each variable's image as base64."""
+def image_files(names: Iterable[str], namespace: dict[str, Any]) -> list[bytes]:
+    """``--image VAR`` (repeatable): each variable's image file's bytes."""
     names = list(names)
     values = namespace_values(names, namespace)
-    return [image_base64(v, f"--image {n}") for n, v in zip(names, values, strict=True)]
+    return [image_bytes(v, f"--image {n}") for n, v in zip(names, values, strict=True)]
+
+
+def images_from_namespace(names: Iterable[str], namespace: dict[str, Any]) -> list[str]:
+    """``--image VAR`` (repeatable): each variable's image as base64."""
+    return [base64.b64encode(data).decode("ascii") for data in image_files(names, namespace)]

@@ -27,7 +27,7 @@ from jupyter_llm.connect.create import create_from_path
 from jupyter_llm.connect.loading import LoadWatcher, loading_text
 from jupyter_llm.connect.views import loaded_table, model_details, models_table
 from jupyter_llm.kernel.formats import structured_format
-from jupyter_llm.kernel.images import ImageValueError, images_from_namespace, namespace_values
+from jupyter_llm.kernel.images import ImageValueError, image_files, images_from_namespace
 from jupyter_llm.kernel.markdown import safe_markdown
 from jupyter_llm.kernel.results import Chat, Generation, Metrics
 
@@ -243,6 +243,7 @@ class LLMMagics(Magics):
         ):
             raise MagicUsageError(f"--map: {args.map!r} must be a list or a Series")
         resolve_format(args.format, ns)  # a clear error for a bad -f, before anything runs
+        images = image_files(args.images, ns)
 
         def render(item: Any) -> str:
             if args.interpolate:
@@ -260,7 +261,7 @@ class LLMMagics(Magics):
                 options=args.options,
                 concurrency=args.concurrency,
                 keep_alive=args.keep_alive,
-                images=namespace_values(args.images, ns) or None,
+                images=images or None,
                 progress=args.stream,
                 endpoint=self.endpoint,
             )
