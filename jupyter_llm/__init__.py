@@ -40,4 +40,10 @@ def __getattr__(name: str) -> object:
         from jupyter_llm.kernel.batch import map_prompts
 
         return map_prompts
+    if name in ("image_base64", "image_url"):
+        # a PIL image, matplotlib figure, image bytes or path for the official
+        # clients: ollama's ``images=[...]``, OpenAI's ``image_url`` part
+        from jupyter_llm.kernel import images
+
+        return getattr(images, name)
     raise AttributeError(f"module 'jupyter_llm' has no attribute {name!r}")

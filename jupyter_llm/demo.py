@@ -57,6 +57,14 @@ class DemoModelSpec:
     pooling_type: int | None = None
     # scale of the attention weights: larger, earlier positions (an image) sway the output more
     attn_scale: float = 0.02
+    # more tokens, user-defined as a real vocabulary's added tokens are
+    # (``<tool_call>`` is one token in Qwen's): appended, so no id moves
+    extra_tokens: tuple[str, ...] = ()
+    # a token the model always likes best where it may write it (greedy
+    # output is that token, over and over): its output row is aligned with
+    # a direction every embedding shares. For tests of what a model chooses
+    # to write, such as the lazy tool-call grammar's trigger. "": none
+    favourite: str = ""
 
 
 ARCHS = ("llama", "qwen3", "bert")
@@ -78,8 +86,9 @@ def byte_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def vocabulary() -> tuple[list[str], list[int], list[str]]:
-    """Byte tokens, a few merged tokens, and the special tokens, with their types."""
+def vocabulary(extra: tuple[str, ...] = ()) -> tuple[list[str], list[int], list[str]]:
+    """Byte tokens, a few merged tokens, the special tokens and the ``extra``
+    (user-defined) ones, with their types."""
     import gguf
 
     b2u = byte_to_unicode()
@@ -91,6 +100,11 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
     for special in SPECIALS:
         tokens.append(special)
         types.append(gguf.TokenType.CONTROL)
+    for token in extra:
+        if token in tokens:
+            raise ValueError(f"{token!r} is already a token")
+        tokens.append(token)
+        types.append(gguf.TokenType.USER_DEFINED)
     return tokens, [int(t) for t in types], merges
 
 
@@ -107,7 +121,9 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
         raise ValueError("a bert model has n_head_kv == n_head")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tokens, types, merges = vocabulary()
+    tokens, types, merges = vocabulary(spec.extra_tokens)
+    if spec.favourite and spec.favourite not in tokens:
+        raise ValueError(f"favourite {spec.favourite!r} is not a token")
     n_vocab = len(tokens)
     head_dim = spec.n_embd // spec.n_head
     rng = np.random.default_rng(spec.seed)
@@ -171,7 +187,10 @@ def _decoder_tensors(writer: Any, spec: DemoModelSpec, tokens: list[str], weight
     n_vocab = len(tokens)
     head_dim = spec.n_embd // spec.n_head
     n_embd_kv = head_dim * spec.n_head_kv
-    writer.add_tensor("token_embd.weight", weights(n_vocab, spec.n_embd, scale=1.0))
+    embeddings = weights(n_vocab, spec.n_embd, scale=1.0)
+    if spec.favourite:
+        embeddings[:, 0] = 8.0  # the shared direction (see DemoModelSpec.favourite)
+    writer.add_tensor("token_embd.weight", embeddings)
     for i in range(spec.n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
         attn = spec.attn_scale
@@ -197,8 +216,11 @@ def _decoder_tensors(writer: Any, spec: DemoModelSpec, tokens: list[str], weight
     for b in range(256):
         if not (32 <= b < 127 or b == 10):
             output[tokens.index(b2u[b])] = 0.0
-    for special in SPECIALS:
+    for special in (*SPECIALS, *spec.extra_tokens):
         output[tokens.index(special)] = 0.0
+    if spec.favourite:
+        output[tokens.index(spec.favourite)] = 0.0
+        output[tokens.index(spec.favourite), 0] = 50.0
     writer.add_tensor("output.weight", output)
 
 

@@ -1,4 +1,5 @@
 import gguf
+import pytest
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model, write_vision_model
 
@@ -81,3 +82,27 @@ def test_mtmd_accepts_the_projector_and_encodes_an_image(tmp_path):
     mtmd.mtmd_bitmap_free(bitmap)
     mtmd.mtmd_free(ctx)
     llama_cpp.llama_model_free(model)
+
+
+def test_extra_tokens_are_user_defined_and_appended(tmp_path):
+    plain = gguf.GGUFReader(str(write_demo_model(tmp_path / "p.gguf")))
+    spec = DemoModelSpec(extra_tokens=("<tool_call>", "</tool_call>"), favourite="<tool_call>")
+    extra = gguf.GGUFReader(str(write_demo_model(tmp_path / "e.gguf", spec)))
+    before = plain.get_field("tokenizer.ggml.tokens").contents()
+    after = extra.get_field("tokenizer.ggml.tokens").contents()
+    assert after == [*before, "<tool_call>", "</tool_call>"]
+    types = extra.get_field("tokenizer.ggml.token_type").contents()
+    assert types[-2:] == [int(gguf.TokenType.USER_DEFINED)] * 2
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (DemoModelSpec(favourite="<tool_call>"), "favourite '<tool_call>' is not a token"),
+        (DemoModelSpec(extra_tokens=("<s>",)), "'<s>' is already a token"),
+        (DemoModelSpec(extra_tokens=("a", "a")), "'a' is already a token"),
+    ],
+)
+def test_bad_extra_tokens_and_favourites_are_refused(tmp_path, spec, message):
+    with pytest.raises(ValueError, match=message):
+        write_demo_model(tmp_path / "m.gguf", spec)

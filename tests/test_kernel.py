@@ -3,6 +3,7 @@ results, and embedded mode."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -256,10 +257,27 @@ def test_default_model_from_config(shell):
         ("tiny -i", "{undefined}", "Error: -i: 'undefined' is not defined"),
         ("tiny -t hot", "x", "Error: argument -t/--temperature: invalid float value: 'hot'"),
         ("tiny -f bad", "x", 'Error: invalid format: {"type": "nonsense"}'),
+        ("tiny --image nowhere", "x", "Error: --image: 'nowhere' is not defined"),
+        ("tiny --image bad", "x", "Error: --image bad is a dict; give a PIL image"),
+        ("tiny --image path", "x", "Error: --image path: no file 'no-such.png'"),
+        ("tiny --image text", "x", "Error: --image text: the bytes are not an image file"),
+        # a real PNG to a model without a projector: the server's 400, as one line
+        ("tiny --image png", "x", "Error: model 'tiny:latest' does not support images"),
+        ("tiny --map words --image bad", "x", "Error: --image bad is a dict; give"),
     ],
 )
 def test_errors_are_one_red_line(shell, capsys, line, cell, message):
-    shell.user_ns["bad"] = {"type": "nonsense"}
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(png, format="PNG")
+    shell.user_ns.update(
+        bad={"type": "nonsense"},
+        path="no-such.png",
+        text=b"hello",
+        png=png.getvalue(),
+        words=["a"],
+    )
     assert run(shell, line, cell) is None
     out = capsys.readouterr().out
     assert message in out and "Traceback" not in out
@@ -617,3 +635,81 @@ def test_llm_devices_explains_an_idle_gpu(idle_gpu_live):
     assert isinstance(dash, DeviceDashboard)
     assert "Radeon" in dash.notices.value and "make lab GPU=vulkan" in dash.notices.value
     dash.close()
+
+
+def test_agents_and_vision_notebook_runs_end_to_end(live, monkeypatch, tmp_path):
+    """examples/agents_and_vision.ipynb on generated models: the agent model
+    carries Qwen's template (its tool calls are grammar-held), the vision
+    model a random-weight projector."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from jupyter_llm.chat_formats import read_template
+    from jupyter_llm.demo import DemoModelSpec, write_demo_model, write_vision_model
+
+    store = ModelStore(live.env["JUPYTER_LLM_MODELS"])
+    spec = DemoModelSpec(chat_template=read_template("Qwen-Qwen2.5-7B-Instruct"))
+    agent = write_demo_model(tmp_path / "agent.gguf", spec)
+    store.create("agent", {"agent.gguf": store.add_blob_from_file(agent)})
+    model, projector = write_vision_model(tmp_path, "seer")
+    files = {p.name: store.add_blob_from_file(p) for p in (model, projector)}
+    store.create("seer", files)
+    monkeypatch.setenv("JUPYTER_LLM_URL", live.url)
+    monkeypatch.setenv("JUPYTER_LLM_TOKEN", live.token)
+    monkeypatch.setenv("AGENT_MODEL", "agent")
+    monkeypatch.setenv("VISION_MODEL", "seer")
+    nb = nbformat.read("examples/agents_and_vision.ipynb", as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3").execute()  # raises on any error
+    assert "Error:" not in json.dumps([c.get("outputs", []) for c in nb.cells])
+
+    def value(source: str) -> str:
+        cell = next(c for c in nb.cells if c.source == source)
+        return next(o for o in cell.outputs if o["output_type"] == "execute_result")["data"]
+
+    calls = value("calls_made")["text/plain"]
+    assert calls.startswith("[(") and ("'add'" in calls or "'multiply'" in calls)
+    seen = next(c for c in nb.cells if "--image fig" in c.source)
+    shown = [o for o in seen.outputs if o["output_type"] == "execute_result"]
+    assert "seer · 60 tokens" in shown[0]["data"]["text/markdown"]
+    usage = next(c for c in nb.cells if c.source.endswith("response.usage"))
+    printed = [o for o in usage.outputs if o["output_type"] == "execute_result"]
+    assert "completion_tokens=60" in printed[0]["data"]["text/plain"]
+
+
+@pytest.fixture(scope="module")
+def seer(live, tmp_path_factory):
+    """``seer``: a generated vision model (random-weight projector)."""
+    from jupyter_llm.demo import write_vision_model
+
+    model, projector = write_vision_model(tmp_path_factory.mktemp("seer"), "seer")
+    store = ModelStore(live.env["JUPYTER_LLM_MODELS"])
+    store.create("seer", {p.name: store.add_blob_from_file(p) for p in (model, projector)})
+    yield "seer"
+    live.client.post("api/generate", json={"model": "seer", "keep_alive": 0})
+
+
+def test_images_reach_a_vision_model_from_the_magic(shell, seer, tmp_path):
+    """Each --image adds the image's tokens to the prompt; the chat keeps
+    the images in its history, as Ollama's clients do."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    fig, ax = plt.subplots(figsize=(2, 2), dpi=40)
+    ax.plot([0, 1], [1, 0])
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (32, 32), (10, 200, 10)).save(photo)
+    shell.user_ns.update(fig=fig, photo=photo, pil=Image.new("L", (16, 16), 99))
+    plain = run(shell, "seer -n 2 --no-stream", "Describe it.")
+    one = run(shell, "seer -n 2 --no-stream --image fig", "Describe it.")
+    two = run(shell, "seer -n 2 --no-stream --image fig --image photo --chat look", "Describe.")
+    assert plain.metrics.prompt_eval_count < one.metrics.prompt_eval_count
+    assert one.metrics.prompt_eval_count < two.metrics.prompt_eval_count
+    talk = shell.user_ns["look"]
+    assert len(talk.messages[0]["images"]) == 2
+    again = run(shell, "--chat look -n 2 --no-stream --image pil", "And this one?")
+    assert again.metrics.eval_count == 2 and len(talk.messages) == 4
+    assert len(talk.messages[2]["images"]) == 1
+    plt.close(fig)

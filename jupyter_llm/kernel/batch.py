@@ -26,6 +26,7 @@ from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
 from jupyter_llm.connect.endpoint import raise_for_error
 from jupyter_llm.connect.loading import LoadWatcher, loading_text, parallel_of
 from jupyter_llm.kernel.formats import structured_format
+from jupyter_llm.kernel.images import images_base64
 from jupyter_llm.kernel.results import Metrics
 
 CANCEL_WAIT = 30.0  # seconds to wait for the cancelled requests to close
@@ -47,11 +48,13 @@ class MapError(Exception):
 
 @dataclass(frozen=True)
 class Item:
-    """One prompt and what it adds to the call's system prompt and options."""
+    """One prompt and what it adds to the call's system prompt, options and
+    images (base64; the item's own replace the call's)."""
 
     prompt: str
     system: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    images: tuple[str, ...] = ()
 
 
 class MapResults(list):
@@ -92,7 +95,8 @@ def summarize(values: list[Any]) -> str:
 
 def to_items(prompts: Iterable[Any]) -> list[Item]:
     """Each prompt is a string, or a dict with ``prompt`` and optionally
-    ``system`` and ``options`` (merged over the call's)."""
+    ``system``, ``options`` (merged over the call's) and ``images`` (one image
+    or a list, as ``kernel.images`` reads them; they replace the call's)."""
     items = []
     for i, p in enumerate(prompts):
         if isinstance(p, str):
@@ -100,13 +104,17 @@ def to_items(prompts: Iterable[Any]) -> list[Item]:
             continue
         if not isinstance(p, dict) or not isinstance(p.get("prompt"), str):
             raise TypeError(f"item {i}: a prompt is a string or a dict with a 'prompt' string")
-        unknown = set(p) - {"prompt", "system", "options"}
+        unknown = set(p) - {"prompt", "system", "options", "images"}
         if unknown:
             raise TypeError(f"item {i}: unknown keys {sorted(unknown)}")
         options = p.get("options") or {}
         if not isinstance(options, dict):
             raise TypeError(f"item {i}: 'options' must be a dict")
-        items.append(Item(p["prompt"], p.get("system"), dict(options)))
+        try:
+            images = tuple(images_base64(p.get("images"), f"item {i}: images"))
+        except ValueError as e:
+            raise TypeError(str(e)) from None
+        items.append(Item(p["prompt"], p.get("system"), dict(options), images))
     return items
 
 
@@ -119,16 +127,24 @@ def request_body(
     options: dict[str, Any],
     fmt: Any,
     keep_alive: Any,
+    images: list[str] | tuple[str, ...] = (),
 ) -> tuple[str, dict[str, Any]]:
-    """Pure: the path and body of one item's request (not streamed)."""
+    """Pure: the path and body of one item's request (not streamed).
+    ``images``: the call's, base64; an item's own replace them."""
     system = item.system if item.system is not None else system
+    images = list(item.images or images)
     body: dict[str, Any] = {"model": model, "stream": False, "options": {**options, **item.options}}
     if mode == "chat":
         messages = [{"role": "system", "content": system}] if system else []
-        body["messages"] = [*messages, {"role": "user", "content": item.prompt}]
+        user: dict[str, Any] = {"role": "user", "content": item.prompt}
+        if images:
+            user["images"] = images
+        body["messages"] = [*messages, user]
         path = "api/chat"
     else:
         body["prompt"] = item.prompt
+        if images:
+            body["images"] = images
         if system:
             body["system"] = system
         path = "api/generate"
@@ -149,6 +165,7 @@ def map_prompts(
     mode: str = "chat",
     concurrency: int | None = None,
     keep_alive: Any = None,
+    images: Any = None,
     progress: bool | IO[str] = True,
     on_result: Callable[[int, Any], None] | None = None,
     endpoint: ServerEndpoint | None = None,
@@ -161,6 +178,9 @@ def map_prompts(
     then the parsed value (a model instance for a class). ``mode``: ``"chat"``
     or ``"generate"``. ``concurrency``: requests at once (default: the
     model's slots, ``parallel`` in ``/api/ps``, once it is loaded).
+    ``images``: an image or a list (PIL images, matplotlib figures, image
+    bytes or paths) sent with every prompt, e.g. many questions about one
+    figure; an item's own ``images`` replace them.
     ``progress``: a bar (tqdm: a widget in a notebook, text in a terminal),
     False for none, or a text file to draw it in. ``on_result(position,
     value)`` is called (in this thread) as each item ends, e.g. to save it.
@@ -177,12 +197,20 @@ def map_prompts(
     items = to_items(list(prompts))
     fmt, parse = structured_format(format) if format is not None else (None, None)
     options = dict(options or {})
+    shared = images_base64(images)
     run = BatchRun(
         endpoint or find_server(),
         model,
         items,
         lambda item: request_body(
-            model, item, mode=mode, system=system, options=options, fmt=fmt, keep_alive=keep_alive
+            model,
+            item,
+            mode=mode,
+            system=system,
+            options=options,
+            fmt=fmt,
+            keep_alive=keep_alive,
+            images=shared,
         ),
         "message" if mode == "chat" else "response",
         parse,

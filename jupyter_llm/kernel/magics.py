@@ -27,6 +27,7 @@ from jupyter_llm.connect.create import create_from_path
 from jupyter_llm.connect.loading import LoadWatcher, loading_text
 from jupyter_llm.connect.views import loaded_table, model_details, models_table
 from jupyter_llm.kernel.formats import structured_format
+from jupyter_llm.kernel.images import ImageValueError, image_files, images_from_namespace
 from jupyter_llm.kernel.markdown import safe_markdown
 from jupyter_llm.kernel.results import Chat, Generation, Metrics
 
@@ -34,6 +35,7 @@ HELP = """%%llm MODEL [options]   (the prompt is the cell body)
   -s/--system TEXT   -f/--format json|VAR   -o/--out VAR   --options JSON
   -t/--temperature T   --seed N   -n/--num-predict N   --num-ctx N   --keep-alive D
   --chat NAME (multi-turn)   --no-stream   -i/--interpolate ({var} from the namespace)
+  --image VAR (repeatable): a PIL image, matplotlib figure, image bytes or path
   --map VAR [--concurrency N]: the cell is a template, {item} each element of the
     list or Series VAR; runs them all, as many at once as the model's slots
     (or N), with a progress bar; -o stores the results (in order)
@@ -63,6 +65,7 @@ class CellArgs:
     interpolate: bool = False
     map: str | None = None
     concurrency: int | None = None
+    images: list[str] = field(default_factory=list)  # names of variables
 
 
 def parse_cell_args(line: str) -> CellArgs:
@@ -82,6 +85,7 @@ def parse_cell_args(line: str) -> CellArgs:
     p.add_argument("-i", "--interpolate", action="store_true")
     p.add_argument("--map")
     p.add_argument("--concurrency", type=int)
+    p.add_argument("--image", action="append", default=[])
     try:
         a = p.parse_args(shlex.split(line))
     except ValueError as e:
@@ -114,6 +118,7 @@ def parse_cell_args(line: str) -> CellArgs:
         interpolate=a.interpolate,
         map=a.map,
         concurrency=a.concurrency,
+        images=a.image,
     )
 
 
@@ -168,7 +173,7 @@ class LLMMagics(Magics):
     def llm(self, line: str, cell: str) -> Generation | None:
         try:
             return self._run_cell(parse_cell_args(line), cell)
-        except (MagicUsageError, LLMClientError) as e:
+        except (MagicUsageError, LLMClientError, ImageValueError) as e:
             show_error(str(e))
             return None
 
@@ -189,7 +194,10 @@ class LLMMagics(Magics):
         messages = list(chat.messages) if chat else []
         if args.system and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": args.system})
-        messages.append({"role": "user", "content": prompt.strip()})
+        user: dict[str, Any] = {"role": "user", "content": prompt.strip()}
+        if args.images:
+            user["images"] = images_from_namespace(args.images, ns)
+        messages.append(user)
         body: dict[str, Any] = {
             "model": model,
             "messages": messages,
@@ -235,6 +243,7 @@ class LLMMagics(Magics):
         ):
             raise MagicUsageError(f"--map: {args.map!r} must be a list or a Series")
         resolve_format(args.format, ns)  # a clear error for a bad -f, before anything runs
+        images = image_files(args.images, ns)
 
         def render(item: Any) -> str:
             if args.interpolate:
@@ -252,6 +261,7 @@ class LLMMagics(Magics):
                 options=args.options,
                 concurrency=args.concurrency,
                 keep_alive=args.keep_alive,
+                images=images or None,
                 progress=args.stream,
                 endpoint=self.endpoint,
             )
