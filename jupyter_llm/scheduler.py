@@ -147,6 +147,11 @@ class MustDrain(Exception):
         self.victim = victim
 
 
+class Unloaded(Exception):
+    """The model a request was queued on went away (an admin's unload, an
+    eviction, a dead runner) before a slot came: it goes back to loading."""
+
+
 class Lease:
     """A request's hold on a loaded runner; released however the request ends."""
 
@@ -253,12 +258,16 @@ class Scheduler:
             raise ServerBusy()
         self._waiting += 1
         try:
-            loaded, fresh_ns = await self._get_loaded(entry, options, keep_alive)
-            loaded.waiting += 1
-            try:
-                await self._take_slot(loaded, requester.name)
-            finally:
-                loaded.waiting -= 1
+            while True:
+                loaded, fresh_ns = await self._get_loaded(entry, options, keep_alive)
+                loaded.waiting += 1
+                try:
+                    await self._take_slot(loaded, requester.name)
+                    break
+                except Unloaded:
+                    continue  # load it again (or fail with the reason it cannot load)
+                finally:
+                    loaded.waiting -= 1
         finally:
             self._waiting -= 1
         loaded.last_used = time.monotonic()
@@ -288,7 +297,7 @@ class Scheduler:
 
         def has_slot(waiter: Waiter) -> bool:
             loaded = self._grants[waiter][1]
-            return loaded.refcount < loaded.parallel
+            return loaded.runner.alive and loaded.refcount < loaded.parallel
 
         limit = self.settings.max_requests_per_user
         while (waiter := self._fair.pop(self._active, limit, has_slot)) is not None:
@@ -297,6 +306,15 @@ class Scheduler:
             loaded.users[waiter.user] += 1
             self._active[waiter.user] += 1
             granted.set_result(None)
+
+    def _requeue(self, loaded: Loaded) -> None:
+        """``loaded`` is gone: the requests queued on it go back to loading."""
+        for waiter, (granted, on) in list(self._grants.items()):
+            if on is loaded:
+                del self._grants[waiter]
+                self._fair.remove(waiter)
+                if not granted.done():
+                    granted.set_exception(Unloaded(loaded.key))
 
     def holders(self, loaded: Loaded) -> list[dict[str, Any]]:
         """Who holds ``loaded``: each user with requests running or queued on it."""
@@ -338,6 +356,7 @@ class Scheduler:
         for loaded in list(self._loaded.values()):
             self._stop_timer(loaded)
             loaded.runner.kill()
+            self._requeue(loaded)  # they fail: nothing loads while shutting down
         await asyncio.gather(
             *(m.runner.close() for m in self._loaded.values()), return_exceptions=True
         )
@@ -615,6 +634,7 @@ class Scheduler:
         before = {d.id: d.free_memory for d in await self.current_devices()} if held else {}
         if self._loaded.get(loaded.key) is loaded:
             del self._loaded[loaded.key]
+        self._requeue(loaded)
         log.info("unloading %s", loaded.key)
         await loaded.runner.close()
         await self._wait_for_vram_recovery(before, held)
@@ -654,6 +674,7 @@ class Scheduler:
         if not loaded.runner.alive:
             if self._loaded.get(loaded.key) is loaded:
                 del self._loaded[loaded.key]
+            self._requeue(loaded)
             self._spawn(loaded.runner.close())
         elif loaded.refcount == 0:
             self._start_timer(loaded)

@@ -9,6 +9,7 @@ import pytest
 from test_scheduler import ONE_GPU, entry, make, until
 
 from jupyter_llm.api.ps import ps_body
+from jupyter_llm.errors import AllocationFailed, ModelLoadFailed
 from jupyter_llm.fair_queue import FairQueue, Waiter, next_waiter, unload_now
 from jupyter_llm.identity import LOCAL, Requester, requester_of
 from jupyter_llm.scheduler import LoadOptions
@@ -165,3 +166,57 @@ async def test_a_cancelled_waiter_leaves_the_queue():
     assert ps_body(scheduler)["models"][0]["users"] == [{"name": "ann", "running": 1, "queued": 0}]
     ann.release()
     (await scheduler.acquire(e, LoadOptions(), None, BOB)).release()  # the slot was freed
+
+
+async def test_requests_queued_on_a_model_an_admin_unloads_load_it_again():
+    scheduler, factory = make(ONE_GPU, num_parallel=1)
+    e = entry("m")
+    ann = await scheduler.acquire(e, LoadOptions(), None, ANN)
+    bob = asyncio.create_task(scheduler.acquire(e, LoadOptions(), None, BOB))
+    await until(lambda: scheduler.pending == 1)
+    await scheduler.unload("m:latest", ROOT)  # cuts ann off; bob was queued on it
+    assert not factory.runners[0].alive
+    lease = await asyncio.wait_for(bob, 10)
+    assert lease.runner is factory.runners[1] and lease.runner.alive
+    assert ps_body(scheduler)["models"][0]["users"] == [{"name": "bob", "running": 1, "queued": 0}]
+    ann.release()  # the old runner's request ends: the new one is untouched
+    assert factory.runners[1].alive and scheduler.pending == 0
+    lease.release()
+
+
+async def test_a_queued_request_whose_model_cannot_load_again_gets_the_reason():
+    scheduler, factory = make(ONE_GPU, num_parallel=1)
+    e = entry("m")
+    ann = await scheduler.acquire(e, LoadOptions(), None, ANN)
+    bob = asyncio.create_task(scheduler.acquire(e, LoadOptions(), None, BOB))
+    await until(lambda: scheduler.pending == 1)
+    factory.fail = 1  # the next load fails
+    await scheduler.unload("m:latest", ROOT)
+    with pytest.raises(AllocationFailed, match="could not allocate"):
+        await asyncio.wait_for(bob, 10)
+    assert scheduler.pending == 0 and ps_body(scheduler)["models"] == []
+    ann.release()
+
+
+async def test_a_request_queued_on_a_runner_that_dies_loads_a_fresh_one():
+    scheduler, factory = make(ONE_GPU, num_parallel=1)
+    e = entry("m")
+    ann = await scheduler.acquire(e, LoadOptions(), None, ANN)
+    bob = asyncio.create_task(scheduler.acquire(e, LoadOptions(), None, BOB))
+    await until(lambda: scheduler.pending == 1)
+    factory.runners[0].kill()  # the runner crashes under ann's request
+    ann.release()
+    lease = await asyncio.wait_for(bob, 10)
+    assert lease.runner is factory.runners[1] and lease.runner.alive
+    lease.release()
+
+
+async def test_shutdown_fails_the_queued_requests():
+    scheduler, _ = make(ONE_GPU, num_parallel=1)
+    e = entry("m")
+    await scheduler.acquire(e, LoadOptions(), None, ANN)
+    bob = asyncio.create_task(scheduler.acquire(e, LoadOptions(), None, BOB))
+    await until(lambda: scheduler.pending == 1)
+    await scheduler.shutdown()
+    with pytest.raises(ModelLoadFailed, match="shutting down"):
+        await asyncio.wait_for(bob, 10)
