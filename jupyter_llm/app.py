@@ -2,6 +2,10 @@
 where ``LLMServices`` and ``build_services`` moved), mounts the handlers, and
 kills every runner on shutdown.
 
+With an engine URL (``LLMExtension.engine_url`` or ``JUPYTER_LLM_ENGINE_URL``,
+which a JupyterHub spawner's environment sets) it starts no scheduler and no
+runner: its routes forward to that shared engine (``api.forward``).
+
 A bad configuration value (a trait or a ``JUPYTER_LLM_*`` variable) stops the
 server with a message naming it: jupyter_server's extension manager would
 otherwise log a warning and run on without jupyter-llm.
@@ -17,7 +21,7 @@ from typing import Any, NoReturn
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Float, Int, TraitError, Unicode, Union, validate
 
-from jupyter_llm.api import handlers
+from jupyter_llm.api import forward, handlers
 from jupyter_llm.config import Settings
 from jupyter_llm.durations import parse_duration
 from jupyter_llm.errors import ConfigError
@@ -36,6 +40,7 @@ SETTINGS_TRAITS = (
     "stream_interval",
     "num_threads",
     "python",
+    "engine_url",
 )
 
 
@@ -72,7 +77,17 @@ class LLMExtension(ExtensionApp):
         "`make lab GPU=...` sets it); empty: the server's own.",
     )
 
-    services: LLMServices
+    engine_url = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="A shared engine's API URL (`jupyter llm serve` behind JupyterHub, e.g. "
+        "http://127.0.0.1:8765/services/llm/): this server then starts no scheduler "
+        "and forwards its /llm/ routes there, as its user.",
+    )
+
+    services: LLMServices | None = None  # None: the routes forward to ``engine``
+    engine: forward.Engine | None = None
 
     @validate("keep_alive", "load_timeout")
     def _valid_duration(self, proposal: Any) -> Any:
@@ -103,10 +118,15 @@ class LLMExtension(ExtensionApp):
             settings = self.build_settings()
         except ConfigError as e:
             self._refuse(self.serverapp, str(e))
+        self._share_log_config()
+        if settings.engine_url:
+            self.engine = forward.Engine.connect(settings)
+            self.settings.update({"jupyter_llm_engine": self.engine})
+            self.log.info("jupyter-llm: using the shared engine at %s", settings.engine_url)
+            return
         self.services = build_services(settings)
         self.settings.update({"jupyter_llm": self.services})
-        atexit.register(self.services.scheduler.kill_all)
-        self._share_log_config()
+        atexit.register(self.services.kill)
         self.log.info("jupyter-llm: models in %s", settings.models_dir)
 
     @staticmethod
@@ -132,10 +152,11 @@ class LLMExtension(ExtensionApp):
         package.propagate = not package.handlers
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend((f"/llm/{path}", handler) for path, handler in handlers())
+        routes = handlers() if self.engine is None else forward.handlers(handlers())
+        self.handlers.extend((f"/llm/{path}", handler) for path, handler in routes)
 
     async def stop_extension(self) -> None:
-        try:
-            await self.services.scheduler.shutdown()
-        finally:
-            self.services.scheduler.kill_all()
+        if self.engine is not None:
+            await self.engine.close()
+        if self.services is not None:
+            await self.services.stop()

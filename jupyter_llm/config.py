@@ -9,9 +9,10 @@ its value, and the app refuses to start with it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from jupyter_llm.durations import parse_duration
 from jupyter_llm.errors import ConfigError
@@ -36,6 +37,10 @@ class Settings:
     num_threads: int = 0  # 0: the physical cores the runner may use (runner/cpu_threads.py)
     stream_interval: float = 0.1  # seconds a fast model's tokens are grouped for streaming
     python: str = ""  # interpreter for runner processes; "" = this one
+    # a shared engine (``jupyter llm serve`` behind JupyterHub): this server then
+    # starts no scheduler and forwards its ``/llm/`` routes there (``api.forward``)
+    engine_url: str = ""
+    engine_token: str = field(default="", repr=False)  # "": $JUPYTERHUB_API_TOKEN
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
@@ -53,7 +58,23 @@ class Settings:
             if value is not None:
                 values[name] = _parse(name, value, name) if name in DURATIONS else value
         settings = replace(cls(), **values)
-        return replace(settings, models_dir=Path(settings.models_dir).expanduser())
+        settings = replace(settings, models_dir=Path(settings.models_dir).expanduser())
+        if settings.engine_url:
+            return _with_engine(settings, env)
+        return settings
+
+
+def _with_engine(settings: Settings, env: Any) -> Settings:
+    """The engine's URL checked and ending in "/"; its token, unless given, the
+    Hub's token of this user's server (a user's server authenticates as its user)."""
+    url = settings.engine_url
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+        raise ConfigError(
+            f"invalid {env_name('engine_url')}: {url!r}; expected an http(s) URL such as "
+            "http://127.0.0.1:8765/services/llm/"
+        )
+    token = settings.engine_token or env.get("JUPYTERHUB_API_TOKEN", "")
+    return replace(settings, engine_url=url.rstrip("/") + "/", engine_token=token)
 
 
 ENV_NAMES = {"models_dir": "MODELS"}

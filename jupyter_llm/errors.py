@@ -65,3 +65,9 @@ class PullFailed(LLMError):
 
 class ConfigError(LLMError):
     status = 500
+
+
+class EngineUnreachable(LLMError):
+    """A user's server forwards to a shared engine (``api.forward``) that does not answer."""
+
+    status = 502

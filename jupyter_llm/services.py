@@ -1,4 +1,6 @@
-"""The services the handlers share: one value built once by the app.
+"""The services the handlers share: one value built once by whatever hosts
+the engine, the Jupyter extension (``app.py``) or the JupyterHub service
+(``hub/service.py``), with its start (``build_services``) and stop.
 
 Moved from ``app.py`` (``LLMServices``, ``build_services``) so that the API
 layer can type what it reaches through ``self.llm`` without importing the
@@ -28,6 +30,17 @@ class LLMServices:
     devices: DeviceSource
     scheduler: Scheduler
     puller: Puller
+
+    async def stop(self) -> None:
+        """Stop every runner (the extension's and the Hub service's shutdown)."""
+        try:
+            await self.scheduler.shutdown()
+        finally:
+            self.scheduler.kill_all()
+
+    def kill(self) -> None:
+        """Last resort, synchronous (``atexit``): no runner outlives its engine."""
+        self.scheduler.kill_all()
 
 
 def build_services(settings: Settings) -> LLMServices:

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import authorized as jupyter_authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
@@ -40,10 +41,40 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 # Authorization resources (README, Security)
 LLM = "llm"  # read: version, devices, tags, ps, show, models; execute: completions, embeddings
 LLM_MODELS = "llm.models"  # read: blob exists; write: blobs, create, pull, copy, delete
+
+
+def authorized(action: str) -> Callable[[F], F]:
+    """jupyter_server's ``@authorized(action)``, the action also kept on the
+    method (``action_of``), so that ``api.forward`` asks the same question of a
+    request it forwards to a shared engine."""
+
+    def decorate(method: F) -> F:
+        checked = jupyter_authorized(action)(method)
+        checked.llm_action = action  # type: ignore[attr-defined]
+        return checked
+
+    return decorate
+
+
+def authorized_in_prepare(action: str) -> Callable[[F], F]:
+    """Marks a method whose handler authorizes ``action`` in ``prepare``
+    (before its body streams anywhere), as ``BlobHandler.post`` does."""
+
+    def decorate(method: F) -> F:
+        method.llm_action = action  # type: ignore[attr-defined]
+        return method
+
+    return decorate
+
+
+def action_of(handler: type, method: str) -> str:
+    """The action ``handler`` authorizes for HTTP ``method`` ("GET", ...)."""
+    return getattr(handler, method.lower()).llm_action
 
 
 def now_iso() -> str:

@@ -15,12 +15,20 @@ from contextlib import aclosing
 from dataclasses import asdict
 from typing import Any
 
-from jupyter_server.auth.decorator import allow_unauthenticated, authorized
+from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from jupyter_llm import __version__
-from jupyter_llm.api.base import LLM, LLM_MODELS, NDJSON, LLMHandler, now_iso
+from jupyter_llm.api.base import (
+    LLM,
+    LLM_MODELS,
+    NDJSON,
+    LLMHandler,
+    authorized,
+    authorized_in_prepare,
+    now_iso,
+)
 from jupyter_llm.api.generation import (
     Event,
     Finished,
@@ -175,7 +183,8 @@ class BlobHandler(LLMHandler):
         self.set_status(200 if exists else 404)
         self.finish()
 
-    @web.authenticated  # and authorized in prepare, before the body streams to disk
+    @web.authenticated
+    @authorized_in_prepare("write")  # before the body streams to disk
     async def post(self, digest: str) -> None:
         writer, self._writer = self._writer, None
         await self.blocking(writer.commit, digest)

@@ -20,10 +20,9 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
-from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from jupyter_llm.api.base import LLM, SSE, LLMHandler
+from jupyter_llm.api.base import LLM, SSE, LLMHandler, authorized
 from jupyter_llm.api.generation import (
     Finished,
     Job,

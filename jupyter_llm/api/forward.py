@@ -1,0 +1,210 @@
+"""A user's server without its own engine: every ``{base_url}llm/`` route is
+forwarded to a shared one (``jupyter llm serve`` behind JupyterHub), so that
+``%%llm``, ``jupyter_llm.client()``, the CLI and the sidebar, which all talk to
+their own server, use the one scheduler of the machine.
+
+The routes are the engine's own (``api.handlers``), each asking the local
+``Authorizer`` the same (action, resource) as the handler it stands for,
+before anything is sent on. The request goes on as this server's user: with
+the engine token (``Settings.engine_token``: by default the Hub's token of this
+server, ``$JUPYTERHUB_API_TOKEN``, held by this server's user). Bodies stream
+both ways as they come (a blob upload is never held in memory, a generation's
+tokens are never buffered); the engine's status, headers that matter and error
+bodies arrive unchanged. A client that leaves closes the upstream connection,
+which cancels its generation in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from jupyter_llm.api.base import LLMHandler, action_of
+from jupyter_llm.api.ollama import RootHandler
+from jupyter_llm.config import Settings
+from jupyter_llm.errors import EngineUnreachable
+
+log = logging.getLogger(__name__)
+
+BODY_METHODS = ("POST", "DELETE")
+REQUEST_HEADERS = ("Content-Type", "Content-Length", "Accept")
+RESPONSE_HEADERS = ("Content-Type", "Cache-Control")
+BODY_QUEUE = 4  # chunks in flight between the client and the engine (back-pressure)
+
+
+@dataclass
+class Engine:
+    """Where the shared engine is (its API base URL, ending in "/") and the
+    one HTTP client (connection pool) this server uses to reach it."""
+
+    url: str
+    client: httpx.AsyncClient
+
+    @classmethod
+    def connect(cls, settings: Settings) -> Engine:
+        headers = {"Accept-Encoding": "identity"}  # bytes pass through as sent
+        if settings.engine_token:
+            headers["Authorization"] = f"token {settings.engine_token}"
+        client = httpx.AsyncClient(
+            headers=headers,
+            # a generation or a pull takes as long as it takes; connecting does not
+            timeout=httpx.Timeout(None, connect=10.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
+        )
+        return cls(settings.engine_url, client)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class ForwardHandler(LLMHandler):
+    """One engine route, forwarded. Subclassed per route by ``forwarding``."""
+
+    stands_for: type[LLMHandler]  # the engine's handler of this route
+    _upstream: asyncio.Future[httpx.Response] | None = None
+    _relay: asyncio.Future[None] | None = None
+    _body: asyncio.Queue[bytes | None]
+
+    @property
+    def engine(self) -> Engine:
+        return self.settings["jupyter_llm_engine"]
+
+    def error_body(self, status: int, message: str) -> Any:
+        return self.stands_for.error_body(self, status, message)  # type: ignore[arg-type]
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        """Authorize as the engine's handler would, then start the request so
+        that the body streams on as it arrives."""
+        await super().prepare()
+        if self.current_user is None:
+            raise web.HTTPError(403)
+        method = self.request.method or "GET"
+        await self.authorize(action_of(self.stands_for, method))
+        self._body = asyncio.Queue(BODY_QUEUE)
+        content = self._body_chunks() if method in BODY_METHODS else None
+        headers = {k: v for k in REQUEST_HEADERS if (v := self.request.headers.get(k))}
+        request = self.engine.client.build_request(
+            method, self._upstream_url(), headers=headers, content=content
+        )
+        self._upstream = asyncio.ensure_future(self.engine.client.send(request, stream=True))
+
+    def _upstream_url(self) -> str:
+        """The engine's URL of this request: the part after ``{base_url}llm/``."""
+        prefix = f"{self.base_url.rstrip('/')}/llm"
+        rest = self.request.path[len(prefix) :].lstrip("/")
+        query = f"?{self.request.query}" if self.request.query else ""
+        return f"{self.engine.url}{rest}{query}"
+
+    async def _body_chunks(self) -> AsyncIterator[bytes]:
+        while (chunk := await self._body.get()) is not None:
+            yield chunk
+
+    async def data_received(self, chunk: bytes) -> None:  # type: ignore[override]
+        await self._feed(chunk)
+
+    async def _feed(self, item: bytes | None) -> None:
+        """Hand ``item`` to the upstream body, waiting while it is behind; an
+        engine that has answered already takes nothing more."""
+        upstream = self._upstream
+        if upstream is None or upstream.done():
+            return
+        put = asyncio.ensure_future(self._body.put(item))
+        await asyncio.wait({put, upstream}, return_when=asyncio.FIRST_COMPLETED)
+        if not put.done():
+            put.cancel()
+
+    async def forward(self, *args: Any, **kwargs: Any) -> None:
+        assert self._upstream is not None
+        await self._feed(None)  # the body is complete
+        try:
+            response = await self._upstream
+        except asyncio.CancelledError:
+            if self._client_gone:
+                return
+            raise
+        except httpx.HTTPError as e:
+            raise EngineUnreachable(
+                f"cannot reach the jupyter-llm engine at {self.engine.url}: {e or type(e).__name__}"
+            ) from None
+        try:
+            self._relay = asyncio.ensure_future(self._send_back(response))
+            await self._relay
+        except asyncio.CancelledError:
+            if not self._client_gone:
+                raise
+        finally:
+            await response.aclose()  # unread: the connection closes, the engine stops
+
+    async def _send_back(self, response: httpx.Response) -> None:
+        self.set_status(response.status_code, response.reason_phrase or "Unknown")
+        for name in RESPONSE_HEADERS:
+            if value := response.headers.get(name):
+                self.set_header(name, value)
+        content_type = response.headers.get("Content-Type", "application/json")
+        if self.request.method == "HEAD":
+            if length := response.headers.get("Content-Length"):
+                self.set_header("Content-Length", length)
+            self.finish(set_content_type=content_type)
+            return
+        try:
+            async for chunk in response.aiter_raw():
+                if self._client_gone:
+                    return
+                self.write(chunk)
+                await self.flush()
+        except StreamClosedError:
+            return  # the client left while we wrote
+        except httpx.HTTPError as e:  # the engine went away mid-answer: cut it short
+            log.warning("the engine's answer to %s broke off: %s", self.request.path, e)
+            self.request.connection.close()  # type: ignore[attr-defined]
+            return
+        self.finish(set_content_type=content_type)
+
+    def on_connection_close(self) -> None:
+        super().on_connection_close()
+        for work in (self._relay, self._upstream):
+            if work is not None and not work.done():
+                work.cancel()
+
+    def on_finish(self) -> None:
+        if self._upstream is not None and not self._upstream.done():
+            self._upstream.cancel()  # answered here (an error) before the engine was asked
+
+
+def forwarding(handler: type[LLMHandler]) -> type[ForwardHandler]:
+    """The forwarding handler of ``handler``'s route: the same methods, the same
+    authorization resource and body limit, the same error shape."""
+    methods = {
+        name: web.authenticated(ForwardHandler.forward)
+        for name in ("get", "head", "post", "delete")
+        if hasattr(getattr(handler, name, None), "llm_action")
+    }
+    return type(
+        f"Forward{handler.__name__}",
+        (ForwardHandler,),
+        {
+            **methods,
+            "stands_for": handler,
+            "auth_resource": handler.auth_resource,
+            "max_body": handler.max_body,
+        },
+    )
+
+
+def handlers(routes: list[tuple[str, type]]) -> list[tuple[str, type]]:
+    """``routes`` (the engine's, ``api.handlers()``) with each handler forwarded;
+    the heartbeat answers here."""
+    return [
+        (pattern, handler if handler is RootHandler else forwarding(handler))
+        for pattern, handler in routes
+    ]
+
+
+__all__ = ["Engine", "ForwardHandler", "forwarding", "handlers"]
