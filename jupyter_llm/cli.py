@@ -3,6 +3,7 @@ embedded engine when none runs).
 
     jupyter llm list | ps | pull NAME | create NAME [-f Modelfile] | rm NAME...
     jupyter llm cp SRC DST | show NAME | run NAME [PROMPT] | doctor
+    jupyter llm serve   (the engine alone, as a JupyterHub service: jupyter_llm.hub)
 
 Finding the server, the requests and what they print live in ``connect``,
 shared with the ``%llm`` magics; this module parses arguments and prints.
@@ -172,6 +173,12 @@ def cmd_doctor(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from jupyter_llm.hub.service import main as serve
+
+    return serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jupyter llm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -206,11 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="the server's /api/devices, as JSON")
     p.set_defaults(run=cmd_doctor)
+    p = sub.add_parser("serve", help="run the engine alone, as a JupyterHub-managed service")
+    p.add_argument("--url", help="listen here, http://HOST:PORT (default $JUPYTERHUB_SERVICE_URL)")
+    p.add_argument(
+        "--prefix", help="the API's URL prefix (default $JUPYTERHUB_SERVICE_PREFIX, /services/llm/)"
+    )
+    p.set_defaults(run=None, serve=cmd_serve)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.run is None:  # serve: is the server, needs none
+        return args.serve(args)
     try:
         return args.run(find_server(), args)
     except LLMClientError as e:

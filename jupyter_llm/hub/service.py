@@ -1,0 +1,130 @@
+"""``jupyter llm serve``: the engine alone, as a JupyterHub-managed service.
+
+A plain tornado application hosting the same handlers as the extension
+(``api.handlers``, the same ``LLMServices``) under the service's prefix
+(``$JUPYTERHUB_SERVICE_PREFIX``, e.g. ``/services/llm/``), listening where the
+Hub says (``$JUPYTERHUB_SERVICE_URL``), authenticated by the Hub (``hub.auth``).
+Users' servers point at it with ``JUPYTER_LLM_ENGINE_URL`` (``api.forward``).
+SIGTERM or SIGINT (the Hub stops its services so) stops every runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from tornado import web
+from tornado.httpserver import HTTPServer
+
+from jupyter_llm.api import handlers
+from jupyter_llm.config import Settings, env_name
+from jupyter_llm.errors import ConfigError
+from jupyter_llm.services import LLMServices, build_services
+
+log = logging.getLogger("jupyter_llm.hub")
+
+DEFAULT_PREFIX = "/services/llm/"
+
+
+@dataclass(frozen=True)
+class Where:
+    """The address to listen on and the URL prefix of every route."""
+
+    host: str
+    port: int
+    prefix: str  # starts and ends with "/"
+
+
+def where(url: str, prefix: str) -> Where:
+    """From the service's URL (``http://127.0.0.1:8765``) and prefix."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or not parts.port:
+        raise ConfigError(
+            f"the service URL must be http://HOST:PORT (the `url` of the Hub's service entry); "
+            f"got {url!r}"
+        )
+    prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
+    return Where(parts.hostname, parts.port, prefix)
+
+
+def make_app(services: LLMServices, prefix: str) -> web.Application:
+    """The handlers under ``prefix``, with the Hub as identity provider."""
+    from jupyter_llm.hub.auth import HubAuthorizer, HubIdentityProvider
+
+    identity = HubIdentityProvider()
+    return web.Application(
+        [(f"{prefix}{path}", handler) for path, handler in handlers()],
+        base_url=prefix,
+        jupyter_llm=services,
+        identity_provider=identity,
+        authorizer=HubAuthorizer(identity_provider=identity),
+        serverapp=None,
+        # every request is authenticated by the Hub, whatever Host the proxy kept;
+        # by token only (no cookie), so there is no cross-site request to forge
+        allow_remote_access=True,
+        disable_check_xsrf=True,
+        allow_unauthenticated_access=False,
+    )
+
+
+async def serve(settings: Settings, at: Where) -> None:
+    """Serve until SIGTERM or SIGINT, then stop every runner."""
+    services = build_services(settings)
+    atexit.register(services.kill)
+    server = HTTPServer(make_app(services, at.prefix), xheaders=True)
+    server.listen(at.port, at.host)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "jupyter-llm engine at http://%s:%d%s (models in %s)",
+        at.host, at.port, at.prefix, settings.models_dir,
+    )  # fmt: skip
+    try:
+        await stop.wait()
+        log.info("jupyter-llm engine stopping: unloading every model")
+    finally:
+        server.stop()
+        await services.stop()
+        await server.close_all_connections()
+
+
+def main(args: argparse.Namespace) -> int:
+    """``jupyter llm serve``; ``args``: ``url``, ``prefix`` (None: the Hub's)."""
+    logging.basicConfig(format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
+    for name in ("jupyter_llm", "tornado.access"):  # ours, and a line per request
+        logging.getLogger(name).setLevel(logging.INFO)
+    try:
+        import jupyterhub.services.auth  # noqa: F401
+    except ImportError:
+        log.critical("jupyter llm serve needs JupyterHub: pip install 'jupyter-llm[hub]'")
+        return 1
+    url = args.url or os.environ.get("JUPYTERHUB_SERVICE_URL", "")
+    prefix = args.prefix or os.environ.get("JUPYTERHUB_SERVICE_PREFIX", DEFAULT_PREFIX)
+    try:
+        if not url:
+            raise ConfigError(
+                "no address to listen on: run it as a JupyterHub service with a `url` "
+                "(the Hub sets JUPYTERHUB_SERVICE_URL), or pass --url"
+            )
+        if not os.environ.get("JUPYTERHUB_API_URL"):
+            raise ConfigError("JUPYTERHUB_API_URL is not set: run it as a JupyterHub service")
+        settings = Settings.from_env()
+        if settings.engine_url:
+            raise ConfigError(
+                f"{env_name('engine_url')} is for users' servers: the engine itself must "
+                "not have it (it would forward to itself)"
+            )
+        at = where(url, prefix)
+    except ConfigError as e:
+        log.critical("jupyter llm serve: %s", e)
+        return 1
+    asyncio.run(serve(settings, at))
+    return 0

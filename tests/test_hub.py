@@ -1,0 +1,419 @@
+"""One engine for every user of a real JupyterHub (issue 16).
+
+A Hub (DummyAuthenticator, SimpleLocalProcessSpawner, npm's
+configurable-http-proxy) runs the engine as a managed service (``jupyter llm
+serve``) and two users' servers pointed at it (``JUPYTER_LLM_ENGINE_URL``).
+Two users' kernels stream from the one engine at once (alice with ``%%llm``,
+stopped by the kernel's interrupt, bob with ``jupyter_llm.client()``, which
+leaves mid-stream); the engine's ``/api/ps`` shows both; a request without a
+token, or with one lacking the service's scope, is refused; every runner is
+the engine's; the Hub's stop leaves no runner behind.
+
+The proxy comes from ``tests/hub`` (``npm ci`` there, as ``make test`` does).
+Without it, or without ``jupyterhub``, the test is skipped, and under CI
+(``CI`` set) it fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.models.store import ModelStore
+
+REPO = Path(__file__).resolve().parent.parent
+CHP = REPO / "tests" / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
+REQUIRED = bool(os.environ.get("CI"))
+BIN = Path(sys.executable).parent
+LONG_CTX = 1 << 16  # a greedy generation of the demo model cannot end before it is stopped
+USERS = ("alice", "bob")
+
+
+def require(ok: bool, reason: str) -> None:
+    if ok:
+        return
+    if REQUIRED:
+        pytest.fail(f"the JupyterHub test must run under CI, but {reason}")
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str, poll: float = 0.05):
+    """``condition()``'s first true value; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if value := condition():
+                return value
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
+
+
+HUB_CONFIG = """
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {proxy_port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
+c.ConfigurableHTTPProxy.command = [{chp!r}]
+c.ConfigurableHTTPProxy.pid_file = {proxy_pid!r}
+c.JupyterHub.db_url = "sqlite:///{tmp}/hub.sqlite"
+c.JupyterHub.cookie_secret_file = "{tmp}/cookie_secret"
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allowed_users = {users!r}
+c.JupyterHub.spawner_class = "simple"
+c.SimpleLocalProcessSpawner.home_dir_template = "{tmp}/home/{{username}}"
+c.Spawner.args = ["--allow-root"]
+c.Spawner.http_timeout = 90
+c.Spawner.start_timeout = 90
+
+# -- what the README's "Sharing and scaling" says a Hub needs -------------------------
+c.JupyterHub.services = [
+    {{
+        "name": "llm",
+        "url": "http://127.0.0.1:{engine_port}",
+        "command": [{jupyter!r}, "llm", "serve"],
+        "environment": {engine_env!r},
+    }},
+    {{"name": "tester", "api_token": {token!r}}},
+]
+c.JupyterHub.load_roles = [
+    {{"name": "user", "scopes": ["self", "access:services!service=llm"]}},
+    {{
+        "name": "server",
+        "scopes": [
+            "users:activity!user", "access:servers!server", "access:services!service=llm",
+        ],
+    }},
+    {{
+        "name": "tester",
+        "services": ["tester"],
+        "scopes": [
+            "admin:users", "admin:servers", "tokens", "access:servers", "access:services",
+        ],
+    }},
+]
+c.Spawner.environment = {{"JUPYTER_LLM_ENGINE_URL": {engine_url!r}}}
+"""
+
+
+@dataclass
+class Hub:
+    proc: subprocess.Popen
+    url: str  # the proxy's public URL, ending in "/"
+    engine: str  # the engine's API, straight to the service
+    token: str  # the tester service's: admin of users and servers
+    log: Path
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=f"{self.url}hub/api/",
+            headers={"Authorization": f"token {self.token}"},
+            timeout=30,
+        )
+
+    def as_tester(self, base: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=base, headers={"Authorization": f"token {self.token}"}, timeout=30
+        )
+
+    def processes(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+
+def cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return ""
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[Hub]:
+    require(CHP.exists(), f"configurable-http-proxy is not installed ({CHP}: npm ci in tests/hub)")
+    try:
+        import jupyterhub  # noqa: F401
+    except ImportError:
+        require(False, "jupyterhub is not installed (the test extra)")
+    models = tmp_path / "models"
+    store = ModelStore(models)
+    gguf = write_demo_model(tmp_path / "long.gguf", DemoModelSpec(context_length=LONG_CTX))
+    store.create("long", {"long.gguf": store.add_blob_from_file(gguf)})
+    proxy_port, engine_port, token = free_port(), free_port(), secrets.token_hex(16)
+    engine = f"http://127.0.0.1:{engine_port}/services/llm/"
+    config = HUB_CONFIG.format(
+        proxy_port=proxy_port,
+        hub_port=free_port(),
+        proxy_api_port=free_port(),
+        chp=str(CHP),
+        proxy_pid=str(tmp_path / "proxy.pid"),
+        tmp=tmp_path,
+        users=set(USERS),
+        engine_port=engine_port,
+        jupyter=str(BIN / "jupyter"),
+        engine_env={
+            "JUPYTER_LLM_MODELS": str(models),
+            "JUPYTER_LLM_NUM_PARALLEL": "2",
+            "JUPYTER_LLM_NUM_THREADS": "1",
+            "JUPYTER_LLM_STREAM_INTERVAL": "0",
+        },
+        token=token,
+        engine_url=engine,
+    )
+    (tmp_path / "jupyterhub_config.py").write_text(config)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY_"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    log = tmp_path / "hub.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(tmp_path / "jupyterhub_config.py")],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    h = Hub(proc, f"http://127.0.0.1:{proxy_port}/", engine, token, log)
+    try:
+        wait_until(
+            lambda: httpx.get(f"{h.url}hub/api/", timeout=5).status_code == 200, 60, "the Hub"
+        )
+        wait_until(lambda: httpx.get(engine, timeout=5).status_code == 200, 60, "the engine")
+        yield h
+    finally:
+        stop_hub(h)
+
+
+def stop_hub(h: Hub) -> None:
+    """SIGTERM the Hub (it stops its servers and services), wait; whatever
+    outlived it is killed (psutil checks each pid's identity) and fails the test."""
+    left_before = h.processes()
+    if h.proc.poll() is None:
+        h.proc.send_signal(signal.SIGTERM)
+        try:
+            h.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            h.proc.kill()
+            h.proc.wait(10)
+    _, alive = psutil.wait_procs(left_before, timeout=20)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    runners = [p for p in alive if "jupyter_llm.runner" in cmdline(p)]
+    assert not runners, f"runners outlived the Hub: {runners}"
+
+
+def start_servers(h: Hub) -> dict[str, str]:
+    """Both users' servers, started together: each user's server URL."""
+    with h.api() as api:
+        for user in USERS:
+            assert api.post(f"users/{user}/server").status_code in (201, 202)
+
+        def ready() -> bool:
+            return all(
+                api.get(f"users/{u}").json()["servers"].get("", {}).get("ready") for u in USERS
+            )
+
+        wait_until(ready, 120, "the users' servers")
+    return {user: f"{h.url}user/{user}/" for user in USERS}
+
+
+@dataclass
+class Kernel:
+    client: Any  # jupyter_client.BlockingKernelClient
+    id: str
+    server: str
+
+    def run(self, code: str) -> str:
+        return self.client.execute(code)
+
+    def until(self, msg_id: str, match: Callable[[dict], bool], timeout: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = self.client.get_iopub_msg(timeout=left)
+            except queue.Empty:
+                break
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if match(msg):
+                return msg
+            if msg["msg_type"] == "error":
+                pytest.fail(f"the cell failed waiting for {what}: {msg['content']['evalue']}")
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                pytest.fail(f"the cell ended before {what}")
+        pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def start_kernel(h: Hub, server: str) -> Kernel:
+    """A kernel started by the user's server (so it finds that server as
+    notebooks do), reached through its connection file."""
+    from jupyter_client import BlockingKernelClient
+
+    with h.as_tester(server) as s:
+        r = s.post("api/kernels", json={"name": "python3"})
+        assert r.status_code == 201, r.text
+        kernel_id = r.json()["id"]
+
+    def connection_file() -> str | None:
+        for p in psutil.process_iter():
+            for arg in _args(p):
+                if arg.endswith(f"kernel-{kernel_id}.json") and os.path.exists(arg):
+                    return arg
+        return None
+
+    path = wait_until(connection_file, 60, "the kernel's connection file")
+    client = BlockingKernelClient()
+    client.load_connection_file(path)
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    return Kernel(client, kernel_id, server)
+
+
+def _args(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []
+
+
+def holders(h: Hub) -> list[dict]:
+    with h.as_tester(h.engine) as engine:
+        models = engine.get("api/ps").json()["models"]
+    return models[0]["users"] if models else []
+
+
+BOB_CELL = """
+import os, jupyter_llm
+stream = jupyter_llm.client().generate(
+    model="long", prompt="go on forever", stream=True,
+    options={{"num_predict": -1, "num_ctx": {ctx}, "temperature": 0}},
+)
+n = 0
+for part in stream:
+    n += 1
+    if n == 1:
+        print("streaming", flush=True)
+    if os.path.exists({stop!r}):
+        break
+stream.close()  # the connection closes: the engine stops generating
+print("left after", n, "chunks", flush=True)
+"""
+
+
+def test_two_hub_users_stream_from_one_engine(hub: Hub, tmp_path: Path):
+    started = time.monotonic()
+    servers = start_servers(hub)
+    alice, bob = (start_kernel(hub, servers[u]) for u in USERS)
+    try:
+        assert (
+            alice.client.execute_interactive("%load_ext jupyter_llm", timeout=60)["content"][
+                "status"
+            ]
+            == "ok"
+        )
+        cell = f"%%llm long -n -1 --num-ctx {LONG_CTX} -t 0\ngo on forever"
+        alice_cell = alice.run(cell)
+
+        def tokens_shown(msg: dict) -> bool:
+            text = msg["content"].get("data", {}).get("text/markdown", "")
+            shown = text not in ("", "…") and not text.startswith("*loading ")
+            return msg["msg_type"] == "update_display_data" and shown
+
+        alice.until(alice_cell, tokens_shown, 60, "alice's first tokens")
+        stop = tmp_path / "stop-bob"
+        bob_cell = bob.run(BOB_CELL.format(ctx=LONG_CTX, stop=str(stop)))
+
+        def printed(text: str) -> Callable[[dict], bool]:
+            return lambda m: m["msg_type"] == "stream" and text in m["content"]["text"]
+
+        bob.until(bob_cell, printed("streaming"), 60, "bob's first chunk")
+
+        # both stream now, from the one scheduler, which knows who is who
+        assert holders(hub) == [
+            {"name": "alice", "running": 1, "queued": 0},
+            {"name": "bob", "running": 1, "queued": 0},
+        ]
+        runners = [p for p in hub.processes() if "jupyter_llm.runner" in cmdline(p)]
+        engine = [p for p in hub.processes() if "llm serve" in cmdline(p)]
+        assert len(engine) == 1 and runners
+        for runner in runners:  # the users' servers started none: every runner is the engine's
+            assert engine[0].pid in {a.pid for a in runner.parents()}, cmdline(runner)
+        assert not any("jupyter_llm.runner" in cmdline(p) for p in _user_server_children(hub))
+
+        # the users' servers answer for the engine: /api/devices, /api/ps are its own
+        with hub.as_tester(f"{servers['alice']}llm/") as mine:
+            assert mine.get("api/ps").json()["models"][0]["users"][0]["name"] == "alice"
+            assert mine.get("api/devices").status_code == 200
+
+        # alice presses stop (the kernel's interrupt); bob's loop leaves
+        with hub.as_tester(servers["alice"]) as s:
+            assert s.post(f"api/kernels/{alice.id}/interrupt").status_code == 204
+        result = alice.until(
+            alice_cell, lambda m: m["msg_type"] == "execute_result", 30, "alice's result"
+        )
+        assert "interrupted" in result["content"]["data"]["text/markdown"]
+        stop.touch()
+        bob.until(bob_cell, printed("left after"), 30, "bob's loop to end")
+        # each closed connection reached the engine through the user's server
+        wait_until(lambda: holders(hub) == [], 30, "the engine to release both requests")
+    finally:
+        for k in (alice, bob):
+            k.client.stop_channels()
+    refused(hub)
+    print(f"two Hub users streamed from one engine in {time.monotonic() - started:.1f} s")
+
+
+def _user_server_children(h: Hub) -> list[psutil.Process]:
+    servers = [p for p in h.processes() if "jupyterhub-singleuser" in cmdline(p)]
+    assert len(servers) == len(USERS)
+    return [c for s in servers for c in s.children(recursive=True)]
+
+
+def refused(h: Hub) -> None:
+    """No token, a bad one, or a user's token without ``access:services``:
+    JSON errors, never a page or a traceback; straight or through the proxy."""
+    for base in (h.engine, f"{h.url}services/llm/"):
+        for headers in ({}, {"Authorization": "token wrong"}):
+            r = httpx.post(f"{base}api/chat", headers=headers, json={"model": "long"}, timeout=30)
+            assert r.status_code == 403, (base, headers, r.text)
+            assert r.headers["Content-Type"].startswith("application/json")
+            assert "a JupyterHub token is required" in r.json()["error"]
+        assert httpx.get(base, timeout=30).text == "Ollama is running"  # the heartbeat
+    with h.api() as api:
+        r = api.post("users/alice/tokens", json={"scopes": ["read:users:name!user"]})
+        assert r.status_code == 201, r.text
+        narrow = r.json()["token"]
+    r = httpx.get(f"{h.engine}api/ps", headers={"Authorization": f"token {narrow}"}, timeout=30)
+    assert r.status_code == 403
+    assert "may not use this service" in json.loads(r.text)["error"]
