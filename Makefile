@@ -20,11 +20,13 @@ LABEXT_SOURCES := $(LABEXT)/package.json $(LABEXT)/package-lock.json \
 	$(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/*)
 NODE_MODULES := $(LABEXT)/node_modules/.package-lock.json
 CHROMIUM := /usr/bin/chromium
+# npm's configurable-http-proxy, for the JupyterHub test (tests/test_hub.py)
+HUB_PROXY := tests/hub/node_modules/.package-lock.json
 
 GPU ?=
 RUNNER_ENV := scripts/build-runner-env
 
-.PHONY: install demo-model lab test test-vulkan vulkan-env runner-env lint format bench clean browser
+.PHONY: install demo-model lab test test-vulkan vulkan-env runner-env lint format bench clean browser hub-proxy
 
 $(STAMP): pyproject.toml $(LABEXT_SOURCES)
 	$(PYTHON) -m venv $(VENV)
@@ -57,12 +59,20 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
+# Best effort like Chromium: without it the JupyterHub test is skipped (and
+# fails under CI, which must have it).
+$(HUB_PROXY): tests/hub/package-lock.json
+	@cd tests/hub && npm ci --no-audit --no-fund || \
+		echo "could not install configurable-http-proxy: the JupyterHub test will be skipped"
+
+hub-proxy: $(HUB_PROXY)
+
 lint: install $(NODE_MODULES)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	cd $(LABEXT) && npm run lint
 
-test: lint browser vulkan-env
+test: lint browser hub-proxy vulkan-env
 	cd $(LABEXT) && npm test
 	$(BIN)/python -m pytest
 
@@ -90,4 +100,4 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .venv-cuda .venv-vulkan .venv-metal .pytest_cache .ruff_cache test-artifacts jupyter_llm/labextension \
-		$(LABEXT)/node_modules $(LABEXT)/lib $(LABEXT)/tsconfig.tsbuildinfo
+		$(LABEXT)/node_modules $(LABEXT)/lib $(LABEXT)/tsconfig.tsbuildinfo tests/hub/node_modules

@@ -35,6 +35,8 @@ import psutil
 import pytest
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.errors import ConfigError
+from jupyter_llm.hub.service import Where, where
 from jupyter_llm.models.store import ModelStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -189,9 +191,7 @@ def hub(tmp_path: Path) -> Iterator[Hub]:
         engine_url=engine,
     )
     (tmp_path / "jupyterhub_config.py").write_text(config)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY_"))}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env = hub_env()
     log = tmp_path / "hub.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -210,6 +210,16 @@ def hub(tmp_path: Path) -> Iterator[Hub]:
         yield h
     finally:
         stop_hub(h)
+
+
+def hub_env() -> dict[str, str]:
+    """This environment without Jupyter's variables, this interpreter's
+    commands first, this checkout importable (the Hub passes PATH and
+    PYTHONPATH on to its services and servers)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY_"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 def stop_hub(h: Hub) -> None:
@@ -387,6 +397,16 @@ def test_two_hub_users_stream_from_one_engine(hub: Hub, tmp_path: Path):
         bob.until(bob_cell, printed("left after"), 30, "bob's loop to end")
         # each closed connection reached the engine through the user's server
         wait_until(lambda: holders(hub) == [], 30, "the engine to release both requests")
+
+        # the CLI, pointed at a user's server, sees the shared engine's models
+        cli = subprocess.run(
+            [str(BIN / "jupyter"), "llm", "ps"],
+            env={**hub_env(), "JUPYTER_LLM_URL": servers["bob"], "JUPYTER_LLM_TOKEN": hub.token},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 0 and "long:latest" in cli.stdout, cli.stderr
     finally:
         for k in (alice, bob):
             k.client.stop_channels()
@@ -417,3 +437,46 @@ def refused(h: Hub) -> None:
     r = httpx.get(f"{h.engine}api/ps", headers={"Authorization": f"token {narrow}"}, timeout=30)
     assert r.status_code == 403
     assert "may not use this service" in json.loads(r.text)["error"]
+
+
+# -- `jupyter llm serve` without a Hub --------------------------------------------------
+@pytest.mark.parametrize(
+    ("url", "prefix", "expected"),
+    [
+        ("http://127.0.0.1:8765", "/services/llm/", Where("127.0.0.1", 8765, "/services/llm/")),
+        ("http://0.0.0.0:9000/", "services/llm", Where("0.0.0.0", 9000, "/services/llm/")),
+        ("http://engine:80", "", Where("engine", 80, "/")),
+    ],
+)
+def test_where_it_listens(url, prefix, expected):
+    assert where(url, prefix) == expected
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8765", "https://h:1", "http://h"])
+def test_a_url_it_cannot_listen_on(url):
+    with pytest.raises(ConfigError, match="http://HOST:PORT"):
+        where(url, "/")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "no address to listen on"),
+        ({"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:1"}, "JUPYTERHUB_API_URL is not set"),
+        (
+            {
+                "JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:1",
+                "JUPYTERHUB_API_URL": "http://127.0.0.1:2/hub/api",
+                "JUPYTER_LLM_ENGINE_URL": "http://127.0.0.1:1/services/llm/",
+            },
+            "JUPYTER_LLM_ENGINE_URL is for users' servers",
+        ),
+    ],
+)
+def test_serve_outside_a_hub_says_what_is_missing(env, message):
+    pytest.importorskip("jupyterhub")
+    env = {k: v for k, v in hub_env().items() if not k.startswith("JUPYTERHUB")} | env
+    done = subprocess.run(
+        [str(BIN / "jupyter-llm"), "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and message in done.stderr, done.stderr
