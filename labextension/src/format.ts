@@ -3,7 +3,7 @@
  * and how a device's memory splits into stacked-bar segments. No DOM, no
  * JupyterLab imports, so Jest tests them as plain functions.
  */
-import { ILoadedModel } from './types';
+import { ILoadedModel, IModelUser } from './types';
 
 export type SegmentKind = 'weights' | 'kv_cache' | 'graph' | 'other' | 'free';
 
@@ -97,6 +97,23 @@ export function countdown(expiresAt: string, now: number): string {
   return hours
     ? `unloads in ${hours}:${String(minutes).padStart(2, '0')}:${String(seconds).padStart(2, '0')}`
     : `unloads in ${mmss}`;
+}
+
+/**
+ * Who holds a model on a shared engine: "In use by alice (1 running), bob
+ * (2 running, 3 queued)". Empty when nobody does, and when the only holder is
+ * `local`, a plain server's one user (who knows).
+ */
+export function holdersText(users: IModelUser[] | undefined): string {
+  const shown = (users ?? []).filter(u => u.running > 0 || u.queued > 0);
+  if (!shown.length || (shown.length === 1 && shown[0].name === 'local')) {
+    return '';
+  }
+  const each = shown.map(u => {
+    const counts = [u.running ? `${u.running} running` : '', u.queued ? `${u.queued} queued` : ''];
+    return `${u.name} (${counts.filter(Boolean).join(', ')})`;
+  });
+  return `In use by ${each.join(', ')}`;
 }
 
 /**

@@ -41,6 +41,13 @@ export interface IAllocation {
   measured?: boolean;
 }
 
+/** Who holds a loaded model (`/api/ps` `users`): requests running, queued. */
+export interface IModelUser {
+  name: string;
+  running: number;
+  queued: number;
+}
+
 /** One model from `GET /api/ps`. */
 export interface ILoadedModel {
   name: string;
@@ -53,6 +60,7 @@ export interface ILoadedModel {
   num_gpu_layers?: number;
   num_layers?: number;
   allocations?: IAllocation[];
+  users?: IModelUser[];
 }
 
 export interface IPsReply {

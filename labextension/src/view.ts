@@ -7,6 +7,7 @@
 import {
   countdown,
   formatBytes,
+  holdersText,
   ISegment,
   KIND_LABELS,
   memorySegments,
@@ -365,6 +366,7 @@ export class SidebarView {
     node.append(
       head,
       el('div', 'jp-LLM-model-meta'),
+      el('div', 'jp-LLM-model-users'),
       el('div', 'jp-LLM-countdown'),
       el('div', 'jp-LLM-model-error')
     );
@@ -385,6 +387,9 @@ export class SidebarView {
       metaNode.dataset.text = meta.join('\n');
       metaNode.replaceChildren(...meta.map((text, i) => el('span', `jp-LLM-meta-${i}`, text)));
     }
+    const users = node.querySelector('.jp-LLM-model-users') as HTMLElement;
+    users.textContent = holdersText(model.users);
+    users.hidden = !users.textContent;
     node.querySelector('.jp-LLM-countdown')!.textContent = countdown(model.expires_at, now);
     const unload = node.querySelector('.jp-LLM-unload') as HTMLButtonElement;
     const busy = this.pending.has(model.name);

@@ -1,6 +1,7 @@
 import {
   countdown,
   formatBytes,
+  holdersText,
   memorySegments,
   processor,
   secondsLeft,
@@ -131,5 +132,25 @@ describe('toSnapshot', () => {
     [devices, { models: {} }]
   ])('refuses a reply that is not jupyter-llm JSON (%p, %p)', (d, p) => {
     expect(() => toSnapshot(d, p)).toThrow('not from jupyter-llm');
+  });
+});
+
+describe('holdersText (who holds a model on a shared engine)', () => {
+  it.each([
+    [undefined, ''],
+    [[], ''],
+    [[{ name: 'local', running: 1, queued: 0 }], ''],
+    [[{ name: 'alice', running: 0, queued: 0 }], ''],
+    [[{ name: 'alice', running: 1, queued: 0 }], 'In use by alice (1 running)'],
+    [
+      [
+        { name: 'alice', running: 2, queued: 0 },
+        { name: 'bob', running: 1, queued: 3 },
+        { name: 'carol', running: 0, queued: 1 }
+      ],
+      'In use by alice (2 running), bob (1 running, 3 queued), carol (1 queued)'
+    ]
+  ])('%j reads %p', (users, text) => {
+    expect(holdersText(users)).toBe(text);
   });
 });

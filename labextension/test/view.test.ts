@@ -120,6 +120,24 @@ describe('SidebarView', () => {
     expect(countdown.textContent).toBe('unloads in 3:59');
   });
 
+  it('shows which users hold each model on a shared engine, and hides the line when none do', () => {
+    const { view } = makeView();
+    const shared = {
+      ...tiny,
+      users: [
+        { name: 'alice', running: 1, queued: 0 },
+        { name: 'bob', running: 1, queued: 2 }
+      ]
+    };
+    view.update({ kind: 'ready', snapshot: snapshot([shared]) }, NOW);
+    const users = q('.jp-LLM-model[data-model="tiny:latest"] .jp-LLM-model-users');
+    expect(users.hidden).toBe(false);
+    expect(users.textContent).toBe('In use by alice (1 running), bob (1 running, 2 queued)');
+    view.update({ kind: 'ready', snapshot: snapshot([{ ...tiny, users: [] }]) }, NOW + 2000);
+    expect(users.hidden).toBe(true);
+    expect(q('.jp-LLM-model-users')).toBe(users); // the same row, updated in place
+  });
+
   it('keeps the same Unload button across polls, and removes the row when the model goes', () => {
     const { view } = makeView();
     view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW);
