@@ -17,8 +17,10 @@ import logging
 import os
 import signal
 from dataclasses import dataclass
+from functools import partial
 from urllib.parse import urlsplit
 
+from jupyter_server.log import log_request
 from tornado import web
 from tornado.httpserver import HTTPServer
 
@@ -65,6 +67,8 @@ def make_app(services: LLMServices, prefix: str) -> web.Application:
         identity_provider=identity,
         authorizer=HubAuthorizer(identity_provider=identity),
         serverapp=None,
+        # jupyter_server's access log: who asked; failures only (successes are debug)
+        log_function=partial(log_request, record_prometheus_metrics=False),
         # every request is authenticated by the Hub, whatever Host the proxy kept;
         # by token only (no cookie), so there is no cross-site request to forge
         allow_remote_access=True,
@@ -99,8 +103,7 @@ async def serve(settings: Settings, at: Where) -> None:
 def main(args: argparse.Namespace) -> int:
     """``jupyter llm serve``; ``args``: ``url``, ``prefix`` (None: the Hub's)."""
     logging.basicConfig(format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
-    for name in ("jupyter_llm", "tornado.access"):  # ours, and a line per request
-        logging.getLogger(name).setLevel(logging.INFO)
+    logging.getLogger("jupyter_llm").setLevel(logging.INFO)
     try:
         import jupyterhub.services.auth  # noqa: F401
     except ImportError:
