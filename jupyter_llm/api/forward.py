@@ -131,7 +131,8 @@ class ForwardHandler(LLMHandler):
             raise
         except httpx.HTTPError as e:
             raise EngineUnreachable(
-                f"cannot reach the jupyter-llm engine at {self.engine.url}: {e or type(e).__name__}"
+                f"cannot reach the jupyter-llm engine at {self.engine.url}: "
+                f"{str(e) or type(e).__name__}"
             ) from None
         try:
             self._relay = asyncio.ensure_future(self._send_back(response))
@@ -170,12 +171,20 @@ class ForwardHandler(LLMHandler):
     def on_connection_close(self) -> None:
         super().on_connection_close()
         for work in (self._relay, self._upstream):
-            if work is not None and not work.done():
-                work.cancel()
+            _drop(work)
 
     def on_finish(self) -> None:
-        if self._upstream is not None and not self._upstream.done():
-            self._upstream.cancel()  # answered here (an error) before the engine was asked
+        _drop(self._upstream)  # answered here (an error) before the engine's answer was read
+
+
+def _drop(work: asyncio.Future[Any] | None) -> None:
+    """Cancel ``work`` if it still runs; if it failed, its error is known already."""
+    if work is None:
+        return
+    if not work.done():
+        work.cancel()
+    elif not work.cancelled():
+        work.exception()  # retrieved: no "exception was never retrieved" later
 
 
 def forwarding(handler: type[LLMHandler]) -> type[ForwardHandler]:
