@@ -36,6 +36,7 @@ SETTINGS_TRAITS = (
     "stream_interval",
     "num_threads",
     "python",
+    "ray_address",
 )
 
 
@@ -70,6 +71,14 @@ class LLMExtension(ExtensionApp):
         config=True,
         help="Interpreter for runner processes (a GPU build's environment, as "
         "`make lab GPU=...` sets it); empty: the server's own.",
+    )
+
+    ray_address = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="A Ray cluster to run the models on ('auto', 'ray://head:10001'; needs "
+        "jupyter-llm[ray]); empty: runners on this machine.",
     )
 
     services: LLMServices
@@ -139,3 +148,4 @@ class LLMExtension(ExtensionApp):
             await self.services.scheduler.shutdown()
         finally:
             self.services.scheduler.kill_all()
+            await self.services.devices.close()
