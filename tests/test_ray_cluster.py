@@ -225,9 +225,15 @@ async def test_a_node_killed_mid_stream_costs_its_requests_only(
             if model == "big1":
                 first_token.set()
 
-        body = {"model": model, "prompt": "go", "options": {**GREEDY, "num_predict": num_predict}}
-        await client.fetch(url, method="POST", body=json.dumps(body), streaming_callback=on_chunk,
-                           headers={"Authorization": f"token {token}"}, request_timeout=120)  # fmt: skip
+        options = {**GREEDY, "num_predict": num_predict}
+        await client.fetch(
+            url,
+            method="POST",
+            body=json.dumps({"model": model, "prompt": "go", "options": options}),
+            streaming_callback=on_chunk,
+            headers={"Authorization": f"token {token}"},
+            request_timeout=120,
+        )
 
     doomed_stream = asyncio.ensure_future(stream("big1", 1_000_000))
     await asyncio.wait_for(first_token.wait(), 60)
@@ -252,6 +258,7 @@ async def test_a_node_killed_mid_stream_costs_its_requests_only(
     # the dead node's model is out of the accounting; the next request loads it
     # on the node that is left (making room there by evicting the idle big2)
     started = time.monotonic()
+    print(f"next request at {time.time():.3f}")
     assert (await generate(jp_fetch, "big1"))["eval_count"] == 2
     print(f"the next request succeeded in {time.monotonic() - started:.1f}s")
     after = await ps(jp_fetch)

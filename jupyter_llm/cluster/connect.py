@@ -19,6 +19,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from jupyter_llm.cluster.node import NodeDiscovery, NodeRunner
+from jupyter_llm.cluster.policy import serving_nodes
 from jupyter_llm.errors import NodeLost
 
 log = logging.getLogger(__name__)
@@ -44,18 +45,14 @@ class Node:
         return NodeAffinitySchedulingStrategy(node_id=self.ray_id, soft=False)
 
 
-def serving_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The alive nodes runners may go to: those that offer GPUs to Ray, or
-    every alive node where none does (a CPU cluster)."""
-    alive = [n for n in nodes if n.get("Alive")]
-    with_gpus = [n for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
-    return with_gpus or alive
-
-
 class RayCluster:
     def __init__(self, address: str) -> None:
         self.address = address
         self._nodes: dict[str, Node] = {}
+        # nodes whose actors failed: Ray may list them alive for a while (until
+        # its health checks give up), but nothing starts there again
+        self._lost: set[str] = set()
+        self.suspects: set[str] = set()  # a runner there failed: ask it briefly
         self._runners: dict[int, Any] = {}  # runner actors not yet killed
         self._names = itertools.count(1)
         self._prefix = f"jupyter-llm-{os.getpid()}"
@@ -82,6 +79,7 @@ class RayCluster:
         await self.connect()
         raw = await asyncio.get_running_loop().run_in_executor(None, ray.nodes)
         alive = {n["NodeID"][:NODE_ID_CHARS]: n for n in serving_nodes(raw)}
+        alive = {short: n for short, n in alive.items() if short not in self._lost}
         for gone in set(self._nodes) - set(alive):
             self.forget(gone)
         for short, n in alive.items():
@@ -108,9 +106,16 @@ class RayCluster:
         return node
 
     def forget(self, short: str) -> None:
-        """A node went away (or its discovery actor died): start afresh if it returns."""
+        """Drop a node's discovery actor (shutdown, or the node left the cluster)."""
+        self.suspects.discard(short)
         if (node := self._nodes.pop(short, None)) is not None:
             self._kill(node.discovery)
+
+    def lose(self, short: str) -> None:
+        """A node's discovery actor failed: the node is gone for good (a node
+        that rejoins has a new id)."""
+        self._lost.add(short)
+        self.forget(short)
 
     def start_runner(self, node: Node, gpus: int) -> tuple[int, Any]:
         """A runner actor pinned to ``node``, holding a share of ``gpus`` GPUs."""

@@ -87,6 +87,7 @@ class RayRunner:
         error = _cause(e, self.node)
         if isinstance(error, NodeLost):
             self._gone = error
+            self.cluster.suspects.add(self.node.id)  # its next devices call tells
         return error
 
     async def ship(self, path: str) -> str:
@@ -194,7 +195,7 @@ async def start_ray_runner(
     try:
         spec: LoadSpec = await node.discovery.launch.remote(request)
     except RayError as e:
-        cluster.forget(node.id)
+        cluster.suspects.add(node.id)
         raise _cause(e, node) from None
     number, actor = cluster.start_runner(node, len(request.placement.gpus))
     runner = RayRunner(cluster, node, number, actor)

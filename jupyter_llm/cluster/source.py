@@ -11,28 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 
 from jupyter_llm.cluster.connect import Node, RayCluster
-from jupyter_llm.devices import DeviceInfo, DeviceSource, NodeInfo, on_node, sort_devices
+from jupyter_llm.cluster.policy import as_node_devices, node_used
+from jupyter_llm.devices import DeviceInfo, DeviceSource, NodeInfo, sort_devices
 
 log = logging.getLogger(__name__)
 
 DISCOVERY_TIMEOUT = 120.0  # a node's first answer starts its discovery runner
+SUSPECT_TIMEOUT = 2.0  # a node where a runner was lost answers at once, or is gone
 
 
 async def _no_discovery() -> list[DeviceInfo]:
     return []  # the nodes discover their own devices
-
-
-def node_used(used: Mapping[str, int], node: str) -> dict[str, int]:
-    """What our runners hold on ``node``, keyed as the node knows its devices."""
-    prefix = f"{node}/"
-    return {k[len(prefix) :]: v for k, v in used.items() if k.startswith(prefix)}
-
-
-def as_node_devices(node: str, devices: list[DeviceInfo]) -> list[DeviceInfo]:
-    return [replace(d, id=on_node(node, d.id), node=node) for d in devices]
 
 
 class RayDeviceSource(DeviceSource):
@@ -60,9 +51,10 @@ class RayDeviceSource(DeviceSource):
         errors = []
         for node, answer in zip(nodes, answers, strict=True):
             if isinstance(answer, BaseException):
-                log.warning("Ray node %s did not list its devices: %s", node.id, answer)
-                self.cluster.forget(node.id)
+                log.warning("Ray node %s is gone: %s", node.id, answer)
+                self.cluster.lose(node.id)
                 continue
+            self.cluster.suspects.discard(node.id)
             devices, simulated, error = answer
             (self._simulated_nodes.add if simulated else self._simulated_nodes.discard)(node.id)
             if error:
@@ -75,7 +67,8 @@ class RayDeviceSource(DeviceSource):
         return sort_devices(out)
 
     async def _ask(self, node: Node, used: dict[str, int]) -> tuple[list[DeviceInfo], bool, str]:
-        return await asyncio.wait_for(node.discovery.devices.remote(used), DISCOVERY_TIMEOUT)
+        timeout = SUSPECT_TIMEOUT if node.id in self.cluster.suspects else DISCOVERY_TIMEOUT
+        return await asyncio.wait_for(node.discovery.devices.remote(used), timeout)
 
     async def nodes(self) -> list[NodeInfo]:
         return [NodeInfo(id=n.id, name=n.address or n.id, address=n.address) for n in self._known]
