@@ -286,3 +286,26 @@ def test_a_blob_sent_to_a_node_is_verified(tmp_path, big_gguf):
         receiver.finish(wrong)
     assert receiver.cached(wrong, len(data)) is None
     assert list((tmp_path / "blobs").iterdir()) == [Path(path)]  # nothing half-done is left
+
+
+async def test_a_node_without_the_file_gets_a_verified_copy(gpu_nodes, big_gguf):
+    """Where a node does not see the engine's path, the blob travels through
+    Ray in chunks into the node's own store, checked by its digest."""
+    from jupyter_llm.cluster.connect import RayCluster
+    from jupyter_llm.cluster.runner import RayRunner
+
+    cluster = RayCluster(gpu_nodes.cluster.address)
+    try:
+        (node, *_) = await cluster.nodes()
+        runner = RayRunner(cluster, node, *cluster.start_runner(node, 0))
+        digest = file_digest(str(big_gguf))
+        copy = await runner.send(str(big_gguf))
+        assert Path(copy).name == digest.replace(":", "-")
+        assert str(gpu_nodes.tmp) in copy  # the node's own store, not the engine's
+        assert Path(copy).read_bytes() == big_gguf.read_bytes()
+        assert await runner.send(str(big_gguf)) == copy  # once per node
+        with pytest.raises(BlobMismatch, match=f"arrived with digest {digest}"):
+            await runner.send(str(big_gguf), digest="sha256:" + "1" * 64)
+        assert runner.alive  # a bad blob is the load's failure, not the node's
+    finally:
+        cluster.close()

@@ -95,8 +95,16 @@ class RayRunner:
         size = os.path.getsize(path)
         if await self._call(self.actor.shared.remote(path, size)):
             return path
+        return await self.send(path)
+
+    async def send(self, path: str, digest: str | None = None) -> str:
+        """Copy ``path`` into the node's store (unless it has the blob), in
+        chunks; the node checks the sha256 ``digest`` (by default the one the
+        blob is named by, or the file's own) before anything uses the copy."""
         loop = asyncio.get_running_loop()
-        digest = digest_of_name(path) or await loop.run_in_executor(None, file_digest, path)
+        size = os.path.getsize(path)
+        digest = digest or digest_of_name(path)
+        digest = digest or await loop.run_in_executor(None, file_digest, path)
         if cached := await self._call(self.actor.cached.remote(digest, size)):
             return str(cached)
         log.info("sending %s (%d bytes) to Ray node %s", path, size, self.node.id)
