@@ -77,7 +77,7 @@ class LLMExtension(ExtensionApp):
         None,
         allow_none=True,
         config=True,
-        help="A Ray cluster to run the models on ('auto', 'ray://head:10001'; needs "
+        help="A Ray cluster to run the models on ('auto', or the head's 'host:6379'; needs "
         "jupyter-llm[ray]); empty: runners on this machine.",
     )
 
@@ -110,9 +110,9 @@ class LLMExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         try:
             settings = self.build_settings()
+            self.services = build_services(settings)  # ConfigError: ray_address without Ray
         except ConfigError as e:
             self._refuse(self.serverapp, str(e))
-        self.services = build_services(settings)
         self.settings.update({"jupyter_llm": self.services})
         atexit.register(self.services.scheduler.kill_all)
         self._share_log_config()

@@ -144,3 +144,17 @@ async def test_eviction_stays_on_the_node_that_gets_the_model():
     assert sorted((m.key, m.node) for m in s.loaded_models()) == [
         ("b:latest", "small"), ("c:latest", "large")]  # fmt: skip
     assert not f.runners[0].alive and f.runners[1].alive
+
+
+def test_ray_address_without_ray_is_a_clear_config_error(monkeypatch):
+    import sys
+
+    from jupyter_llm.cluster import ray_services
+    from jupyter_llm.config import Settings
+    from jupyter_llm.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    for name in ("connect", "runner", "source"):
+        monkeypatch.delitem(sys.modules, f"jupyter_llm.cluster.{name}", raising=False)
+    with pytest.raises(ConfigError, match=r"pip install 'jupyter-llm\[ray\]'"):
+        ray_services(Settings(ray_address="auto"))

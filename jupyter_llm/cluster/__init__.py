@@ -10,12 +10,17 @@ the local one; it places a model on one node's devices.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 from jupyter_llm.config import Settings
 from jupyter_llm.errors import ConfigError
 
+if TYPE_CHECKING:
+    from jupyter_llm.cluster.source import RayDeviceSource
+    from jupyter_llm.scheduler import RunnerFactory
 
-def ray_services(settings: Settings):  # -> tuple[RayDeviceSource, RunnerFactory]
+
+def ray_services(settings: Settings) -> tuple[RayDeviceSource, RunnerFactory]:
     """The device source and runner factory for ``settings.ray_address``."""
     try:
         from jupyter_llm.cluster.connect import RayCluster
