@@ -296,7 +296,8 @@ async def test_a_node_without_the_file_gets_a_verified_copy(gpu_nodes, big_gguf)
 
     cluster = RayCluster(gpu_nodes.cluster.address)
     try:
-        (node, *_) = await cluster.nodes()
+        # a node killed by an earlier test may still be listed alive for a while
+        node = next(n for n in await cluster.nodes() if n.id in gpu_nodes.nodes)
         runner = RayRunner(cluster, node, *cluster.start_runner(node, 0))
         digest = file_digest(str(big_gguf))
         copy = await runner.send(str(big_gguf))
