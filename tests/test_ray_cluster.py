@@ -310,3 +310,25 @@ async def test_a_node_without_the_file_gets_a_verified_copy(gpu_nodes, big_gguf)
         assert runner.alive  # a bad blob is the load's failure, not the node's
     finally:
         cluster.close()
+
+
+async def test_a_client_that_leaves_stops_the_generation_on_the_node(
+    jp_fetch, jp_serverapp, jp_base_url, http_server_port, big_models
+):
+    """Closing the stream cancels the Ray generator, and so the request in the
+    node's runner: its one slot is free for the next request at once."""
+    import httpx
+
+    await generate(jp_fetch, "big1")
+    token = jp_serverapp.identity_provider.token
+    url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/generate"
+    body = {"model": "big1", "prompt": "go", "options": {**GREEDY, "num_predict": 1_000_000}}
+    async with httpx.AsyncClient(headers={"Authorization": f"token {token}"}) as client:
+        async with client.stream("POST", url, json=body, timeout=60) as response:
+            async for line in response.aiter_lines():
+                if line.strip():
+                    assert json.loads(line)["done"] is False
+                    break  # leave after the first token
+    # a million tokens would take hours: the slot is free only if it was cancelled
+    reply = await asyncio.wait_for(generate(jp_fetch, "big1", num_predict=3), 60)
+    assert reply["eval_count"] == 3
