@@ -332,3 +332,22 @@ async def test_a_client_that_leaves_stops_the_generation_on_the_node(
     # a million tokens would take hours: the slot is free only if it was cancelled
     reply = await asyncio.wait_for(generate(jp_fetch, "big1", num_predict=3), 60)
     assert reply["eval_count"] == 3
+
+
+async def test_a_node_without_simulated_devices_runs_the_discovery_runner(gpu_nodes):
+    """The discovery actor lists its node's devices through the discovery
+    runner (``RunnerProcess``), as a single server does: here on the head,
+    whose environment simulates nothing."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from jupyter_llm.cluster.node import NodeDiscovery
+
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and not n["Resources"].get("GPU"))
+    strategy = NodeAffinitySchedulingStrategy(node_id=head, soft=False)
+    actor = ray.remote(num_cpus=0)(NodeDiscovery).options(scheduling_strategy=strategy).remote()
+    try:
+        devices, simulated, error = await actor.devices.remote({})
+        assert (simulated, error) == (False, "")
+        assert [d.id for d in devices if not d.is_gpu] == ["cpu"]
+    finally:
+        ray.kill(actor)
