@@ -254,6 +254,7 @@ async def test_a_node_killed_mid_stream_costs_its_requests_only(
     assert lines("big2")[-1]["done"] is True  # the other node's request was not touched
     assert lines("big2")[-1]["eval_count"] == 200
     print(f"in-flight request failed {failed_after:.1f}s after the node was killed")
+    assert await gone([loaded["big1"]["pid"]])  # its runner went with its actor
 
     # the dead node's model is out of the accounting; the next request loads it
     # on the node that is left (making room there by evicting the idle big2)
