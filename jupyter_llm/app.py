@@ -36,6 +36,7 @@ SETTINGS_TRAITS = (
     "stream_interval",
     "num_threads",
     "python",
+    "ray_address",
 )
 
 
@@ -72,6 +73,14 @@ class LLMExtension(ExtensionApp):
         "`make lab GPU=...` sets it); empty: the server's own.",
     )
 
+    ray_address = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="A Ray cluster to run the models on ('auto', or the head's 'host:6379'; needs "
+        "jupyter-llm[ray]); empty: runners on this machine.",
+    )
+
     services: LLMServices
 
     @validate("keep_alive", "load_timeout")
@@ -101,9 +110,9 @@ class LLMExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         try:
             settings = self.build_settings()
+            self.services = build_services(settings)  # ConfigError: ray_address without Ray
         except ConfigError as e:
             self._refuse(self.serverapp, str(e))
-        self.services = build_services(settings)
         self.settings.update({"jupyter_llm": self.services})
         atexit.register(self.services.scheduler.kill_all)
         self._share_log_config()
@@ -139,3 +148,4 @@ class LLMExtension(ExtensionApp):
             await self.services.scheduler.shutdown()
         finally:
             self.services.scheduler.kill_all()
+            await self.services.devices.close()

@@ -36,6 +36,7 @@ class Settings:
     num_threads: int = 0  # 0: the physical cores the runner may use (runner/cpu_threads.py)
     stream_interval: float = 0.1  # seconds a fast model's tokens are grouped for streaming
     python: str = ""  # interpreter for runner processes; "" = this one
+    ray_address: str = ""  # a Ray cluster for the runners ("auto", "head:6379"); "": none
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
