@@ -41,6 +41,7 @@ SETTINGS_TRAITS = (
     "num_threads",
     "python",
     "engine_url",
+    "ray_address",
 )
 
 
@@ -86,6 +87,14 @@ class LLMExtension(ExtensionApp):
         "and forwards its /llm/ routes there, as its user.",
     )
 
+    ray_address = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="A Ray cluster to run the models on ('auto', or the head's 'host:6379'; needs "
+        "jupyter-llm[ray]); empty: runners on this machine.",
+    )
+
     services: LLMServices | None = None  # None: the routes forward to ``engine``
     engine: forward.Engine | None = None
 
@@ -116,15 +125,16 @@ class LLMExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         try:
             settings = self.build_settings()
+            if not settings.engine_url:
+                self.services = build_services(settings)  # ConfigError: ray_address without Ray
         except ConfigError as e:
             self._refuse(self.serverapp, str(e))
         self._share_log_config()
-        if settings.engine_url:
+        if self.services is None:
             self.engine = forward.Engine.connect(settings)
             self.settings.update({"jupyter_llm_engine": self.engine})
             self.log.info("jupyter-llm: using the shared engine at %s", settings.engine_url)
             return
-        self.services = build_services(settings)
         self.settings.update({"jupyter_llm": self.services})
         atexit.register(self.services.kill)
         self.log.info("jupyter-llm: models in %s", settings.models_dir)

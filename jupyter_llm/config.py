@@ -41,6 +41,7 @@ class Settings:
     # starts no scheduler and forwards its ``/llm/`` routes there (``api.forward``)
     engine_url: str = ""
     engine_token: str = field(default="", repr=False)  # "": $JUPYTERHUB_API_TOKEN
+    ray_address: str = ""  # a Ray cluster for the runners ("auto", "head:6379"); "": none
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:

@@ -43,6 +43,13 @@ class AllocationFailed(ModelLoadFailed):
     the runner from llama.cpp's own log; the scheduler may retry smaller)."""
 
 
+class NodeLost(RunnerFailed):
+    """The cluster node (or the Ray actor) serving a model went away: its
+    requests fail with this, and the next request loads the model elsewhere."""
+
+    status = 503
+
+
 class InsufficientMemory(LLMError):
     """No layout fits the memory that is free, even with nothing else loaded."""
 

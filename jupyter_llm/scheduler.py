@@ -20,18 +20,27 @@ import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from jupyter_llm.config import Settings
-from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw, serving_gpus
+from jupyter_llm.devices import (
+    DeviceInfo,
+    DeviceSource,
+    device_from_raw,
+    node_devices,
+    nodes_by_free,
+    on_node,
+    serving_gpus,
+)
 from jupyter_llm.errors import AllocationFailed, InsufficientMemory, ModelLoadFailed, ServerBusy
 from jupyter_llm.fair_queue import FairQueue, Waiter, unload_now
 from jupyter_llm.identity import LOCAL, Requester
 from jupyter_llm.memory import (
     CPU,
     Allocation,
+    Estimate,
     EstimateOptions,
     GpuSlot,
     LayoutFailure,
@@ -121,6 +130,7 @@ class Loaded:
     parallel: int = 1  # requests it serves at once (the number of slots)
     refcount: int = 0  # slots taken (requests running on it)
     users: Counter[str] = field(default_factory=Counter)  # running requests per user
+    node: str = ""  # the cluster node it runs on ("": this machine)
     waiting: int = 0
     drainers: int = 0  # loads waiting (without the load lock) for its requests to end
     last_used: float = field(default_factory=time.monotonic)
@@ -194,6 +204,17 @@ def needs_reload(loaded: Loaded, entry: ModelEntry, wanted: Wanted) -> bool:
         or wanted.main_gpu != have.main_gpu
         or (wanted.num_gpu != -1 and wanted.num_gpu != have.num_gpu)
     )
+
+
+def eviction_node(
+    devices: list[DeviceInfo], loaded: list[Loaded], fits: Callable[[str], bool]
+) -> str:
+    """Where to make room when the model fits on no node as things are: the
+    first node (most free memory first) where it would fit with that node's
+    models gone (``fits``), else the first node with a model at all. Evicting
+    only there, a model on one node never goes to make room on another."""
+    busy = [n for n in nodes_by_free(devices) if any(m.node == n for m in loaded)]
+    return next((n for n in busy if fits(n)), busy[0] if busy else "")
 
 
 def max_loaded(settings: Settings, gpu_count: int) -> int:
@@ -372,7 +393,8 @@ class Scheduler:
         used: dict[str, int] = {}
         for m in self.loaded_models():
             for a in m.allocations:
-                used[a.device] = used.get(a.device, 0) + a.total
+                key = on_node(m.node, a.device)  # a node's own "cpu", and its GPUs
+                used[key] = used.get(key, 0) + a.total
         fresh = None
         if runner := next((m.runner for m in self.loaded_models()), None):
 
@@ -484,28 +506,26 @@ class Scheduler:
             devices = await self.current_devices()
             if await self._make_room_for_count(devices):
                 continue  # something was unloaded: look at the devices again
-            gpus = self._gpu_slots(devices, backoff)
-            system_free = next(d.free_memory for d in devices if d.id == CPU)
-            others = self.loaded_models()
             try:
-                placement = plan_layout(
-                    est,
-                    gpus,
-                    system_free,
-                    num_gpu=wanted.num_gpu,
-                    require_full=bool(others),
-                    gpu_overhead=self.settings.gpu_overhead,
-                )
+                node, placement = self._place(est, wanted, devices, backoff)
             except LayoutFailure as failure:
-                if others:
+                # one node's models make room on that node only
+                where = eviction_node(
+                    devices,
+                    self.loaded_models(),
+                    lambda n, d=devices: self._fits_emptied(est, wanted, d, n),
+                )
+                if others := [m for m in self.loaded_models() if m.node == where]:
                     await self._evict(choose_victim(others))
                     continue
                 raise InsufficientMemory(str(failure)) from None
-            request = self._load_request(entry, wanted, parallel, placement, devices)
+            request = self._load_request(
+                entry, wanted, parallel, placement, node_devices(devices, node), node
+            )
             log.info(
                 "loading %s: %d/%d layers on %s, num_ctx %d",
                 entry.name.display, placement.n_gpu_layers, placement.n_layers,
-                ", ".join(placement.gpus) or "cpu", wanted.num_ctx,
+                ", ".join(placement.gpus) or on_node(node, "cpu"), wanted.num_ctx,
             )  # fmt: skip
             try:
                 runner = await self._start_tracked(entry.name.display, request)
@@ -518,6 +538,53 @@ class Scheduler:
                 log.info("allocation failed, retrying with %d %% less free memory", 10 * backoff)
                 continue
             return self._loaded_record(entry, runner, wanted, request, keep_alive)
+
+    def _place(
+        self, est: Estimate, wanted: Wanted, devices: list[DeviceInfo], backoff: int
+    ) -> tuple[str, Placement]:
+        """The first node (most free memory first) with a layout; one model
+        never spans nodes. Raises the first node's ``LayoutFailure``."""
+        first: LayoutFailure | None = None
+        for node in nodes_by_free(devices):
+            others = any(m.node == node for m in self.loaded_models())
+            try:
+                return node, self._plan(est, wanted, node_devices(devices, node), backoff, others)
+            except LayoutFailure as failure:
+                first = first or failure
+        raise first or LayoutFailure("no node to place the model on")
+
+    def _plan(
+        self, est: Estimate, wanted: Wanted, devices: list[DeviceInfo], backoff: int, others: bool
+    ) -> Placement:
+        """The layout on one node's devices; with other models there, all on GPUs."""
+        return plan_layout(
+            est,
+            self._gpu_slots(devices, backoff),
+            next(d.free_memory for d in devices if not d.is_gpu),
+            num_gpu=wanted.num_gpu,
+            require_full=others,
+            gpu_overhead=self.settings.gpu_overhead,
+        )
+
+    def _fits_emptied(
+        self, est: Estimate, wanted: Wanted, devices: list[DeviceInfo], node: str
+    ) -> bool:
+        """Would the model fit on ``node`` with its models unloaded?"""
+        held: dict[str, int] = {}
+        for m in self.loaded_models():
+            if m.node == node:
+                for a in m.allocations:
+                    key = on_node(node, a.device)
+                    held[key] = held.get(key, 0) + a.total
+        freed = [
+            replace(d, free_memory=d.free_memory + held.get(on_node(node, d.id), 0))
+            for d in node_devices(devices, node)
+        ]
+        try:
+            self._plan(est, wanted, freed, 0, others=False)
+        except LayoutFailure:
+            return False
+        return True
 
     # -- load progress -------------------------------------------------------------
     def loading_models(self) -> dict[str, float]:
@@ -560,6 +627,7 @@ class Scheduler:
             measured=measured,
             keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
             parallel=runner.n_seq,
+            node=request.node,
         )
 
     def _gpu_slots(self, devices: list[DeviceInfo], backoff: int) -> list[GpuSlot]:
@@ -577,6 +645,7 @@ class Scheduler:
         parallel: int,
         placement: Placement,
         devices: list[DeviceInfo],
+        node: str = "",
     ) -> LoadRequest:
         return LoadRequest(
             path=str(entry.model_path),
@@ -589,6 +658,7 @@ class Scheduler:
             gpus=tuple(serving_gpus(devices)),
             simulated=self.devices.simulated,
             projector=str(entry.projector_path or ""),
+            node=node,
         )
 
     # -- eviction --------------------------------------------------------------------

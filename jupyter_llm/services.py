@@ -32,11 +32,13 @@ class LLMServices:
     puller: Puller
 
     async def stop(self) -> None:
-        """Stop every runner (the extension's and the Hub service's shutdown)."""
+        """Stop every runner, and a cluster's actors (the extension's and the
+        Hub service's shutdown)."""
         try:
             await self.scheduler.shutdown()
         finally:
             self.scheduler.kill_all()
+            await self.devices.close()
 
     def kill(self) -> None:
         """Last resort, synchronous (``atexit``): no runner outlives its engine."""
@@ -45,17 +47,23 @@ class LLMServices:
 
 def build_services(settings: Settings) -> LLMServices:
     """The real thing: devices found by a discovery runner, models served by
-    runner processes started with ``settings.python``."""
+    runner processes started with ``settings.python``; on a Ray cluster
+    (``settings.ray_address``), both through actors on its nodes."""
 
     async def discover() -> list[DeviceInfo]:
         return [
             device_from_raw(raw) for raw in await discover_raw_devices(settings.python, strict=True)
         ]
 
-    devices = DeviceSource(discover, python=settings.python)
-    start = partial(
-        start_serving_runner, python=settings.python, load_timeout=settings.load_timeout
-    )
+    if settings.ray_address:  # the runners go to a Ray cluster's nodes
+        from jupyter_llm.cluster import ray_services
+
+        devices, start = ray_services(settings)
+    else:
+        devices = DeviceSource(discover, python=settings.python)
+        start = partial(
+            start_serving_runner, python=settings.python, load_timeout=settings.load_timeout
+        )
     store = ModelStore(settings.models_dir)
     return LLMServices(
         settings=settings,

@@ -153,10 +153,10 @@ def recorded(monkeypatch):
     outcomes: list[str] = []
     real = base.complete
 
-    async def recording(services, job):
+    async def recording(services, job, requester):
         seen = False
         try:
-            async with aclosing(real(services, job)) as events:
+            async with aclosing(real(services, job, requester)) as events:
                 async for batch in events:
                     seen = seen or any(isinstance(e, Finished) for e in batch)
                     yield batch

@@ -105,9 +105,15 @@ class DevicesHandler(LLMHandler):
         system = await self.llm.devices.system()
         notices = await self.llm.devices.notices(devices)
         host = await self.llm.devices.host_gpus()
+        nodes = await self.llm.devices.nodes()
         self.write_json(
             {
                 "devices": [d.to_json() for d in devices],
+                # the machines, each with its devices' ids (one without a cluster)
+                "nodes": [
+                    {**n.to_json(), "devices": [d.id for d in devices if d.node == n.id]}
+                    for n in nodes
+                ],
                 "system": system.to_json(),
                 "simulated": self.llm.devices.simulated,
                 "notices": [n.to_json() for n in notices],

@@ -10,6 +10,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from jupyter_llm.devices import on_node
 from jupyter_llm.memory import CPU
 from jupyter_llm.scheduler import Loaded, Scheduler
 
@@ -54,8 +55,9 @@ def describe_loaded(loaded: Loaded, users: list[dict[str, Any]] | None = None) -
         "parallel": loaded.parallel,
         "users": users or [],
         "vision": entry.vision,
+        "node": loaded.node,  # the cluster node it runs on ("": this machine)
         "allocations": [
-            {"device": a.device, "weights": a.weights, "kv_cache": a.kv_cache,
+            {"device": on_node(loaded.node, a.device), "weights": a.weights, "kv_cache": a.kv_cache,
              "graph": a.graph, "measured": loaded.measured}
             for a in loaded.allocations
         ],

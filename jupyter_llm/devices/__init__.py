@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
@@ -24,7 +25,11 @@ from jupyter_llm.devices.simulated import (
 from jupyter_llm.devices.system import read_system_info
 from jupyter_llm.devices.types import (
     DeviceInfo,
+    NodeInfo,
     SystemInfo,
+    node_devices,
+    nodes_by_free,
+    on_node,
     serving_gpus,
     sort_devices,
     without_our_use,
@@ -34,8 +39,12 @@ __all__ = [
     "DeviceInfo",
     "DeviceSource",
     "HostGPU",
+    "NodeInfo",
     "Notice",
     "SystemInfo",
+    "node_devices",
+    "nodes_by_free",
+    "on_node",
     "serving_gpus",
     "sort_devices",
 ]
@@ -133,6 +142,13 @@ class DeviceSource:
                     self.discovery_error = str(e) or type(e).__name__
                     self._discovered = []
             return self._discovered
+
+    async def nodes(self) -> list[NodeInfo]:
+        """The machines devices are on: here, only this server's own."""
+        return [NodeInfo(id="", name=socket.gethostname())]
+
+    async def close(self) -> None:
+        """Release what discovery holds (nothing here; a cluster's actors)."""
 
     async def host_gpus(self) -> list[HostGPU]:
         """The GPUs the host shows (NVML, device nodes, the OS), or simulated ones."""

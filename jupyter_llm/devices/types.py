@@ -20,10 +20,23 @@ class DeviceInfo:
     free_memory: int = 0
     compute: str = ""
     driver: str = ""
+    node: str = ""  # the cluster node it is on ("": this server's own machine)
 
     @property
     def is_gpu(self) -> bool:
         return self.library != "CPU"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A machine devices are on: this server's own (id "") or a cluster node."""
+
+    id: str
+    name: str  # what the sidebar shows: a host name, or a node's address
+    address: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,3 +83,23 @@ def serving_gpus(devices: list[DeviceInfo]) -> list[DeviceInfo]:
     that decides which GPU library is in use."""
     gpus = [d for d in sort_devices(devices) if d.is_gpu]
     return [d for d in gpus if d.library == gpus[0].library] if gpus else []
+
+
+def on_node(node: str, device_id: str) -> str:
+    """A device id unique across nodes: ``node/id`` (just ``id`` on this
+    server's own machine, so nothing changes without a cluster)."""
+    if not node or device_id.startswith(f"{node}/"):
+        return device_id
+    return f"{node}/{device_id}"
+
+
+def node_devices(devices: list[DeviceInfo], node: str) -> list[DeviceInfo]:
+    return [d for d in devices if d.node == node]
+
+
+def nodes_by_free(devices: list[DeviceInfo]) -> list[str]:
+    """The nodes in the order a model tries them: most free memory on the
+    serving GPUs first, then the node id (one node: just that one)."""
+    nodes = sorted({d.node for d in devices})
+    free = {n: sum(d.free_memory for d in serving_gpus(node_devices(devices, n))) for n in nodes}
+    return sorted(nodes, key=lambda n: (-free[n], n))

@@ -77,9 +77,13 @@ def make_app(services: LLMServices, prefix: str) -> web.Application:
     )
 
 
-async def serve(settings: Settings, at: Where) -> None:
+async def serve(settings: Settings, at: Where) -> int:
     """Serve until SIGTERM or SIGINT, then stop every runner."""
-    services = build_services(settings)
+    try:
+        services = build_services(settings)
+    except ConfigError as e:  # a Ray address without Ray
+        log.critical("jupyter llm serve: %s", e)
+        return 1
     atexit.register(services.kill)
     server = HTTPServer(make_app(services, at.prefix), xheaders=True)
     server.listen(at.port, at.host)
@@ -98,6 +102,7 @@ async def serve(settings: Settings, at: Where) -> None:
         server.stop()
         await services.stop()
         await server.close_all_connections()
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -129,5 +134,4 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as e:
         log.critical("jupyter llm serve: %s", e)
         return 1
-    asyncio.run(serve(settings, at))
-    return 0
+    return asyncio.run(serve(settings, at))

@@ -35,6 +35,7 @@ class LoadRequest:
     gpus: tuple[DeviceInfo, ...] = ()  # the serving GPUs, in the order the layout saw them
     simulated: bool = False  # simulated GPUs: the runner computes on the CPU
     projector: str = ""  # the vision projector GGUF ("" = none)
+    node: str = ""  # the cluster node it loads on ("": this machine)
 
 
 @dataclass(frozen=True)

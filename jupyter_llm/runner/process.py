@@ -111,6 +111,10 @@ class RunnerProcess:
         for task in self._tasks:
             task.cancel()
 
+    async def exited(self) -> None:
+        """Returns once the runner has exited (after ``start``)."""
+        await self._exited.wait()
+
     def kill(self, reason: str = "") -> None:
         """Synchronous SIGKILL, safe to call from shutdown paths. ``reason``
         ("made no progress for 300s") becomes the error of what was in flight."""

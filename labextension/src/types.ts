@@ -9,6 +9,15 @@ export interface IDevice {
   integrated?: boolean;
   total_memory: number;
   free_memory: number;
+  node?: string; // the cluster node it is on ("" or absent: this server's machine)
+}
+
+/** A machine devices are on: this server's own (id "") or a Ray cluster node. */
+export interface INode {
+  id: string;
+  name: string;
+  address?: string;
+  devices: string[]; // ids of its devices
 }
 
 export interface ISystemMemory {
@@ -30,6 +39,7 @@ export interface IDevicesReply {
   system: ISystemMemory;
   simulated?: boolean;
   notices?: INotice[];
+  nodes?: INode[];
 }
 
 /** Memory one loaded model holds on one device. */

@@ -14,7 +14,7 @@ import {
   processor,
   segmentWidths
 } from './format';
-import { CPU_DEVICE, IDevice, ILoadedModel, INotice, ISnapshot } from './types';
+import { CPU_DEVICE, IDevice, ILoadedModel, INode, INotice, ISnapshot } from './types';
 
 export type ViewState =
   | { kind: 'loading' }
@@ -101,17 +101,61 @@ interface IMemoryRow {
   device: string;
   total: number;
   free: number;
+  /** The node heading shown above the first row of each node ("": none). */
+  node: string;
+  gpu: boolean;
 }
 
-function deviceRows(snapshot: ISnapshot): IMemoryRow[] {
-  const gpus = snapshot.devices.devices.filter(d => d.library !== 'CPU');
-  const rows: IMemoryRow[] = gpus.map((d: IDevice) => ({
+function gpuRow(d: IDevice): IMemoryRow {
+  return {
     title: d.name || d.id,
     subtitle: [d.library, d.id, d.integrated ? 'integrated' : ''].filter(Boolean).join(' · '),
     device: d.id,
     total: d.total_memory,
-    free: d.free_memory
-  }));
+    free: d.free_memory,
+    node: '',
+    gpu: true
+  };
+}
+
+/** The nodes of a cluster, or none when every device is this server's own. */
+function clusterNodes(snapshot: ISnapshot): INode[] {
+  const nodes = snapshot.devices.nodes ?? [];
+  return nodes.some(n => n.id !== '') ? nodes : [];
+}
+
+/** On a cluster: each node's GPUs and then its system RAM, under the node's name. */
+function nodeRows(snapshot: ISnapshot, nodes: INode[]): IMemoryRow[] {
+  const rows: IMemoryRow[] = [];
+  for (const n of nodes) {
+    const devices = snapshot.devices.devices.filter(d => d.node === n.id);
+    const first = rows.length;
+    rows.push(...devices.filter(d => d.library !== 'CPU').map(gpuRow));
+    for (const cpu of devices.filter(d => d.library === 'CPU')) {
+      rows.push({
+        title: 'System RAM',
+        subtitle: 'CPU',
+        device: cpu.id,
+        total: cpu.total_memory,
+        free: cpu.free_memory,
+        node: '',
+        gpu: false
+      });
+    }
+    if (rows.length > first) {
+      rows[first].node = n.name && n.name !== n.id ? `${n.name} · ${n.id}` : n.id;
+    }
+  }
+  return rows;
+}
+
+function deviceRows(snapshot: ISnapshot): IMemoryRow[] {
+  const nodes = clusterNodes(snapshot);
+  if (nodes.length) {
+    return nodeRows(snapshot, nodes);
+  }
+  const gpus = snapshot.devices.devices.filter(d => d.library !== 'CPU');
+  const rows: IMemoryRow[] = gpus.map(gpuRow);
   const system = snapshot.devices.system;
   const threads = system.threads ? `CPU · ${system.threads} threads` : 'CPU';
   rows.push({
@@ -119,7 +163,9 @@ function deviceRows(snapshot: ISnapshot): IMemoryRow[] {
     subtitle: threads,
     device: CPU_DEVICE,
     total: system.total_memory,
-    free: system.free_memory
+    free: system.free_memory,
+    node: '',
+    gpu: false
   });
   return rows;
 }
@@ -265,7 +311,7 @@ export class SidebarView {
     }
     const models = snapshot.models;
     const rows = deviceRows(snapshot);
-    this.gpuNote.hidden = rows.length > 1;
+    this.gpuNote.hidden = rows.some(row => row.gpu);
     this.renderGpuNotices(snapshot.devices.notices ?? []);
     reconcile(
       this.deviceList,
@@ -276,10 +322,18 @@ export class SidebarView {
         const node = el('div', 'jp-LLM-device');
         const foot = el('div', 'jp-LLM-row-foot');
         foot.append(el('span', 'jp-LLM-subtitle'), el('span', 'jp-LLM-usage'));
-        node.append(el('div', 'jp-LLM-device-name'), el('div', 'jp-LLM-bar'), foot);
+        node.append(
+          el('h4', 'jp-LLM-node-name'),
+          el('div', 'jp-LLM-device-name'),
+          el('div', 'jp-LLM-bar'),
+          foot
+        );
         return node;
       },
       (node, row) => {
+        const heading = node.querySelector('.jp-LLM-node-name') as HTMLElement;
+        heading.textContent = row.node;
+        heading.hidden = !row.node;
         const name = node.querySelector('.jp-LLM-device-name') as HTMLElement;
         name.textContent = row.title;
         name.title = row.title;

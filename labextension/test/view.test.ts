@@ -255,3 +255,74 @@ describe('SidebarView', () => {
     expect(q('.jp-LLM-gpu-notices').hidden).toBe(true);
   });
 });
+
+describe('SidebarView on a Ray cluster', () => {
+  const gpu = (node: string, free: number) => ({
+    id: `${node}/gpu0`,
+    library: 'CUDA',
+    name: 'Simulated 1 GiB',
+    total_memory: GiB,
+    free_memory: free,
+    node
+  });
+  const ram = (node: string) => ({
+    id: `${node}/cpu`,
+    library: 'CPU',
+    name: 'CPU',
+    total_memory: 8 * GiB,
+    free_memory: 6 * GiB,
+    node
+  });
+  const onB: ILoadedModel = {
+    ...tiny,
+    allocations: [
+      { device: 'nodeb/gpu0', weights: 0.25 * GiB, kv_cache: 0.25 * GiB, graph: 0 },
+      { device: 'nodeb/cpu', weights: 0, kv_cache: 0, graph: 0 }
+    ]
+  };
+  const cluster: ISnapshot = {
+    devices: {
+      devices: [gpu('nodea', GiB), gpu('nodeb', 0.5 * GiB), ram('nodea'), ram('nodeb')],
+      system: { total_memory: 32 * GiB, free_memory: 20 * GiB, threads: 8 },
+      nodes: [
+        { id: 'nodea', name: '10.0.0.1', devices: ['nodea/gpu0', 'nodea/cpu'] },
+        { id: 'nodeb', name: '10.0.0.2', devices: ['nodeb/gpu0', 'nodeb/cpu'] }
+      ]
+    },
+    models: [onB]
+  };
+
+  it('groups the devices by node, each node with its own RAM', () => {
+    const { view } = makeView();
+    view.update({ kind: 'ready', snapshot: cluster }, NOW);
+    const rows = qa('.jp-LLM-device');
+    expect(rows.map(r => r.dataset.device)).toEqual([
+      'nodea/gpu0',
+      'nodea/cpu',
+      'nodeb/gpu0',
+      'nodeb/cpu'
+    ]);
+    const headings = rows.map(r => r.querySelector('.jp-LLM-node-name') as HTMLElement);
+    expect(headings.map(h => (h.hidden ? '' : h.textContent))).toEqual([
+      '10.0.0.1 · nodea',
+      '',
+      '10.0.0.2 · nodeb',
+      ''
+    ]);
+    expect(q('.jp-LLM-no-gpu').hidden).toBe(true);
+    // the model's memory shows on its own node's GPU only
+    const segments = (device: string) =>
+      qa(`[data-device="${device}"] .jp-LLM-segment`).map(s => s.dataset.kind);
+    expect(segments('nodeb/gpu0')).toContain('weights');
+    expect(segments('nodea/gpu0')).not.toContain('weights');
+  });
+
+  it('without a cluster shows no node headings', () => {
+    const { view } = makeView();
+    const local = snapshot([tiny]);
+    local.devices.nodes = [{ id: '', name: 'laptop', devices: ['GPU-0', 'cpu'] }];
+    view.update({ kind: 'ready', snapshot: local }, NOW);
+    expect(qa('.jp-LLM-device').map(r => r.dataset.device)).toEqual(['GPU-0', 'cpu']);
+    expect(qa('.jp-LLM-node-name').every(h => h.hidden)).toBe(true);
+  });
+});
