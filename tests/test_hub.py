@@ -407,6 +407,14 @@ def test_two_hub_users_stream_from_one_engine(hub: Hub, tmp_path: Path):
             timeout=60,
         )
         assert cli.returncode == 0 and "long:latest" in cli.stdout, cli.stderr
+
+        # SIGTERM stops the engine cleanly: its runners go with it (the Hub then restarts it)
+        runners = [p for p in hub.processes() if "jupyter_llm.runner" in cmdline(p)]
+        engine[0].send_signal(signal.SIGTERM)  # psutil checks the pid is still that process
+        _, alive = psutil.wait_procs([engine[0], *runners], timeout=30)
+        assert not alive, f"still running after the engine's SIGTERM: {alive}"
+        assert "jupyter-llm engine stopping: unloading every model" in hub.log.read_text()
+        wait_until(lambda: httpx.get(hub.engine, timeout=5).status_code == 200, 60, "a new engine")
     finally:
         for k in (alice, bob):
             k.client.stop_channels()
