@@ -44,12 +44,6 @@ class HubIdentityProvider(IdentityProvider):
     def _default_hub_auth(self) -> HubAuth:
         return HubAuth(parent=self)  # configured by the Hub's JUPYTERHUB_* variables
 
-    @property
-    def token(self) -> str:  # type: ignore[override]
-        return self.hub_auth.api_token
-
-    token_generated = False
-
     async def get_user(self, handler: web.RequestHandler) -> User | None:  # type: ignore[override]
         if hasattr(handler, "_llm_hub_user"):
             return handler._llm_hub_user
