@@ -5,9 +5,10 @@ configurable-http-proxy) runs the engine as a managed service (``jupyter llm
 serve``) and two users' servers pointed at it (``JUPYTER_LLM_ENGINE_URL``).
 Two users' kernels stream from the one engine at once (alice with ``%%llm``,
 stopped by the kernel's interrupt, bob with ``jupyter_llm.client()``, which
-leaves mid-stream); the engine's ``/api/ps`` shows both; a request without a
-token, or with one lacking the service's scope, is refused; every runner is
-the engine's; the Hub's stop leaves no runner behind.
+leaves mid-stream); the engine's ``/api/ps`` shows both; bob's unload waits
+for alice's request; a request without a token, or with one lacking the
+service's scope, is refused; every runner is the engine's; SIGTERM and the
+Hub's stop leave no runner behind.
 
 The proxy comes from ``tests/hub`` (``npm ci`` there, as ``make test`` does).
 Without it, or without ``jupyterhub``, the test is skipped, and under CI
@@ -317,9 +318,14 @@ def _args(p: psutil.Process) -> list[str]:
         return []
 
 
-def holders(h: Hub) -> list[dict]:
+def loaded(h: Hub) -> list[dict]:
+    """The engine's ``/api/ps`` models."""
     with h.as_tester(h.engine) as engine:
-        models = engine.get("api/ps").json()["models"]
+        return engine.get("api/ps").json()["models"]
+
+
+def holders(h: Hub) -> list[dict]:
+    models = loaded(h)
     return models[0]["users"] if models else []
 
 
@@ -385,6 +391,11 @@ def test_two_hub_users_stream_from_one_engine(hub: Hub, tmp_path: Path):
         with hub.as_tester(f"{servers['alice']}llm/") as mine:
             assert mine.get("api/ps").json()["models"][0]["users"][0]["name"] == "alice"
             assert mine.get("api/devices").status_code == 200
+        # bob may not cut alice off: his unload waits until the model is idle
+        with hub.as_tester(f"{servers['bob']}llm/") as his:
+            unload = his.post("api/generate", json={"model": "long", "keep_alive": 0})
+            assert unload.json()["done_reason"] == "unload"
+        assert [u["name"] for u in holders(hub)] == ["alice", "bob"]  # both still run
 
         # alice presses stop (the kernel's interrupt); bob's loop leaves
         with hub.as_tester(servers["alice"]) as s:
@@ -395,10 +406,14 @@ def test_two_hub_users_stream_from_one_engine(hub: Hub, tmp_path: Path):
         assert "interrupted" in result["content"]["data"]["text/markdown"]
         stop.touch()
         bob.until(bob_cell, printed("left after"), 30, "bob's loop to end")
-        # each closed connection reached the engine through the user's server
-        wait_until(lambda: holders(hub) == [], 30, "the engine to release both requests")
+        # each closed connection reached the engine through the user's server, and
+        # then, idle, the model went as bob asked
+        wait_until(lambda: loaded(hub) == [], 30, "the engine to release and unload the model")
 
         # the CLI, pointed at a user's server, sees the shared engine's models
+        with hub.as_tester(f"{servers['alice']}llm/") as mine:
+            load = {"model": "long", "options": {"num_ctx": LONG_CTX}}
+            assert mine.post("api/generate", json=load).json()["done_reason"] == "load"
         cli = subprocess.run(
             [str(BIN / "jupyter"), "llm", "ps"],
             env={**hub_env(), "JUPYTER_LLM_URL": servers["bob"], "JUPYTER_LLM_TOKEN": hub.token},
