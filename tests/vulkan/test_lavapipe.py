@@ -124,7 +124,10 @@ async def generate(jp_fetch, model: str, **options) -> dict:
         "stream": False,
         "options": {"num_predict": 2, "temperature": 0, **options},
     }
-    r = await jp_fetch("llm", "api", "generate", method="POST", body=json.dumps(body))
+    # a first load on lavapipe compiles its shaders: give it a deadline beyond the default 20 s
+    r = await jp_fetch(
+        "llm", "api", "generate", method="POST", body=json.dumps(body), request_timeout=180
+    )
     reply = json.loads(r.body)
     assert reply["eval_count"] == 2
     return reply
