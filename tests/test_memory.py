@@ -23,7 +23,7 @@ MiB, GiB = 1 << 20, 1 << 30
 # a 7B-like model: 32 blocks of 200 MiB, 250 MiB output, 250 MiB input embeddings
 MODEL = synthetic_model(200, 32, context_length=8192)
 EST = estimate(MODEL, EstimateOptions(num_ctx=4096))
-FULL_ON_ONE = sum(EST.layer_size(i) for i in range(33)) + EST.graph_full + MIN_GPU_BYTES
+FULL_ON_ONE = sum(EST.layer_size(i) for i in range(33)) + EST.gpu_graph_full + MIN_GPU_BYTES
 
 
 def gpu(id, free, integrated=False):
@@ -58,6 +58,8 @@ def test_graph_grows_with_context():
     small = estimate(MODEL, EstimateOptions(num_ctx=2048))
     big = estimate(MODEL, EstimateOptions(num_ctx=8192))
     assert big.graph_full > small.graph_full and big.graph_partial > small.graph_partial
+    for kind in ("gpu_graph_full", "gpu_graph_partial", "host_graph_full", "host_graph_partial"):
+        assert getattr(big, kind) > getattr(small, kind), kind
 
 
 def test_unknown_kv_type():
@@ -74,7 +76,8 @@ def test_cpu_only_when_no_gpu():
 def test_full_fit_on_one_gpu():
     p = plan_layout(EST, [gpu("a", FULL_ON_ONE + MiB)], system_free=64 * GiB)
     assert p.n_gpu_layers == 33 and p.gpus == ["a"]
-    assert p.on("cpu") == EST.input_weights  # only the input embeddings stay on the CPU
+    # only the input embeddings stay on the CPU, and the host's compute buffer
+    assert p.on("cpu") == EST.input_weights + EST.host_graph_full
 
 
 def test_discrete_used_before_integrated_with_more_free_memory():
@@ -109,7 +112,7 @@ def test_require_full_refuses_partial():
 
 def test_gpu_too_small_for_two_layers_is_not_used():
     p = plan_layout(
-        EST, [gpu("a", MIN_GPU_BYTES + EST.graph_partial + 300 * MiB)], system_free=64 * GiB
+        EST, [gpu("a", MIN_GPU_BYTES + EST.gpu_graph_partial + 300 * MiB)], system_free=64 * GiB
     )
     assert p.n_gpu_layers == 0
 
