@@ -234,3 +234,102 @@ def test_model_info_of_gemma(gemma_gguf):
     assert (info.architecture, info.n_swa, info.tied_embeddings) == ("gemma3", 512, True)
     assert info.n_vocab == 262144
     assert sum(swa_layers(info.architecture, info.n_layer, info.n_swa)) == 15
+
+
+def demo_info(n_embd, n_layer, n_ff, n_head, n_head_kv, n_vocab, layer_bytes):
+    """A generated (f32 llama) model's shape, as read_model_info reads it."""
+    return dataclasses.replace(
+        synthetic_model(1, n_layer, context_length=32768),
+        n_embd=n_embd,
+        n_ff=n_ff,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=n_embd // n_head,
+        head_dim_v=n_embd // n_head,
+        n_vocab=n_vocab,
+        layer_bytes=(layer_bytes,) * n_layer,
+        output_bytes=4 * n_vocab * n_embd + 4 * n_embd,
+    )
+
+
+SMALL = demo_info(512, 8, 1536, 8, 8, 265, 13635584)  # tests/vulkan's small_gguf
+VOCAB_20K = demo_info(512, 8, 1536, 8, 8, 20265, 13635584)
+GQA_1024 = demo_info(1024, 6, 2816, 16, 4, 265, 45096960)
+VOCAB_50K = demo_info(256, 4, 768, 4, 4, 50265, 3409920)
+WIDE_2048 = demo_info(2048, 3, 5632, 16, 16, 8265, 205537280)
+
+
+# What ggml-vulkan on lavapipe reserved (sched_reserve's compute buffers plus
+# the output buffer; llama-cpp-python 0.3.36, flash attention auto, 4
+# sequences), in MiB: the GPU's compute buffer, the host's (Vulkan_Host).
+# Split: the model's last few layers on the GPU, the others on the CPU.
+@pytest.mark.parametrize(
+    ("model", "num_ctx", "num_batch", "split", "gpu_mib", "host_mib"),
+    [
+        (SMALL, 2048, 512, False, 13.01, 4.01),
+        (SMALL, 2048, 512, True, 15.0, 5.01),
+        (SMALL, 1024, 512, False, 12.01, 3.01),
+        (SMALL, 1024, 512, True, 14.0, 4.01),
+        (SMALL, 512, 512, False, 11.51, 2.51),
+        (SMALL, 2048, 256, False, 6.51, 2.01),
+        (SMALL, 2048, 256, True, 10.0, 2.51),
+        (VOCAB_20K, 2048, 512, False, 41.58, 4.32),
+        (VOCAB_20K, 2048, 512, True, 44.59, 5.32),
+        (VOCAB_20K, 8192, 512, False, 41.58, 10.32),
+        (VOCAB_20K, 8192, 512, True, 40.58, 11.32),
+        (GQA_1024, 2048, 512, False, 22.51, 6.01),
+        (GQA_1024, 2048, 512, True, 34.0, 6.01),
+        (GQA_1024, 8192, 512, False, 28.51, 12.01),
+        (GQA_1024, 8192, 512, True, 40.5, 12.01),
+        (GQA_1024, 2048, 256, True, 22.5, 3.01),
+        (VOCAB_50K, 4096, 512, False, 99.17, 5.78),
+        (VOCAB_50K, 4096, 512, True, 98.67, 6.28),
+        (WIDE_2048, 4096, 512, False, 45.01, 12.14),
+        (WIDE_2048, 1024, 512, False, 42.01, 9.14),
+        (WIDE_2048, 1024, 512, True, 90.0, 13.14),
+    ],
+)
+def test_gpu_graphs_match_ggml_vulkan(model, num_ctx, num_batch, split, gpu_mib, host_mib):
+    est = estimate(model, EstimateOptions(num_ctx=num_ctx, num_batch=num_batch))
+    gpu = est.gpu_graph_partial if split else est.gpu_graph_full
+    host = est.host_graph_partial if split else est.host_graph_full
+    assert abs(gpu / MiB - gpu_mib) <= 0.10 * gpu_mib
+    assert abs(host / MiB - host_mib) <= 0.10 * host_mib
+
+
+# Measured splits still off: a partial offload's GPU peak is the fragmented
+# best fit of the CPU layers' weight copies among the activations
+@pytest.mark.parametrize(
+    ("model", "num_ctx", "gpu_mib"),
+    [(SMALL, 512, 12.5), (WIDE_2048, 4096, 79.0)],
+)
+def test_gpu_graph_split_within_twenty_percent(model, num_ctx, gpu_mib):
+    est = estimate(model, EstimateOptions(num_ctx=num_ctx))
+    assert abs(est.gpu_graph_partial / MiB - gpu_mib) <= 0.20 * gpu_mib
+
+
+def test_layout_charges_the_gpu_graphs():
+    est = estimate(SMALL, EstimateOptions(num_ctx=2048))
+    big = gpu("a", 64 * GiB)
+    full = plan_layout(est, [big], system_free=64 * GiB)
+    assert [a.graph for a in full.allocations] == [est.gpu_graph_full, est.host_graph_full]
+    split = plan_layout(est, [big], system_free=64 * GiB, num_gpu=4)
+    assert [a.graph for a in split.allocations] == [est.gpu_graph_partial, est.host_graph_partial]
+    alone = plan_layout(est, [], system_free=64 * GiB)
+    assert [a.graph for a in alone.allocations] == [est.graph_full]
+
+
+@pytest.mark.parametrize(
+    ("num_ctx", "num_batch", "gpu_mib", "host_mib"),
+    [(2048, 512, 20.52, 518.5), (8192, 512, 27.02, 518.5), (2048, 128, 5.13, 132.63)],
+)
+def test_gemma_output_on_the_cpu_past_the_gpu_tensor_limit(
+    gemma_gguf, num_ctx, num_batch, gpu_mib, host_mib
+):
+    """Gemma 3 270M on lavapipe, every layer offloaded: its 170 MiB output matrix
+    is past lavapipe's storage buffer range, so ggml-vulkan leaves the output
+    (and its logits) to the CPU."""
+    opts = EstimateOptions(num_ctx=num_ctx, num_batch=num_batch, gpu_max_tensor=128 * MiB)
+    est = estimate(read_model_info(gemma_gguf), opts)
+    assert abs(est.gpu_graph_full / MiB - gpu_mib) <= 0.10 * gpu_mib
+    assert abs(est.host_graph_full / MiB - host_mib) <= 0.10 * host_mib

@@ -63,6 +63,10 @@ class EstimateOptions:
     kv_type: str = "f16"
     num_parallel: int = 4  # sequences sharing the unified cache
     swa_full: bool = False
+    # the largest tensor the GPU backend takes (ggml-vulkan runs an operation
+    # with a bigger one, such as a 262k vocabulary's output matrix on lavapipe,
+    # on the CPU); 0: no limit, as CUDA
+    gpu_max_tensor: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,14 @@ def estimate(
         + 4 * context * (batch * heads + head_dim * heads_kv),
         4 * batch * (embd + vocab) + embd * vocab * 105 // 128,
     )
-    gpu = gpu_graphs(model, context, batch, cells_swa if any(windowed) else 0, opts.num_parallel)
+    gpu = gpu_graphs(
+        model,
+        context,
+        batch,
+        cells_swa if any(windowed) else 0,
+        opts.num_parallel,
+        opts.gpu_max_tensor,
+    )
     return Estimate(
         layer_weights=model.layer_bytes,
         layer_kv=layer_kv,
@@ -170,7 +181,9 @@ class GpuGraphs:
     host_partial: int
 
 
-def gpu_graphs(model: ModelInfo, context: int, batch: int, cells_swa: int, n_seq: int) -> GpuGraphs:
+def gpu_graphs(
+    model: ModelInfo, context: int, batch: int, cells_swa: int, n_seq: int, max_tensor: int = 0
+) -> GpuGraphs:
     """The compute buffers ggml's scheduler reserves with a GPU backend, for a
     batch of ``batch`` tokens (n_ubatch) over ``context`` cells, flash attention on.
 
@@ -181,7 +194,8 @@ def gpu_graphs(model: ModelInfo, context: int, batch: int, cells_swa: int, n_seq
     CPU's layers (op offload, a batch of 32 or more), each weight copied into
     its compute buffer: the largest block weight more. The CPU's buffer holds
     the inputs (token embeddings, the masks) and, split, a K projection, plus
-    the logits' output buffer.
+    the logits' output buffer, and the output's peak when the output matrix
+    or the logits exceed ``max_tensor``.
     """
     embd, n_ff, vocab = model.n_embd, model.n_ff or 4 * model.n_embd, model.n_vocab
     q_dim = model.n_head * model.head_dim_k
@@ -194,6 +208,8 @@ def gpu_graphs(model: ModelInfo, context: int, batch: int, cells_swa: int, n_seq
     biggest = max(model.layer_bytes, default=0) * embd * n_ff // max(1, params)
     output_buffer = 4 * vocab * max(1, n_seq)
     host_full = masks + 8 * batch * embd + output_buffer
+    if max_tensor and max(model.output_bytes, 4 * batch * vocab) > max_tensor:
+        host_full, output = host_full + output, 0  # the output runs on the CPU
     return GpuGraphs(
         device_full=max(block, output),
         device_partial=max(block + biggest, output),

@@ -209,13 +209,6 @@ async def test_measured_weights_and_kv_cache_match_the_estimate_per_device(
             assert within(getattr(real, kind), getattr(est, kind), TOLERANCE), (device, kind)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # only the comparison: a runner or setup failure still fails
-    reason="the compute graph estimate (Ollama's formula) is 2.7-8x what ggml reserves "
-    "on each device for this model, and has nothing for the Vulkan_Host buffer of a "
-    "full offload; issue 15 part 1 brings it within 10 %",
-)
 @pytest.mark.parametrize("num_gpu", [-1, 4], ids=["all layers", "4 layers"])
 async def test_measured_graph_and_total_match_the_estimate_per_device(
     jp_fetch, jp_serverapp, models_dir, small_gguf, num_gpu
