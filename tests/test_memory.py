@@ -319,17 +319,61 @@ def test_layout_charges_the_gpu_graphs():
     assert [a.graph for a in alone.allocations] == [est.graph_full]
 
 
+VOCAB_70K = demo_info(256, 2, 768, 4, 4, 70265, 3409920)
+LAVAPIPE = 128 * MiB  # its storage buffer range
+
+
+# Past the GPU's tensor limit, on lavapipe (every layer offloaded): (gpu, host)
+# compute MiB, the output matrix on the GPU
 @pytest.mark.parametrize(
-    ("num_ctx", "num_batch", "gpu_mib", "host_mib"),
-    [(2048, 512, 20.52, 518.5), (8192, 512, 27.02, 518.5), (2048, 128, 5.13, 132.63)],
+    ("model", "num_ctx", "num_batch", "gpu_mib", "host_mib", "matrix_on_gpu"),
+    [
+        # 512 tokens' logits (137 MiB) are past it: the output on the CPU
+        (VOCAB_70K, 2048, 512, 7.51, 139.31, False),
+        # 256 tokens' fit: the GPU runs the product, the matrix copied there
+        (VOCAB_70K, 2048, 256, 137.74, 2.58, False),
+        (VOCAB_50K, 4096, 512, 99.17, 5.78, True),  # under it: as without a limit
+    ],
 )
-def test_gemma_output_on_the_cpu_past_the_gpu_tensor_limit(
-    gemma_gguf, num_ctx, num_batch, gpu_mib, host_mib
+def test_gpu_graphs_past_the_tensor_limit(
+    model, num_ctx, num_batch, gpu_mib, host_mib, matrix_on_gpu
 ):
-    """Gemma 3 270M on lavapipe, every layer offloaded: its 170 MiB output matrix
-    is past lavapipe's storage buffer range, so ggml-vulkan leaves the output
-    (and its logits) to the CPU."""
-    opts = EstimateOptions(num_ctx=num_ctx, num_batch=num_batch, gpu_max_tensor=128 * MiB)
-    est = estimate(read_model_info(gemma_gguf), opts)
+    opts = EstimateOptions(num_ctx=num_ctx, num_batch=num_batch, gpu_max_tensor=LAVAPIPE)
+    est = estimate(model, opts)
     assert abs(est.gpu_graph_full / MiB - gpu_mib) <= 0.10 * gpu_mib
     assert abs(est.host_graph_full / MiB - host_mib) <= 0.10 * host_mib
+    assert est.output_on_cpu is not matrix_on_gpu
+
+
+def test_an_output_matrix_the_gpu_refuses_stays_on_the_cpu():
+    est = estimate(VOCAB_70K, EstimateOptions(num_ctx=2048, gpu_max_tensor=LAVAPIPE))
+    p = plan_layout(est, [gpu("a", 64 * GiB)], system_free=64 * GiB)
+    assert p.n_gpu_layers == 3  # llama.cpp's count still has the output layer
+    on_gpu, cpu = p.allocations
+    assert on_gpu.weights == sum(est.layer_weights)
+    assert cpu.weights == est.input_weights + est.output_weights
+
+
+@pytest.mark.parametrize(
+    ("num_ctx", "num_batch", "num_gpu", "gpu_mib", "host_mib"),
+    [
+        (2048, 512, -1, 20.52, 518.5),
+        (8192, 512, -1, 27.02, 518.5),
+        (2048, 128, -1, 5.13, 132.63),
+        (2048, 512, 10, 22.18, 518.5),
+        (8192, 512, 10, 31.43, 518.5),
+    ],
+)
+def test_gemma_on_lavapipe(gemma_gguf, num_ctx, num_batch, num_gpu, gpu_mib, host_mib):
+    """Gemma 3 270M: its 170 MiB output matrix is past lavapipe's limit, so
+    ggml-vulkan leaves the output (its weights and logits) to the CPU."""
+    opts = EstimateOptions(num_ctx=num_ctx, num_batch=num_batch, gpu_max_tensor=LAVAPIPE)
+    est = estimate(read_model_info(gemma_gguf), opts)
+    p = plan_layout(est, [gpu("a", 64 * GiB)], system_free=64 * GiB, num_gpu=num_gpu)
+    on_gpu, cpu = p.allocations
+    # the tied matrix once, on the CPU (with the output norm)
+    assert est.output_weights - est.input_weights < MiB
+    assert cpu.weights == est.output_weights + sum(est.layer_weights[: 19 - p.n_gpu_layers])
+    tolerance = 0.20 if (num_ctx, num_gpu) == (8192, 10) else 0.10  # a split's peak: -15 %
+    assert abs(on_gpu.graph / MiB - gpu_mib) <= tolerance * gpu_mib
+    assert abs(cpu.graph / MiB - host_mib) <= 0.10 * host_mib

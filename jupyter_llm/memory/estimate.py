@@ -63,9 +63,8 @@ class EstimateOptions:
     kv_type: str = "f16"
     num_parallel: int = 4  # sequences sharing the unified cache
     swa_full: bool = False
-    # the largest tensor the GPU backend takes (ggml-vulkan runs an operation
-    # with a bigger one, such as a 262k vocabulary's output matrix on lavapipe,
-    # on the CPU); 0: no limit, as CUDA
+    # the largest tensor the GPUs' backend takes (ggml-vulkan: the device's
+    # storage buffer range); 0: no limit, as CUDA. See output_placement.
     gpu_max_tensor: int = 0
 
 
@@ -86,6 +85,8 @@ class Estimate:
     gpu_graph_partial: int = 0  # a GPU when some layers are elsewhere
     host_graph_full: int = 0  # the CPU when every layer is on GPUs
     host_graph_partial: int = 0  # the CPU when it holds layers beside a GPU
+    # the output matrix stays on the CPU even when its layer is offloaded
+    output_on_cpu: bool = False
 
     @property
     def projector_total(self) -> int:
@@ -96,9 +97,9 @@ class Estimate:
         return len(self.layer_weights)
 
     def layer_size(self, i: int) -> int:
-        """Bytes of llama.cpp "layer" i; index n_layer is the output layer."""
+        """Bytes of llama.cpp "layer" i on a GPU; index n_layer is the output layer."""
         if i == self.n_layer:
-            return self.output_weights
+            return 0 if self.output_on_cpu else self.output_weights
         return self.layer_weights[i] + self.layer_kv[i]
 
     @property
@@ -170,6 +171,35 @@ def estimate(
         gpu_graph_partial=gpu.device_partial,
         host_graph_full=gpu.host_full,
         host_graph_partial=gpu.host_partial,
+        output_on_cpu=not output_placement(model, batch, opts.gpu_max_tensor).weights_on_gpu,
+    )
+
+
+# llama.cpp keeps a weight on a device only where the device runs its product
+# with 512 tokens (llama-model-loader.cpp weight_buft_supported)
+PROBE_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class OutputPlacement:
+    weights_on_gpu: bool  # the output matrix in an offloaded output layer's GPU
+    logits_on_gpu: bool  # the GPU runs the output product (its weights copied there if need be)
+
+
+def output_placement(model: ModelInfo, batch: int, max_tensor: int) -> OutputPlacement:
+    """Where the output layer lands beside a GPU backend that takes no tensor
+    over ``max_tensor`` bytes (ggml-vulkan's supports_op: an operation with a
+    bigger source or result runs on the CPU). Measured on lavapipe: Gemma 3's
+    170 MiB output matrix stays on the CPU with its logits; a 70k vocabulary
+    of 256 keeps its 69 MiB matrix on the CPU (512 tokens' logits are 137
+    MiB), and a batch of 256 runs on the GPU with that matrix copied over."""
+    if not max_tensor:
+        return OutputPlacement(True, True)
+    matrix = model.output_bytes
+    logits = 4 * model.n_vocab
+    return OutputPlacement(
+        weights_on_gpu=max(matrix, logits * PROBE_TOKENS) <= max_tensor,
+        logits_on_gpu=max(matrix, logits * batch) <= max_tensor,
     )
 
 
@@ -194,8 +224,8 @@ def gpu_graphs(
     CPU's layers (op offload, a batch of 32 or more), each weight copied into
     its compute buffer: the largest block weight more. The CPU's buffer holds
     the inputs (token embeddings, the masks) and, split, a K projection, plus
-    the logits' output buffer, and the output's peak when the output matrix
-    or the logits exceed ``max_tensor``.
+    the logits' output buffer, and the output's peak when the GPU cannot
+    take the output product (output_placement).
     """
     embd, n_ff, vocab = model.n_embd, model.n_ff or 4 * model.n_embd, model.n_vocab
     q_dim = model.n_head * model.head_dim_k
@@ -208,8 +238,11 @@ def gpu_graphs(
     biggest = max(model.layer_bytes, default=0) * embd * n_ff // max(1, params)
     output_buffer = 4 * vocab * max(1, n_seq)
     host_full = masks + 8 * batch * embd + output_buffer
-    if max_tensor and max(model.output_bytes, 4 * batch * vocab) > max_tensor:
+    placed = output_placement(model, batch, max_tensor)
+    if not placed.logits_on_gpu:
         host_full, output = host_full + output, 0  # the output runs on the CPU
+    elif not placed.weights_on_gpu:
+        output += model.output_bytes  # its matrix copied to the GPU for each batch
     return GpuGraphs(
         device_full=max(block, output),
         device_partial=max(block + biggest, output),

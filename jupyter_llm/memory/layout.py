@@ -180,8 +180,12 @@ def _placement(
     cpu = _allocation(CPU, est, cpu_layers, cpu_graph)
     # a tied output layer left on the CPU is the input tensor itself (llama.cpp
     # duplicates token_embd only when the output layer is offloaded)
-    tied_on_cpu = est.tied_output if est.n_layer in cpu_layers else 0
-    cpu = Allocation(CPU, cpu.weights + est.input_weights - tied_on_cpu, cpu.kv_cache, cpu.graph)
+    output_on_cpu = est.n_layer in cpu_layers or est.output_on_cpu
+    tied_on_cpu = est.tied_output if output_on_cpu else 0
+    # an offloaded output layer whose matrix the GPU cannot take leaves it on the CPU
+    kept = est.output_weights if est.output_on_cpu and est.n_layer not in cpu_layers else 0
+    weights = cpu.weights + kept + est.input_weights - tied_on_cpu
+    cpu = Allocation(CPU, weights, cpu.kv_cache, cpu.graph)
     if not assignment:
         cpu = _with_projector(cpu, est)
     if cpu.total > system_free:
@@ -202,6 +206,8 @@ def _with_projector(a: Allocation, est: Estimate) -> Allocation:
 
 
 def _allocation(device: str, est: Estimate, layers: list[int], graph: int) -> Allocation:
-    weights = sum(est.output_weights if i == est.n_layer else est.layer_weights[i] for i in layers)
+    weights = sum(est.layer_weights[i] for i in layers if i < est.n_layer)
+    if est.n_layer in layers:
+        weights += est.output_weights if device == CPU else est.layer_size(est.n_layer)
     kv = sum(est.layer_kv[i] for i in layers if i < est.n_layer)
     return Allocation(device, weights, kv, graph)
