@@ -29,6 +29,7 @@ from jupyter_llm.devices import (
     DeviceInfo,
     DeviceSource,
     device_from_raw,
+    gpu_max_tensor,
     node_devices,
     nodes_by_free,
     on_node,
@@ -496,14 +497,15 @@ class Scheduler:
         """The fit loop: place, evicting others while that is what it takes."""
         parallel = 1 if info.embedding_only else self.settings.num_parallel
         projector = await self._projector_info(entry.projector_path)
-        est = estimate(
-            info, EstimateOptions(num_ctx=wanted.num_ctx, num_batch=wanted.num_batch), projector
-        )
+        opts = EstimateOptions(num_ctx=wanted.num_ctx, num_batch=wanted.num_batch)
         backoff = 0
         while True:
             if self._closing:
                 raise ModelLoadFailed("the server is shutting down")
             devices = await self.current_devices()
+            # what the serving GPUs' backend refuses stays on the CPU
+            limit = gpu_max_tensor(serving_gpus(devices))
+            est = estimate(info, replace(opts, gpu_max_tensor=limit), projector)
             if await self._make_room_for_count(devices):
                 continue  # something was unloaded: look at the devices again
             try:
@@ -513,7 +515,7 @@ class Scheduler:
                 where = eviction_node(
                     devices,
                     self.loaded_models(),
-                    lambda n, d=devices: self._fits_emptied(est, wanted, d, n),
+                    lambda n, d=devices, e=est: self._fits_emptied(e, wanted, d, n),
                 )
                 if others := [m for m in self.loaded_models() if m.node == where]:
                     await self._evict(choose_victim(others))

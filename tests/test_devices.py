@@ -2,7 +2,13 @@ import json
 
 import pytest
 
-from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw, sort_devices
+from jupyter_llm.devices import (
+    DeviceInfo,
+    DeviceSource,
+    device_from_raw,
+    gpu_max_tensor,
+    sort_devices,
+)
 from jupyter_llm.devices.nvml import overlay_nvml
 from jupyter_llm.devices.simulated import parse_simulated_devices, parse_simulated_system
 from jupyter_llm.devices.system import cap_by_cgroup
@@ -179,3 +185,17 @@ async def test_device_source_counts_our_runners_on_a_gpu_that_does_not():
     assert gpu_now.id == "Vulkan0" and gpu_now.free_memory == 3 * GiB // 2
     (gpu_idle, _) = await source.devices()
     assert gpu_idle.free_memory == 2 * GiB
+
+
+@pytest.mark.parametrize(
+    ("library", "description", "limit"),
+    [
+        ("Vulkan", "llvmpipe (LLVM 15.0.6, 256 bits)", 128 << 20),
+        ("Vulkan", "NVIDIA GeForce RTX 4090", 0),
+        ("CUDA", "llvmpipe", 0),
+    ],
+)
+def test_max_tensor(library, description, limit):
+    device = DeviceInfo(id="g", library=library, name="g", description=description)
+    assert device.max_tensor == limit
+    assert gpu_max_tensor([device, DeviceInfo(id="h", library="CUDA", name="h")]) == limit

@@ -26,8 +26,26 @@ class DeviceInfo:
     def is_gpu(self) -> bool:
         return self.library != "CPU"
 
+    @property
+    def max_tensor(self) -> int:
+        """The largest tensor its ggml backend takes (0: no known limit).
+        ggml-vulkan refuses an operation with a tensor past the device's
+        storage buffer range; Mesa's lavapipe (llvmpipe) has 128 MiB, as its
+        measured placements show (tests/test_memory.py)."""
+        if self.library == "Vulkan" and self.description.startswith("llvmpipe"):
+            return LAVAPIPE_MAX_TENSOR
+        return 0
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+LAVAPIPE_MAX_TENSOR = 1 << 27
+
+
+def gpu_max_tensor(gpus: list[DeviceInfo]) -> int:
+    """The tightest tensor limit of ``gpus`` (0: none known)."""
+    return min((d.max_tensor for d in gpus if d.max_tensor), default=0)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,9 @@ class EstimateOptions:
     kv_type: str = "f16"
     num_parallel: int = 4  # sequences sharing the unified cache
     swa_full: bool = False
+    # the largest tensor the GPUs' backend takes (ggml-vulkan: the device's
+    # storage buffer range); 0: no limit, as CUDA. See output_placement.
+    gpu_max_tensor: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,19 @@ class Estimate:
     layer_kv: tuple[int, ...]
     output_weights: int
     input_weights: int
-    graph_full: int  # compute graph when every layer is on one device
-    graph_partial: int  # per device when the model is split
+    graph_full: int  # compute graph when every layer is on the CPU
+    graph_partial: int  # the CPU's, ggml's own CPU backend beside no GPU (Ollama's split figure)
     tied_output: int = 0  # of output_weights, the token_embd shared with the input on the CPU
     # a vision projector: its weights and compute buffer, on one device
     projector_weights: int = 0
     projector_graph: int = 0
+    # ggml's scheduler beside a GPU backend (measured on ggml-vulkan): see gpu_graphs
+    gpu_graph_full: int = 0  # a GPU holding every layer
+    gpu_graph_partial: int = 0  # a GPU when some layers are elsewhere
+    host_graph_full: int = 0  # the CPU when every layer is on GPUs
+    host_graph_partial: int = 0  # the CPU when it holds layers beside a GPU
+    # the output matrix stays on the CPU even when its layer is offloaded
+    output_on_cpu: bool = False
 
     @property
     def projector_total(self) -> int:
@@ -87,9 +97,9 @@ class Estimate:
         return len(self.layer_weights)
 
     def layer_size(self, i: int) -> int:
-        """Bytes of llama.cpp "layer" i; index n_layer is the output layer."""
+        """Bytes of llama.cpp "layer" i on a GPU; index n_layer is the output layer."""
         if i == self.n_layer:
-            return self.output_weights
+            return 0 if self.output_on_cpu else self.output_weights
         return self.layer_weights[i] + self.layer_kv[i]
 
     @property
@@ -139,6 +149,14 @@ def estimate(
         + 4 * context * (batch * heads + head_dim * heads_kv),
         4 * batch * (embd + vocab) + embd * vocab * 105 // 128,
     )
+    gpu = gpu_graphs(
+        model,
+        context,
+        batch,
+        cells_swa if any(windowed) else 0,
+        opts.num_parallel,
+        opts.gpu_max_tensor,
+    )
     return Estimate(
         layer_weights=model.layer_bytes,
         layer_kv=layer_kv,
@@ -149,4 +167,85 @@ def estimate(
         tied_output=model.input_bytes if model.tied_embeddings else 0,
         projector_weights=projector.weights_bytes if projector else 0,
         projector_graph=projector_graph(projector) if projector else 0,
+        gpu_graph_full=gpu.device_full,
+        gpu_graph_partial=gpu.device_partial,
+        host_graph_full=gpu.host_full,
+        host_graph_partial=gpu.host_partial,
+        output_on_cpu=not output_placement(model, batch, opts.gpu_max_tensor).weights_on_gpu,
+    )
+
+
+# llama.cpp keeps a weight on a device only where the device runs its product
+# with 512 tokens (llama-model-loader.cpp weight_buft_supported)
+PROBE_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class OutputPlacement:
+    weights_on_gpu: bool  # the output matrix in an offloaded output layer's GPU
+    logits_on_gpu: bool  # the GPU runs the output product (its weights copied there if need be)
+
+
+def output_placement(model: ModelInfo, batch: int, max_tensor: int) -> OutputPlacement:
+    """Where the output layer lands beside a GPU backend that takes no tensor
+    over ``max_tensor`` bytes (ggml-vulkan's supports_op: an operation with a
+    bigger source or result runs on the CPU). Measured on lavapipe: Gemma 3's
+    170 MiB output matrix stays on the CPU with its logits; a 70k vocabulary
+    of 256 keeps its 69 MiB matrix on the CPU (512 tokens' logits are 137
+    MiB), and a batch of 256 runs on the GPU with that matrix copied over."""
+    if not max_tensor:
+        return OutputPlacement(True, True)
+    matrix = model.output_bytes
+    logits = 4 * model.n_vocab
+    return OutputPlacement(
+        weights_on_gpu=max(matrix, logits * PROBE_TOKENS) <= max_tensor,
+        logits_on_gpu=max(matrix, logits * batch) <= max_tensor,
+    )
+
+
+@dataclass(frozen=True)
+class GpuGraphs:
+    device_full: int
+    device_partial: int
+    host_full: int
+    host_partial: int
+
+
+def gpu_graphs(
+    model: ModelInfo, context: int, batch: int, cells_swa: int, n_seq: int, max_tensor: int = 0
+) -> GpuGraphs:
+    """The compute buffers ggml's scheduler reserves with a GPU backend, for a
+    batch of ``batch`` tokens (n_ubatch) over ``context`` cells, flash attention on.
+
+    Measured on ggml-vulkan (lavapipe) over demo models and Gemma 3 270M
+    (tests/test_memory.py): the GPU's peak is a block's (its f16 masks, the
+    residual stream and the feed-forward activations) or the output's (a
+    batch's logits). Split, the GPU also runs the big matrix products of the
+    CPU's layers (op offload, a batch of 32 or more), each weight copied into
+    its compute buffer: the largest block weight more. The CPU's buffer holds
+    the inputs (token embeddings, the masks) and, split, a K projection, plus
+    the logits' output buffer, and the output's peak when the GPU cannot
+    take the output product (output_placement).
+    """
+    embd, n_ff, vocab = model.n_embd, model.n_ff or 4 * model.n_embd, model.n_vocab
+    q_dim = model.n_head * model.head_dim_k
+    kv_dim = model.n_head_kv * model.head_dim_k
+    masks = 2 * batch * (context + cells_swa)  # f16, one per cache
+    block = masks + 4 * batch * (embd + max(embd, q_dim) + 3 * n_ff)
+    output = 4 * batch * (vocab + 2 * embd)
+    # the largest block weight: a feed-forward matrix's share of the block's parameters
+    params = embd * (2 * q_dim + 2 * kv_dim) + 3 * embd * n_ff
+    biggest = max(model.layer_bytes, default=0) * embd * n_ff // max(1, params)
+    output_buffer = 4 * vocab * max(1, n_seq)
+    host_full = masks + 8 * batch * embd + output_buffer
+    placed = output_placement(model, batch, max_tensor)
+    if not placed.logits_on_gpu:
+        host_full, output = host_full + output, 0  # the output runs on the CPU
+    elif not placed.weights_on_gpu:
+        output += model.output_bytes  # its matrix copied to the GPU for each batch
+    return GpuGraphs(
+        device_full=max(block, output),
+        device_partial=max(block + biggest, output),
+        host_full=host_full,
+        host_partial=host_full + 4 * batch * kv_dim,
     )

@@ -138,7 +138,7 @@ def plan_layout(
     wanted = n_total if num_gpu < 0 else min(num_gpu, n_total)
     if gpus and wanted > 0:
         for k in range(1, len(gpus) + 1):  # the fewest GPUs (in sort order) that hold it all
-            graph = est.graph_full if k == 1 else est.graph_partial
+            graph = est.gpu_graph_full if k == 1 else est.gpu_graph_partial
             trial = fill(gpus[:k], wanted, graph)
             if sum(n for _, n in trial) == wanted:
                 assignment = trial
@@ -148,8 +148,8 @@ def plan_layout(
                 raise CannotAllocateForced(num_gpu)
             if require_full:
                 raise DoesNotFit()
-            viable = [g for g in gpus if room(g, est.graph_partial) >= 2 * biggest]
-            assignment = fill(viable, wanted, est.graph_partial)
+            viable = [g for g in gpus if room(g, est.gpu_graph_partial) >= 2 * biggest]
+            assignment = fill(viable, wanted, est.gpu_graph_partial)
     return _placement(est, order, assignment, system_free, n_total)
 
 
@@ -161,22 +161,31 @@ def _placement(
     n_total: int,
 ) -> Placement:
     allocations = []
-    single = len(assignment) == 1
     offloaded = sum(n for _, n in assignment)
+    split = len(assignment) > 1 or offloaded < n_total
     start = 0
     for gpu, n in assignment:
         layers = order[start : start + n]
         start += n
-        graph = est.graph_full if single else est.graph_partial
+        graph = est.gpu_graph_partial if split else est.gpu_graph_full
         allocation = _allocation(gpu.id, est, layers, graph)
         allocations.append(allocation if start > n else _with_projector(allocation, est))
     cpu_layers = order[start:]
-    cpu_graph = est.graph_full if not assignment else (est.graph_partial if cpu_layers else 0)
+    # without a GPU, ggml's CPU backend alone; beside one, the host's buffer
+    # (inputs, and the CPU's layers' non-offloaded operations)
+    if not assignment:
+        cpu_graph = est.graph_full
+    else:
+        cpu_graph = est.host_graph_partial if cpu_layers else est.host_graph_full
     cpu = _allocation(CPU, est, cpu_layers, cpu_graph)
     # a tied output layer left on the CPU is the input tensor itself (llama.cpp
     # duplicates token_embd only when the output layer is offloaded)
-    tied_on_cpu = est.tied_output if est.n_layer in cpu_layers else 0
-    cpu = Allocation(CPU, cpu.weights + est.input_weights - tied_on_cpu, cpu.kv_cache, cpu.graph)
+    output_on_cpu = est.n_layer in cpu_layers or est.output_on_cpu
+    tied_on_cpu = est.tied_output if output_on_cpu else 0
+    # an offloaded output layer whose matrix the GPU cannot take leaves it on the CPU
+    kept = est.output_weights if est.output_on_cpu and est.n_layer not in cpu_layers else 0
+    weights = cpu.weights + kept + est.input_weights - tied_on_cpu
+    cpu = Allocation(CPU, weights, cpu.kv_cache, cpu.graph)
     if not assignment:
         cpu = _with_projector(cpu, est)
     if cpu.total > system_free:
@@ -197,6 +206,8 @@ def _with_projector(a: Allocation, est: Estimate) -> Allocation:
 
 
 def _allocation(device: str, est: Estimate, layers: list[int], graph: int) -> Allocation:
-    weights = sum(est.output_weights if i == est.n_layer else est.layer_weights[i] for i in layers)
+    weights = sum(est.layer_weights[i] for i in layers if i < est.n_layer)
+    if est.n_layer in layers:
+        weights += est.output_weights if device == CPU else est.layer_size(est.n_layer)
     kv = sum(est.layer_kv[i] for i in layers if i < est.n_layer)
     return Allocation(device, weights, kv, graph)
