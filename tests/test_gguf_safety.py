@@ -11,6 +11,7 @@ import random
 import re
 import resource
 import struct
+import threading
 import time
 import tracemalloc
 from collections.abc import Sequence
@@ -471,8 +472,18 @@ async def create(jp_fetch, name: str, digest: str) -> HTTPClientError:
 
 
 async def test_server_refuses_hostile_uploads_and_stays_responsive(
-    jp_fetch, jp_serverapp, jp_base_url, http_server_port
+    jp_fetch, jp_serverapp, jp_base_url, http_server_port, monkeypatch
 ):
+    from jupyter_llm.models import gguf_info
+
+    readers: set[int] = set()  # the threads that parsed a header
+    real_read = gguf_info.read_header
+
+    def reading(*args, **kwargs):
+        readers.add(threading.get_ident())
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_info, "read_header", reading)
     digests = {name: await upload(jp_fetch, data) for name, (data, _) in ATTACKS.items()}
     other = AsyncHTTPClient(force_instance=True)
     url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/tags"
@@ -489,6 +500,7 @@ async def test_server_refuses_hostile_uploads_and_stays_responsive(
             await asyncio.sleep(0.01)
 
     poller = asyncio.ensure_future(poll_tags())
+    served: list[int] = []  # tags answers seen by the end of each round of the attack
     try:
         for _ in range(3):  # the attack, repeated, several uploads at once
             errors = await asyncio.gather(
@@ -497,10 +509,14 @@ async def test_server_refuses_hostile_uploads_and_stays_responsive(
             for name, e in zip(digests, errors, strict=True):
                 assert e.code == 400, name
                 assert json.loads(e.response.body)["error"].startswith("invalid model file: "), name
+            served.append(len(latencies))
     finally:
         done.set()
         await poller
-    assert latencies and max(latencies) < 1.0, latencies
+    # the loop kept answering while the hostile files were checked (no timed bound:
+    # each poll has its own 10 s deadline, and the answers must keep coming)
+    assert served[-1] > 0 and latencies, (served, latencies)
+    assert readers and threading.get_ident() not in readers  # never on the server's loop
 
 
 def foreign_model(models_dir: Path, name: str, data: bytes) -> None:
