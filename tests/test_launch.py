@@ -74,6 +74,15 @@ def request(place, gpus=(), simulated=False, parallel=1):
     ("req", "environ", "n_gpu_layers", "tensor_split", "env"),
     [
         (request(placement()), {}, 0, (), ()),  # CPU only
+        # on the CPU alone beside GPUs: every GPU hidden, else they take the big products
+        (request(placement(), [gpu("a"), gpu("b")]), {}, 0, (), (("CUDA_VISIBLE_DEVICES", ""),)),
+        (
+            request(placement(), [gpu("a"), gpu("v", "Vulkan"), gpu("m", "Metal")]),
+            {"CUDA_VISIBLE_DEVICES": "3"},
+            0,
+            (),
+            (("CUDA_VISIBLE_DEVICES", ""), ("GGML_VK_VISIBLE_DEVICES", "")),
+        ),
         (
             request(placement(("b", 33)), [gpu("a"), gpu("b")]),
             {},

@@ -8,7 +8,7 @@ environment that makes only the chosen GPUs visible to its backend.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from jupyter_llm.devices import DeviceInfo
@@ -73,8 +73,10 @@ def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
         projector=request.projector,
     )
     placement = request.placement
-    if request.simulated or not placement.gpus:
+    if request.simulated:
         return base
+    if not placement.gpus:
+        return replace(base, env=hidden_gpus_env(request.gpus))
     index = {d.id: i for i, d in enumerate(request.gpus)}
     used = [index[g] for g in placement.gpus]
     return replace(
@@ -84,6 +86,14 @@ def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
         main_gpu=0,
         env=visibility_env(gpu_library(request), used, environ),
     )
+
+
+def hidden_gpus_env(gpus: Sequence[DeviceInfo]) -> tuple[tuple[str, str], ...]:
+    """Hide every GPU from a runner placed on the CPU alone: a visible GPU still
+    takes llama.cpp's large matrix products (and a compute buffer the plan does
+    not hold) even with no layer offloaded."""
+    libraries = sorted({g.library for g in gpus if g.library in VISIBILITY_ENV})
+    return tuple((VISIBILITY_ENV[library], "") for library in libraries)
 
 
 def visibility_env(

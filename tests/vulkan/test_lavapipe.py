@@ -186,6 +186,22 @@ async def test_num_gpu_offloads_that_many_layers(jp_fetch, jp_serverapp, models_
     assert 0 < devices["Vulkan0"]["weights"] < devices["cpu"]["weights"]
 
 
+async def test_num_gpu_0_leaves_the_device_untouched(
+    jp_fetch, jp_serverapp, models_dir, small_gguf
+):
+    # a visible device takes llama.cpp's big products even with no layer offloaded,
+    # and a compute buffer the plan does not hold: a CPU runner sees no GPU
+    install(models_dir, small_gguf, "small")
+    await generate(jp_fetch, "small", num_gpu=0)
+    model = loaded(jp_serverapp, "small:latest")
+    assert model.measured and model.placement.gpu_layers == ()
+    (measured,) = model.allocations
+    (estimated,) = model.placement.allocations
+    assert measured.device == estimated.device == "cpu"
+    # with lavapipe visible, a 15 MiB Vulkan0 compute buffer would come on top
+    assert within(measured.graph, estimated.graph, TOLERANCE), (measured, estimated)
+
+
 def within(measured: int, estimated: int, tolerance: float) -> bool:
     return abs(estimated - measured) <= tolerance * measured
 
