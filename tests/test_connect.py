@@ -31,6 +31,20 @@ def test_processor_label(size: int, vram: int, shown: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("vram", "layers", "on_gpu", "shown"),
+    [
+        (960, 9, 9, "100% GPU"),  # every layer: the host's buffers do not count
+        (520, 9, 4, "48%/52% CPU/GPU"),
+        (0, 9, 0, "100% CPU"),
+        (960, 0, 0, "4%/96% CPU/GPU"),  # no layer counts: the memory split
+    ],
+)
+def test_processor_label_with_layers(vram: int, layers: int, on_gpu: int, shown: str) -> None:
+    model = {"size": 1000, "size_vram": vram, "num_layers": layers, "num_gpu_layers": on_gpu}
+    assert processor_label(model) == shown
+
+
+@pytest.mark.parametrize(
     ("n", "shown"),
     [(0, "0 B"), (999, "999 B"), (1000, "1.0 KB"), (438_016, "438.0 KB"), (4.7e9, "4.7 GB")],
 )

@@ -11,12 +11,16 @@ from typing import Any
 
 def processor_label(model: dict[str, Any]) -> str:
     """Ollama's PROCESSOR column for an ``/api/ps`` entry: how the model is
-    split between CPU and GPU. A split that rounds to 0% on one side reads as
-    100% on the other (a fully offloaded model keeps its token embeddings in
-    system RAM)."""
+    split between CPU and GPU. Every layer on a GPU reads as 100% GPU though
+    system RAM still holds buffers (token embeddings, the host's compute buffer,
+    logits); otherwise the memory split, where a side that rounds to 0% reads
+    as 100% on the other."""
     size, vram = model.get("size") or 0, model.get("size_vram") or 0
     if not size or vram == 0:
         return "100% CPU"
+    layers, on_gpu = model.get("num_layers") or 0, model.get("num_gpu_layers") or 0
+    if layers and on_gpu >= layers:
+        return "100% GPU"
     gpu = round(100 * vram / size)
     if gpu >= 100:
         return "100% GPU"

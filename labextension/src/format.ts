@@ -46,14 +46,21 @@ export function formatBytes(bytes: number): string {
 
 /**
  * Where a model runs, as Ollama's `ps` PROCESSOR column writes it:
- * "100% GPU", "100% CPU" or "48%/52% CPU/GPU". A split that rounds to 0% on
- * one side reads as 100% on the other (a fully offloaded model keeps its token
- * embeddings in system RAM). Same rule as `jupyter llm ps`.
+ * "100% GPU", "100% CPU" or "48%/52% CPU/GPU". Every layer on a GPU reads as
+ * 100% GPU though system RAM still holds buffers (token embeddings, the host's
+ * compute buffer, logits); otherwise the memory split, where a side that rounds
+ * to 0% reads as 100% on the other. Same rule as `jupyter llm ps`.
  */
-export function processor(model: Pick<ILoadedModel, 'size' | 'size_vram'>): string {
+export function processor(
+  model: Pick<ILoadedModel, 'size' | 'size_vram' | 'num_layers' | 'num_gpu_layers'>
+): string {
   const { size, size_vram: vram } = model;
   if (!size || !vram) {
     return '100% CPU';
+  }
+  const layers = model.num_layers ?? 0;
+  if (layers && (model.num_gpu_layers ?? 0) >= layers) {
+    return '100% GPU';
   }
   const gpu = Math.round((100 * vram) / size);
   if (gpu >= 100) {

@@ -40,6 +40,15 @@ describe('processor (Ollama ps PROCESSOR column)', () => {
   ])('size %p, size_vram %p is %p', (size, vram, text) => {
     expect(processor({ size, size_vram: vram })).toBe(text);
   });
+
+  it.each([
+    [1000, 960, 9, 9, '100% GPU'], // every layer: the host's buffers do not count
+    [1000, 520, 9, 4, '48%/52% CPU/GPU'],
+    [1000, 0, 9, 0, '100% CPU'],
+    [1000, 960, 0, 0, '4%/96% CPU/GPU'] // no layer counts: the memory split
+  ])('size %p, size_vram %p, %p layers with %p on GPUs is %p', (size, vram, n, gpu, text) => {
+    expect(processor({ size, size_vram: vram, num_layers: n, num_gpu_layers: gpu })).toBe(text);
+  });
 });
 
 describe('countdown (Ollama ps UNTIL column)', () => {
