@@ -170,15 +170,7 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
     else:
         _decoder_tensors(writer, spec, tokens, weights)
 
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    _finish(writer, tmp, path)
     return path
 
 
@@ -342,15 +334,7 @@ def write_projector(
     linear("mm.0", n_embd_text, n)
     writer.add_tensor("mm.2.weight", weights(n_embd_text, n_embd_text, scale=1.0))
     writer.add_tensor("mm.2.bias", weights(n_embd_text, scale=0.02))
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    _finish(writer, tmp, path)
     return path
 
 
@@ -415,3 +399,17 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _finish(writer: Any, tmp: Path, path: Path) -> None:
+    """Write a ``gguf.GGUFWriter`` under its temporary name, then move it into place: a
+    failed write leaves no half-written model behind."""
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -104,3 +104,24 @@ def server(remote: Remote):
 def puller(jp_serverapp):
     """The server's ``Puller``, whose ``retry`` policy a test may replace."""
     return jp_serverapp.web_app.settings["jupyter_llm"].puller
+
+
+@pytest.fixture
+def ollama_client(jp_serverapp, jp_base_url, http_server, http_server_port, jp_auth_header):
+    """The official ``ollama`` client, pointed at the test server's ``llm/``."""
+    import ollama
+
+    host = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm"
+    return ollama.AsyncClient(host=host, headers=jp_auth_header)
+
+
+@pytest.fixture
+def openai_client(jp_serverapp, jp_base_url, http_server, http_server_port):
+    """The official ``openai`` client, pointed at the test server's ``llm/v1``."""
+    import openai
+
+    return openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/v1",
+        api_key=jp_serverapp.identity_provider.token,
+        max_retries=0,
+    )

@@ -3,7 +3,6 @@
 import json
 import math
 
-import openai
 import pytest
 from tornado.httpclient import HTTPClientError
 
@@ -81,12 +80,8 @@ async def test_bad_logprobs_are_400s(jp_fetch, installed_model, fields, message)
 
 
 @pytest.fixture
-def client(jp_serverapp, jp_base_url, http_server, http_server_port):
-    return openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/v1",
-        api_key=jp_serverapp.identity_provider.token,
-        max_retries=0,
-    )
+def client(openai_client):
+    return openai_client
 
 
 async def test_openai_chat_logprobs(client, installed_model):

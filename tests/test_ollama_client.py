@@ -7,9 +7,8 @@ GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 
 
 @pytest.fixture
-def client(jp_serverapp, jp_base_url, http_server, http_server_port, jp_auth_header):
-    host = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm"
-    return ollama.AsyncClient(host=host, headers=jp_auth_header)
+def client(ollama_client):
+    return ollama_client
 
 
 async def test_official_client_end_to_end(client, demo_gguf):

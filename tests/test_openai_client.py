@@ -9,13 +9,8 @@ import pytest
 
 
 @pytest.fixture
-def client(jp_serverapp, jp_base_url, http_server, http_server_port):
-    token = jp_serverapp.identity_provider.token
-    return openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/v1",
-        api_key=token,
-        max_retries=0,
-    )
+def client(openai_client):
+    return openai_client
 
 
 async def test_chat_completions(client, installed_model):

@@ -60,21 +60,6 @@ def family_models(models_dir, tmp_path_factory):
     return list(TEMPLATES)
 
 
-@pytest.fixture
-def ollama_client(jp_serverapp, jp_base_url, http_server, http_server_port, jp_auth_header):
-    host = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm"
-    return ollama.AsyncClient(host=host, headers=jp_auth_header)
-
-
-@pytest.fixture
-def openai_client(jp_serverapp, jp_base_url, http_server, http_server_port):
-    return openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/v1",
-        api_key=jp_serverapp.identity_provider.token,
-        max_retries=0,
-    )
-
-
 ASK = [{"role": "user", "content": "What is the weather in Oslo this week?"}]
 
 

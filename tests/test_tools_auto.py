@@ -14,8 +14,6 @@ favourite ("plain") writes text, and gets it back as content."""
 import json
 
 import jsonschema
-import ollama
-import openai
 import pytest
 
 from jupyter_llm.chat_formats import read_template
@@ -69,21 +67,6 @@ def models(models_dir, tmp_path_factory):
         path = write_demo_model(folder / f"{name}.gguf", spec)
         store.create(name, {f"{name}.gguf": store.add_blob_from_file(path)})
     return list(MODELS)
-
-
-@pytest.fixture
-def ollama_client(jp_serverapp, jp_base_url, http_server, http_server_port, jp_auth_header):
-    host = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm"
-    return ollama.AsyncClient(host=host, headers=jp_auth_header)
-
-
-@pytest.fixture
-def openai_client(jp_serverapp, jp_base_url, http_server, http_server_port):
-    return openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/v1",
-        api_key=jp_serverapp.identity_provider.token,
-        max_retries=0,
-    )
 
 
 def chat(**extra):

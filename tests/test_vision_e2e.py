@@ -47,12 +47,8 @@ async def post(jp_fetch, path: str, body: dict) -> dict:
 
 
 @pytest.fixture
-def client(jp_serverapp, jp_base_url, http_server, http_server_port):
-    return openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/v1",
-        api_key=jp_serverapp.identity_provider.token,
-        max_retries=0,
-    )
+def client(openai_client):
+    return openai_client
 
 
 async def test_an_image_reaches_the_model_through_chat(jp_fetch, vision_model):
