@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import secrets
 import signal
 import socket
@@ -34,6 +33,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from test_kernel import iopub_until
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.errors import ConfigError
@@ -269,21 +269,7 @@ class Kernel:
         return self.client.execute(code)
 
     def until(self, msg_id: str, match: Callable[[dict], bool], timeout: float, what: str) -> dict:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                msg = self.client.get_iopub_msg(timeout=left)
-            except queue.Empty:
-                break
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            if match(msg):
-                return msg
-            if msg["msg_type"] == "error":
-                pytest.fail(f"the cell failed waiting for {what}: {msg['content']['evalue']}")
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                pytest.fail(f"the cell ended before {what}")
-        pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        return iopub_until(self.client, msg_id, match, timeout, what)
 
 
 def start_kernel(h: Hub, server: str) -> Kernel:
