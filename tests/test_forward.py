@@ -16,6 +16,7 @@ import socket
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from live_server import LiveServer
 from test_authorization import EXPECTED, RecordingAuthorizer, fetch
@@ -182,6 +183,45 @@ async def test_uploads_and_deletes_go_to_the_engines_store(here, engine, demo_gg
         bad = await here.post(f"api/blobs/sha256:{'0' * 64}", content=b"not it")
     assert "up:latest" not in {m["name"] for m in engine.client.get("api/tags").json()["models"]}
     assert bad.status_code == 400 and "digest" in bad.json()["error"]
+
+
+class TestEngineDiesMidAnswer:
+    @pytest.fixture
+    def engine(self, tmp_path, demo_gguf):
+        """An engine of this test's own, to kill."""
+        store = ModelStore(tmp_path / "models")
+        long = write_demo_model(tmp_path / "long.gguf", DemoModelSpec(context_length=LONG_CTX))
+        store.create("long", {"long.gguf": store.add_blob_from_file(long)})
+        server = LiveServer(tmp_path / "models", tmp_path, {"JUPYTER_RUNTIME_DIR": str(tmp_path)})
+        yield server
+        server.stop()
+
+    @pytest.mark.parametrize(
+        ("path", "body"),
+        [
+            ("api/generate", {"model": "long", "prompt": "go", "options": ENDLESS}),
+            (
+                "v1/chat/completions",
+                {"model": "long", "stream": True, "messages": _hi(), **{"max_tokens": 100000}},
+            ),
+        ],
+    )
+    async def test_the_stream_ends_with_an_error_in_its_apis_shape(self, here, engine, path, body):
+        async with here:
+            async with here.stream("POST", path, json=body) as r:
+                assert r.status_code == 200
+                lines = r.aiter_lines()
+                assert (await anext(lines)).strip()  # the generation has begun
+                runners = engine.runners()
+                engine.proc.kill()  # the engine dies mid-answer (our own child)
+                rest = [line async for line in lines if line.strip()]
+        assert psutil.wait_procs(runners, timeout=30)[1] == []  # its runners end with it
+        if path == "api/generate":
+            error = json.loads(rest[-1])["error"]
+        else:
+            assert rest[-1] == "data: [DONE]"
+            error = json.loads(rest[-2].removeprefix("data: "))["error"]["message"]
+        assert error.startswith("the jupyter-llm engine's answer broke off")
 
 
 class TestEngineDown:

@@ -17,6 +17,7 @@ which cancels its generation in the engine.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import httpx
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from jupyter_llm.api.base import LLMHandler, action_of
+from jupyter_llm.api.base import NDJSON, SSE, Framing, LLMHandler, action_of
 from jupyter_llm.api.ollama import RootHandler
 from jupyter_llm.config import Settings
 from jupyter_llm.errors import EngineUnreachable
@@ -154,18 +155,26 @@ class ForwardHandler(LLMHandler):
                 self.set_header("Content-Length", length)
             self.finish(set_content_type=content_type)
             return
+        framing = FRAMINGS.get(content_type.split(";")[0].strip())
+        at_boundary = True  # what was sent ends with a whole frame
         try:
             async for chunk in response.aiter_raw():
                 if self._client_gone:
                     return
                 self.write(chunk)
                 await self.flush()
+                at_boundary = chunk.endswith(framing.end) if framing else False
         except StreamClosedError:
             return  # the client left while we wrote
-        except httpx.HTTPError as e:  # the engine went away mid-answer: cut it short
-            log.warning("the engine's answer to %s broke off: %s", self.request.path, e)
-            self.request.connection.close()  # type: ignore[attr-defined]
-            return
+        except httpx.HTTPError as e:  # the engine went away mid-answer
+            message = f"the jupyter-llm engine's answer broke off: {str(e) or type(e).__name__}"
+            log.warning("%s: %s", self.request.path, message)
+            if framing is None or not at_boundary or response.status_code != 200:
+                self.request.connection.close()  # type: ignore[attr-defined]
+                return  # nothing whole to end it with: cut it short
+            # a stream ends as the engine's own streams end on an error
+            error = json.dumps({"error": self.error_body(502, message)})
+            self.write(framing.framing.frame(error) + framing.framing.trailer)
         self.finish(set_content_type=content_type)
 
     def on_connection_close(self) -> None:
@@ -175,6 +184,17 @@ class ForwardHandler(LLMHandler):
 
     def on_finish(self) -> None:
         _drop(self._upstream)  # answered here (an error) before the engine's answer was read
+
+
+@dataclass(frozen=True)
+class StreamShape:
+    """A streamed answer's framing, and how its every whole frame ends."""
+
+    framing: Framing
+    end: bytes
+
+
+FRAMINGS = {f.content_type: StreamShape(f, e) for f, e in ((NDJSON, b"\n"), (SSE, b"\n\n"))}
 
 
 def _drop(work: asyncio.Future[Any] | None) -> None:
