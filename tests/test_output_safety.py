@@ -13,6 +13,7 @@ import re
 from html.parser import HTMLParser
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -228,6 +229,11 @@ class ScriptedEndpoint:
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         return self.replies[path]
+
+    def http(self, timeout: float | None = None) -> httpx.Client:
+        """For the load watcher's ``api/ps`` polls: nothing is loading."""
+        ps = httpx.MockTransport(lambda request: httpx.Response(200, json={"models": []}))
+        return httpx.Client(base_url="http://scripted/", transport=ps)
 
 
 ATTACK = ["<img src=x ", "onerror=alert(1)>", " [x](javascript:", "alert(1)) **done**"]
