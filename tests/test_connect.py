@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import jupyter_llm
-from jupyter_llm.connect.labels import ago, human_size, processor_label
+from jupyter_llm.connect.labels import ago, human_size, processor_label, until
 from jupyter_llm.connect.views import loaded_table, table
 
 
@@ -94,3 +94,21 @@ def test_cli_and_kernel_import_connect_not_each_other() -> None:
     assert "jupyter_llm.connect" in cli and "jupyter_llm.connect" in kernel
     connect = set().union(*(imported_modules(p) for p in (package / "connect").glob("*.py")))
     assert not {m for m in connect if m.startswith(("jupyter_llm.kernel", "jupyter_llm.cli"))}
+
+
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("expires_at", "shown"),
+    [
+        ("2026-12-03T12:04:30Z", "4 minutes from now"),
+        ("2026-12-03T12:00:20Z", "less than a minute from now"),
+        ("2026-12-03T14:00:00+00:00", "2 hours from now"),
+        ("2026-12-03T11:59:00Z", "Stopping..."),
+        ("2318-03-15T00:00:00Z", "Forever"),
+        ("soon", "soon"),
+    ],
+)
+def test_until(expires_at: str, shown: str) -> None:
+    assert until(expires_at, NOW) == shown

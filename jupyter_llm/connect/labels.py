@@ -50,3 +50,23 @@ def ago(iso: str, now: datetime | None = None) -> str:
             n = int(seconds // size)
             return f"{n} {unit}{'s' if n > 1 else ''} ago"
     return "just now"
+
+
+def until(iso: str, now: datetime | None = None) -> str:
+    """An ``expires_at`` as Ollama's ``ps`` UNTIL column: "4 minutes from now",
+    "Forever" for a model kept loaded, "Stopping..." once it has passed; text
+    that is not a timestamp is shown as is."""
+    try:
+        then = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except ValueError:
+        return iso
+    seconds = (then - (now or datetime.now(UTC))).total_seconds()
+    if seconds <= 0:
+        return "Stopping..."
+    if seconds > 100 * 365 * 86400:
+        return "Forever"
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n > 1 else ''} from now"
+    return "less than a minute from now"

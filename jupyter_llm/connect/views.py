@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyter_llm.connect.labels import ago, human_size, processor_label
+from jupyter_llm.connect.labels import ago, human_size, processor_label, until
 from jupyter_llm.connect.terminal import terminal_text
 
 
@@ -38,7 +38,7 @@ def loaded_table(models: list[dict[str, Any]]) -> str:
             human_size(m["size"]),
             processor_label(m),
             str(m.get("context_length", "")),
-            m.get("expires_at", ""),
+            until(m.get("expires_at", "")),
         ]
         for m in models
     ]
