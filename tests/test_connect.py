@@ -73,6 +73,13 @@ def test_tables() -> None:
         "NAME       ID             SIZE     PROCESSOR   CONTEXT   UNTIL",
         "m:latest   0123456789ab   2.0 KB   100% GPU    4096      soon",
     ]
+    # a plain server's one user is not shown; a shared engine's users are
+    local = [{"name": "local", "running": 1, "queued": 0}]
+    assert "USERS" not in loaded_table([{**ps, "users": local}])
+    shared = [{"name": "alice", "running": 1, "queued": 0}, {"name": "bob", "running": 0}]
+    lines = loaded_table([{**ps, "users": shared}, {**ps, "name": "n:latest"}]).splitlines()
+    assert lines[0].split()[-1] == "USERS"
+    assert lines[1].endswith("alice, bob") and "alice" not in lines[2]
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -30,7 +30,8 @@ def models_table(models: list[dict[str, Any]]) -> str:
 
 
 def loaded_table(models: list[dict[str, Any]]) -> str:
-    """``/api/ps`` models."""
+    """``/api/ps`` models; a USERS column when a shared engine names who holds
+    them (a plain server's one user, ``local``, is not shown)."""
     rows = [
         [
             m["name"],
@@ -42,7 +43,11 @@ def loaded_table(models: list[dict[str, Any]]) -> str:
         ]
         for m in models
     ]
-    return table(rows, ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"])
+    holders = [[u["name"] for u in m.get("users") or []] for m in models]
+    if not any(set(names) - {"local"} for names in holders):
+        return table(rows, ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"])
+    rows = [[*row, ", ".join(names)] for row, names in zip(rows, holders, strict=True)]
+    return table(rows, ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "USERS"])
 
 
 def model_details(info: dict[str, Any]) -> str:
