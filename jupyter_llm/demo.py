@@ -397,10 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _finish(writer: Any, tmp: Path, path: Path) -> None:
     """Write a ``gguf.GGUFWriter`` under its temporary name, then move it into place: a
     failed write leaves no half-written model behind."""
@@ -413,3 +409,7 @@ def _finish(writer: Any, tmp: Path, path: Path) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
