@@ -15,24 +15,12 @@ import json
 
 import jsonschema
 import pytest
+from test_tools_api import ASK, PARAMETERS, WEATHER
 
 from jupyter_llm.chat_formats import read_template
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.models.store import ModelStore
 
-PARAMETERS = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-}
-WEATHER = {
-    "type": "function",
-    "function": {"name": "get_weather", "description": "Weather", "parameters": PARAMETERS},
-}
-ASK = [{"role": "user", "content": "What is the weather in Oslo this week?"}]
 QWEN = read_template("Qwen-Qwen2.5-7B-Instruct")
 LLAMA3 = read_template("meta-llama-Llama-3.1-8B-Instruct")
 MODELS = {

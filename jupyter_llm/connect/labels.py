@@ -44,12 +44,8 @@ def ago(iso: str, now: datetime | None = None) -> str:
         then = datetime.fromisoformat(iso.replace("Z", "+00:00"))
     except ValueError:
         return iso
-    seconds = ((now or datetime.now(UTC)) - then).total_seconds()
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
-        if seconds >= size:
-            n = int(seconds // size)
-            return f"{n} {unit}{'s' if n > 1 else ''} ago"
-    return "just now"
+    span = _span(((now or datetime.now(UTC)) - then).total_seconds())
+    return f"{span} ago" if span else "just now"
 
 
 def until(iso: str, now: datetime | None = None) -> str:
@@ -65,8 +61,13 @@ def until(iso: str, now: datetime | None = None) -> str:
         return "Stopping..."
     if seconds > 100 * 365 * 86400:
         return "Forever"
+    return f"{_span(seconds) or 'less than a minute'} from now"
+
+
+def _span(seconds: float) -> str:
+    """Whole days, hours or minutes ("3 days", "1 minute"); "" under a minute."""
     for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
         if seconds >= size:
             n = int(seconds // size)
-            return f"{n} {unit}{'s' if n > 1 else ''} from now"
-    return "less than a minute from now"
+            return f"{n} {unit}{'s' if n > 1 else ''}"
+    return ""
