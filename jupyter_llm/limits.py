@@ -1,0 +1,287 @@
+"""Every bound on what one request may ask of the server, in one table.
+
+The server is shared: a Hub engine or a team's lab server runs every user's
+requests in the same runners and on the same event loop. Each dimension a
+client controls (a count, a length, a depth, pixels, tokens) is bounded
+here, once, with the reason the bound serves real users (the peer's own limit
+where one exists). The parsers of both APIs, the runner and the README's
+Security table read these values; nothing else spells a bound out.
+
+Going over a limit is a ``ValueError`` from ``Limit.exceeded``, whose message
+names the field as the client wrote it and the limit by value and key; the
+API edge turns it into a 400. ``OPTION_BOUNDS`` says, for every Ollama
+option, what bounds it, so a new option without a bound fails a test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One bounded dimension of a request."""
+
+    key: str  # short and stable: in error messages, the README and tests
+    fields: str  # what it bounds, as a client writes it
+    value: int
+    unit: str  # what ``value`` counts ("strings", "levels", "pixels")
+    why: str  # why this value serves real users (a peer's limit where one exists)
+    shown: str = ""  # the value as the README shows it, where not a plain number
+
+    def exceeded(self, field: str, got: int | None = None) -> ValueError:
+        """The error for ``field`` going over this limit (``got``: by how much)."""
+        has = f" has {got:,} {self.unit};" if got is not None else " is over its limit;"
+        return ValueError(f"{field}{has} the limit is {self.value:,} {self.unit} ({self.key})")
+
+    def check(self, field: str, got: int) -> None:
+        if got > self.value:
+            raise self.exceeded(field, got)
+
+
+MiB = 1 << 20
+
+# -- bodies ---------------------------------------------------------------------------------
+BODY_BYTES = Limit(
+    "body_bytes",
+    "a JSON request body",
+    32 * MiB,
+    "bytes",
+    "far above any prompt (a 1M-token context is about 4 MiB of text), with room for "
+    "20 MiB images; larger bodies are refused before they are held in memory",
+    shown="32 MiB",
+)
+BODY_DEPTH = Limit(
+    "json_depth",
+    "nesting of arrays and objects in a request body",
+    100,
+    "levels",
+    "messages, tool calls and their arguments need under 10 levels beside the "
+    "arguments' own 64; Python's parser would fail near 1000 with a 500",
+)
+LONE_SURROGATE_RULE = (
+    "A JSON string holding a lone UTF-16 surrogate (`\\ud800` without its pair) is "
+    "refused when the body is parsed: it is not text and cannot be encoded for the model."
+)
+DECODE_ON_LOOP_BYTES = 64 << 10  # bodies above this are parsed off the event loop
+
+# -- sampling -------------------------------------------------------------------------------
+STOP_STRINGS = Limit(
+    "stop_strings",
+    "options.stop, stop, stop_sequences",
+    64,
+    "strings",
+    "each is checked after every token in the loop all users share; OpenAI allows 4, "
+    "clients send a handful",
+)
+STOP_CHARS = Limit(
+    "stop_chars",
+    "options.stop, stop, stop_sequences (all strings together)",
+    16384,
+    "characters",
+    "the text held back while a stop may still match grows with the longest stop",
+)
+REPEAT_LAST_N = Limit(
+    "repeat_last_n",
+    "options.repeat_last_n",
+    1 << 20,
+    "tokens",
+    "llama.cpp allocates a penalty window of this many tokens per slot; a window past "
+    "the context sees nothing more. -1 means num_ctx, as in Ollama",
+    shown="num_ctx",
+)
+TOP_LOGPROBS = Limit(
+    "top_logprobs",
+    "top_logprobs, logprobs (/v1/completions)",
+    20,
+    "alternatives",
+    "OpenAI's and Ollama's bound",
+)
+
+# -- images ---------------------------------------------------------------------------------
+IMAGES = Limit(
+    "images",
+    "images, messages[].images, image_url parts (all together)",
+    32,
+    "images",
+    "several pages or frames per request; each costs hundreds of context tokens",
+)
+IMAGE_BYTES = Limit(
+    "image_bytes",
+    "one image file",
+    20 * MiB,
+    "bytes",
+    "OpenAI's per-image size limit",
+    shown="20 MiB",
+)
+IMAGE_SIDE = Limit(
+    "image_side",
+    "one image's width or height, read from its header",
+    8000,
+    "pixels",
+    "Anthropic's bound; vision encoders resize to under 2000 pixels anyway",
+)
+IMAGE_PIXELS = Limit(
+    "image_pixels",
+    "one image's width x height, read from its header before anything is decoded",
+    32 * MiB,
+    "pixels",
+    "a 24-megapixel photo and 8K video frames fit; decoding one takes at most 96 MiB "
+    "in the runner, and a 1-bit 12288x12288 PNG of 17 KB no longer becomes 450 MB",
+    shown="32 Mi (33,554,432)",
+)
+REQUEST_PIXELS = Limit(
+    "request_pixels",
+    "all images of a request together",
+    64 * MiB,
+    "pixels",
+    "two of the largest images, or 32 ordinary photos of 2 megapixels",
+    shown="64 Mi (67,108,864)",
+)
+
+# -- embeddings -----------------------------------------------------------------------------
+EMBED_INPUTS = Limit(
+    "embed_inputs",
+    "input (/api/embed, /v1/embeddings)",
+    2048,
+    "inputs",
+    "OpenAI's bound per embeddings request",
+)
+EMBED_TOKENS = Limit(
+    "embed_tokens",
+    "input, all inputs together after tokenizing",
+    300_000,
+    "tokens",
+    "OpenAI's bound per embeddings request; the work runs in chunks between decode steps",
+)
+EMBED_CHUNK_TOKENS = 512  # tokens embedded between two decode steps (one ubatch)
+
+# -- structured output and tools ------------------------------------------------------------
+SCHEMA_BYTES = Limit(
+    "schema_bytes",
+    "format, response_format, tools[].function.parameters (each, as JSON)",
+    256 << 10,
+    "bytes",
+    "pydantic models of hundreds of fields are a few KiB",
+    shown="256 KiB",
+)
+SCHEMA_NODES = Limit(
+    "schema_nodes",
+    "format, response_format, tools[].function.parameters: values in the schema",
+    10_000,
+    "values",
+    "OpenAI allows 5000 properties in all",
+)
+SCHEMA_DEPTH = Limit(
+    "schema_depth",
+    "nesting in a schema, and in tool-call arguments",
+    64,
+    "levels",
+    "OpenAI allows 10 levels of objects; 64 leaves room for $defs and anyOf",
+)
+ENUM_VALUES = Limit(
+    "enum_values",
+    "enum and const values in one schema (all enums together)",
+    1000,
+    "values",
+    "OpenAI's bound for structured outputs",
+)
+ENUM_CHARS = Limit(
+    "enum_chars",
+    "characters of all string enum values in one schema",
+    15_000,
+    "characters",
+    "OpenAI's bound for large enums; the grammar builds enums as a prefix tree",
+)
+SCHEMA_ALTERNATIVES = Limit(
+    "schema_alternatives",
+    "anyOf, oneOf and type-list branches in one schema (all together)",
+    256,
+    "branches",
+    "the grammar sampler tracks a stack per live branch, for every token; pydantic "
+    "unions have a few",
+)
+TOOLS = Limit(
+    "tools",
+    "tools",
+    128,
+    "tools",
+    "OpenAI's bound",
+)
+
+# -- table ----------------------------------------------------------------------------------
+TABLE: tuple[Limit, ...] = (
+    BODY_BYTES,
+    BODY_DEPTH,
+    STOP_STRINGS,
+    STOP_CHARS,
+    REPEAT_LAST_N,
+    TOP_LOGPROBS,
+    IMAGES,
+    IMAGE_BYTES,
+    IMAGE_SIDE,
+    IMAGE_PIXELS,
+    REQUEST_PIXELS,
+    EMBED_INPUTS,
+    EMBED_TOKENS,
+    SCHEMA_BYTES,
+    SCHEMA_NODES,
+    SCHEMA_DEPTH,
+    ENUM_VALUES,
+    ENUM_CHARS,
+    SCHEMA_ALTERNATIVES,
+    TOOLS,
+)
+BY_KEY = {limit.key: limit for limit in TABLE}
+
+# What bounds each Ollama option (``options.OPTION_TYPES``): a limit above,
+# or why its value costs nothing beyond arithmetic (its range is checked by
+# the option table). A test fails for an option missing here.
+SCALAR = "a number the sampler uses; no allocation or work grows with it"
+LOAD = "a load option: the memory estimate and the fit check bound what it costs"
+OPTION_BOUNDS: dict[str, Limit | str] = {
+    "num_predict": "generation ends at the context's end unless shift is on; "
+    "a client's cancel stops it",
+    "temperature": SCALAR,
+    "seed": SCALAR,
+    "top_k": "llama.cpp clamps it to the vocabulary",
+    "top_p": SCALAR,
+    "min_p": SCALAR,
+    "typical_p": SCALAR,
+    "repeat_penalty": SCALAR,
+    "repeat_last_n": REPEAT_LAST_N,
+    "presence_penalty": SCALAR,
+    "frequency_penalty": SCALAR,
+    "stop": STOP_STRINGS,
+    "num_ctx": LOAD,
+    "num_batch": LOAD,
+    "num_thread": LOAD,
+    "num_gpu": LOAD,
+    "main_gpu": LOAD,
+    "use_mmap": LOAD,
+    "num_keep": "clamped to the context by the runner",
+    "draft_num_predict": "accepted, no effect",
+    "tool_choice": "one of four words or a tool's name, checked against tools",
+    "mirostat": SCALAR,
+    "mirostat_tau": SCALAR,
+    "mirostat_eta": SCALAR,
+}
+
+
+def check_stops(stops: list[str], field: str) -> None:
+    """Stop strings within ``STOP_STRINGS`` and ``STOP_CHARS``."""
+    STOP_STRINGS.check(field, len(stops))
+    STOP_CHARS.check(field, sum(len(s) for s in stops))
+
+
+def repeat_window(repeat_last_n: int, num_ctx: int) -> int:
+    """The penalty window llama.cpp gets: -1 is ``num_ctx``, as in Ollama; a
+    window past the context is a ``ValueError`` naming both."""
+    if repeat_last_n == -1:
+        return num_ctx
+    if repeat_last_n > num_ctx:
+        raise ValueError(
+            f"options.repeat_last_n is {repeat_last_n:,}, larger than the context "
+            f"(num_ctx {num_ctx:,}); the limit is num_ctx (repeat_last_n), -1 means num_ctx"
+        )
+    return repeat_last_n
