@@ -35,6 +35,7 @@ from jupyter_llm.api.generation import Job, Reply, collect, complete
 from jupyter_llm.api.requests import parse_json_object
 from jupyter_llm.errors import LLMError
 from jupyter_llm.identity import Requester, requester_of
+from jupyter_llm.limits import BODY_BYTES, DECODE_ON_LOOP_BYTES
 
 if TYPE_CHECKING:
     from jupyter_llm.services import LLMServices
@@ -81,7 +82,7 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-MAX_JSON_BODY = 32 << 20  # 32 MiB: far above any real prompt, far below memory trouble
+MAX_JSON_BODY = BODY_BYTES.value
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,20 @@ class LLMHandler(APIHandler):
         """Who asks: ``local`` on a plain server, the Hub's user behind JupyterHub."""
         return requester_of(self.current_user)
 
-    def body_json(self) -> dict[str, Any]:
+    def read_json(self) -> dict[str, Any]:
+        """The body as a JSON object, parsed where this is called: inside
+        ``blocking`` for a parse that does more than decode."""
         if self._received > self.max_body:
             raise web.HTTPError(413, f"request body is larger than {self.max_body} bytes")
         return parse_json_object(b"".join(self._chunks))
+
+    async def body_json(self) -> dict[str, Any]:
+        """The body as a JSON object; a body of more than a few KiB is decoded
+        off the event loop (32 MiB of JSON takes seconds), so other users'
+        requests keep being answered meanwhile."""
+        if self._received <= DECODE_ON_LOOP_BYTES:
+            return self.read_json()
+        return await self.blocking(self.read_json)
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run file-system work off the event loop."""

@@ -216,7 +216,7 @@ class CreateHandler(LLMHandler):
     @web.authenticated
     @authorized("write")
     async def post(self) -> None:
-        body = self.body_json()
+        body = await self.body_json()
         name = parse_model_name(body.get("model"))
         for key in ("template", "system"):
             if body.get(key) is not None and not isinstance(body[key], str):
@@ -273,7 +273,7 @@ class PullHandler(LLMHandler):
     @web.authenticated
     @authorized("write")
     async def post(self) -> None:
-        body = self.body_json()
+        body = await self.body_json()
         source = body.get("model", body.get("name"))
         insecure = body.get("insecure", False)
         stream = body.get("stream", True)
@@ -406,7 +406,7 @@ class GenerateHandler(CompletionHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
-        req = await self.blocking(lambda: GenerateRequest.parse(self.body_json()))
+        req = await self.blocking(lambda: GenerateRequest.parse(self.read_json()))
         name = req.model.display
         job = Job(
             model=req.model,
@@ -448,7 +448,7 @@ class ChatHandler(CompletionHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
-        req = await self.blocking(lambda: ChatRequest.parse(self.body_json()))
+        req = await self.blocking(lambda: ChatRequest.parse(self.read_json()))
         name = req.model.display
         job = Job(
             model=req.model,
@@ -480,7 +480,7 @@ class EmbedHandler(LLMHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
-        req = EmbedRequest.parse(self.body_json())
+        req = EmbedRequest.parse(await self.body_json())
         if not req.inputs:
             await load_only(self.llm, req.model, req.options, req.keep_alive, self.requester)
             self.write_json({"model": req.model.display, "embeddings": []})
@@ -515,7 +515,7 @@ class EmbeddingsHandler(LLMHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
-        req = EmbedRequest.parse(self.body_json(), input_field="prompt")
+        req = EmbedRequest.parse(await self.body_json(), input_field="prompt")
         if not req.inputs or not req.inputs[0]:
             self.write_json({"embedding": []})
             return
@@ -537,7 +537,7 @@ class ShowHandler(LLMHandler):
     @web.authenticated
     @authorized("read")
     async def post(self) -> None:
-        body = self.body_json()
+        body = await self.body_json()
         name = parse_model_name(body.get("model", body.get("name")))
         verbose = body.get("verbose", False)
         if not isinstance(verbose, bool):
@@ -603,7 +603,7 @@ class CopyHandler(LLMHandler):
     @web.authenticated
     @authorized("write")
     async def post(self) -> None:
-        body = self.body_json()
+        body = await self.body_json()
         source = parse_model_name(body.get("source"), "source")
         destination = parse_model_name(body.get("destination"), "destination")
         await self.blocking(self.llm.store.copy, source, destination)
@@ -617,7 +617,7 @@ class DeleteHandler(LLMHandler):
     @web.authenticated
     @authorized("write")
     async def delete(self) -> None:
-        body = self.body_json()
+        body = await self.body_json()
         name = parse_model_name(body.get("model", body.get("name")))
         entry = await self.blocking(self.llm.store.get, name)
         await self.llm.scheduler.unload(entry.name.display, self.requester)

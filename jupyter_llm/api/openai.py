@@ -181,7 +181,7 @@ class ChatCompletionsHandler(OpenAIHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
-        body = self.body_json()
+        body = await self.body_json()
         model = parse_model_name(body.get("model"))
         tools = tools_field(body.get("tools"))
         job = Job(
@@ -270,7 +270,7 @@ class CompletionsHandler(OpenAIHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
-        body = self.body_json()
+        body = await self.body_json()
         model = parse_model_name(body.get("model"))
         prompt = body.get("prompt", "")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -351,7 +351,7 @@ class EmbeddingsHandler(OpenAIHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
-        body = self.body_json()
+        body = await self.body_json()
         model = parse_model_name(body.get("model"))
         inputs = parse_embed_input(body.get("input"), "input")
         if not inputs:
