@@ -59,6 +59,15 @@ BODY_DEPTH = Limit(
     "messages, tool calls and their arguments need under 10 levels beside the "
     "arguments' own 64; Python's parser would fail near 1000 with a 500",
 )
+JSON_VALUES = Limit(
+    "json_values",
+    "values (strings, numbers, objects, arrays) in a request body",
+    1 << 20,
+    "values",
+    "the largest real bodies are token lists (a context of up to num_ctx ids); a "
+    "body of millions of tiny values costs seconds of CPU to decode",
+    shown="1 Mi (1,048,576)",
+)
 LONE_SURROGATE_RULE = (
     "A JSON string holding a lone UTF-16 surrogate (`\\ud800` without its pair) is "
     "refused when the body is parsed: it is not text and cannot be encoded for the model."
@@ -179,6 +188,31 @@ SCHEMA_DEPTH = Limit(
     "levels",
     "OpenAI allows 10 levels of objects; 64 leaves room for $defs and anyOf",
 )
+SCHEMA_REPEATS = Limit(
+    "schema_repeats",
+    "format, response_format, tools[].function.parameters: minLength, maxLength, "
+    "minItems, maxItems and {m,n} in patterns, as the grammar spells them out (all together)",
+    50_000,
+    "repeats",
+    "llama.cpp expands a counted repeat into that many rules when it parses the grammar; "
+    "a count above SCHEMA_REPEAT_CAP is not spelled out (the output is still validated)",
+)
+SCHEMA_REPEAT_CAP = 1000  # a count above this is left open in the grammar, not refused
+SCHEMA_OPTIONAL = Limit(
+    "schema_optional",
+    "optional properties of one object in a schema (those not in required)",
+    256,
+    "properties",
+    "llama-cpp-python's converter refused more (its rules grew with their square); "
+    "pydantic models list their fields as required",
+)
+SCHEMA_PATTERN = Limit(
+    "schema_pattern",
+    "one pattern in a schema",
+    4096,
+    "characters",
+    "identifiers, dates and codes are under 200; the grammar grows with the pattern",
+)
 ENUM_VALUES = Limit(
     "enum_values",
     "enum and const values in one schema (all enums together)",
@@ -188,7 +222,7 @@ ENUM_VALUES = Limit(
 )
 ENUM_CHARS = Limit(
     "enum_chars",
-    "characters of all string enum values in one schema",
+    "characters of all enum and const values in one schema (other than strings: as JSON)",
     15_000,
     "characters",
     "OpenAI's bound for large enums; the grammar builds enums as a prefix tree",
@@ -213,6 +247,7 @@ TOOLS = Limit(
 TABLE: tuple[Limit, ...] = (
     BODY_BYTES,
     BODY_DEPTH,
+    JSON_VALUES,
     STOP_STRINGS,
     STOP_CHARS,
     REPEAT_LAST_N,
@@ -227,6 +262,9 @@ TABLE: tuple[Limit, ...] = (
     SCHEMA_BYTES,
     SCHEMA_NODES,
     SCHEMA_DEPTH,
+    SCHEMA_REPEATS,
+    SCHEMA_OPTIONAL,
+    SCHEMA_PATTERN,
     ENUM_VALUES,
     ENUM_CHARS,
     SCHEMA_ALTERNATIVES,

@@ -8,10 +8,11 @@ Replaces ``ChatRequest.parse``'s loop (``api/requests.py``) and
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from jupyter_llm.images import check_image_count, parse_image_url, parse_images
+from jupyter_llm.limits import SCHEMA_DEPTH
+from jupyter_llm.untrusted_json import BodyError, Refused, check_tree, parse_json_text
 
 ROLES = ("system", "user", "assistant", "tool")
 OPENAI_ROLES = {"developer": "system"}  # OpenAI's extra roles, as the template knows them
@@ -92,11 +93,14 @@ def _tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
             arguments = {}
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments)
-            except ValueError:
+                arguments = parse_json_text(arguments, f"{where}.function.arguments")
+            except Refused:
+                raise
+            except BodyError:
                 raise ValueError(f"{where}.function.arguments must be a JSON object") from None
         if not isinstance(arguments, dict):
             raise ValueError(f"{where}.function.arguments must be a JSON object")
+        check_tree(arguments, f"{where}.function.arguments", SCHEMA_DEPTH.value)
         out: dict[str, Any] = {
             "type": "function",
             "function": {"name": name, "arguments": arguments},

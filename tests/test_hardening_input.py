@@ -190,8 +190,8 @@ def test_templates_still_render():
         (b'{"options": {"temperature": Infinity}}', "options.temperature: Infinity"),
         (b'{"keep_alive": -Infinity}', "keep_alive: -Infinity"),
         (b'{"messages": [{"role": "user", "content": NaN}]}', "messages[0].content: NaN"),
-        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-        (b'{"a": ' * 100_000 + b"1" + b"}" * 100_000, "nested too deeply"),
+        (b"[" * 100_000 + b"]" * 100_000, "json_depth"),
+        (b'{"a": ' * 100_000 + b"1" + b"}" * 100_000, "json_depth"),
     ],
     ids=["NaN", "Infinity", "-Infinity", "in a list", "deep list", "deep object"],
 )
@@ -207,7 +207,7 @@ async def test_nan_and_infinity_through_the_server(jp_fetch, installed_model):
         ('{"model": "tiny", "prompt": "x", "options": {"top_k": 1e400}}', "top_k"),
         ('{"model": "tiny", "prompt": "x", "options": {"seed": 1' + "0" * 400 + "}}", "seed"),
         ('{"model": "tiny", "prompt": "x", "keep_alive": NaN}', "keep_alive"),
-        ("[" * 50_000 + "]" * 50_000, "nested too deeply"),
+        ("[" * 50_000 + "]" * 50_000, "json_depth"),
     ]:
         with pytest.raises(HTTPClientError) as info:
             await jp_fetch("llm", "api", "generate", method="POST", body=raw)

@@ -10,11 +10,11 @@ moved to ``api/generation.py``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from jupyter_llm import untrusted_json
 from jupyter_llm.api.structured import OutputFormat, parse_format
 from jupyter_llm.chat_formats.detect import THINK_LEVELS, check_think
 from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
@@ -51,52 +51,9 @@ def messages_field(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
     return checked(parse_messages, raw, openai=openai)
 
 
-class _Constant(str):
-    """Where the body had NaN, Infinity or -Infinity: kept to name its field."""
-
-
 def parse_json_object(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object, RFC 8259 strictly: Python's parser also takes
-    NaN and Infinity, which no option, duration or runner expects."""
-    if not body.strip():
-        raise InvalidRequest("request body is empty; expected a JSON object")
-    constants: list[str] = []
-
-    def constant(text: str) -> _Constant:
-        constants.append(text)
-        return _Constant(text)
-
-    try:
-        value = json.loads(body, parse_constant=constant)
-    except RecursionError:
-        raise InvalidRequest("invalid JSON in request body: nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"invalid JSON in request body: {e}") from None
-    if constants:
-        where = _path_of_constant(value) or "request body"
-        raise InvalidRequest(
-            f"invalid JSON in request body: {where}: {constants[0]} is not a JSON number"
-        )
-    if not isinstance(value, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    return value
-
-
-def _path_of_constant(value: Any) -> str | None:
-    """The field that holds the first ``_Constant`` ("options.temperature")."""
-    stack: list[tuple[Any, str]] = [(value, "")]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, _Constant):
-            return path or None
-        if isinstance(item, dict):
-            entries = [(v, f"{path}.{k}" if path else str(k)) for k, v in item.items()]
-        elif isinstance(item, list):
-            entries = [(v, f"{path}[{i}]") for i, v in enumerate(item)]
-        else:
-            continue
-        stack.extend(reversed(entries))
-    return None
+    """The body as a bounded JSON object (``untrusted_json``); a 400 if not."""
+    return checked(untrusted_json.parse_json_object, body)
 
 
 def _typed(body: dict[str, Any], key: str, kind: Any, what: str, default: Any = None) -> Any:

@@ -1,0 +1,141 @@
+"""Attack 8 and the body bounds: nesting, lone surrogates and the number of
+values are 400s naming their limit, on both APIs; and a body at the size
+limit, made of millions of tiny values, is decoded without freezing the
+server for other users."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from harness import MAX_SLOWDOWN, slowdown
+
+from jupyter_llm.limits import BODY_BYTES, BODY_DEPTH, JSON_VALUES
+from jupyter_llm.untrusted_json import FAST_VALUES, BodyError, parse_json_object
+
+LONE = '"\\ud800"'  # a lone surrogate, as a client's JSON encoder writes it
+
+
+def nested(depth: int, leaf: str = "1") -> str:
+    return '{"a": ' * depth + leaf + "}" * depth
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ('{"x": ' + LONE + "}", "x holds a lone UTF-16 surrogate"),
+        ('{"m": [{"content": "ok"}, {"content": "a\\udfffb"}]}', r"m\[1\].content holds a lone"),
+        ('{"\\udc00": 1}', "a key of request body holds a lone"),
+        (nested(BODY_DEPTH.value + 1), "json_depth"),
+        ("[" * 3000 + "]" * 3000, "json_depth"),
+        (
+            '{"x": [' + ",".join(["1"] * (JSON_VALUES.value + 1)) + "]}",
+            "has more than the limit is|json_values",
+        ),
+    ],
+    ids=["surrogate", "surrogate in a list", "surrogate key", "depth+1", "depth 3000", "values"],
+)
+def test_bodies_beyond_a_bound_are_refused_naming_it(raw, message):
+    with pytest.raises(BodyError, match=message):
+        parse_json_object(raw.encode())
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"x": "\\ud83d\\ude00"}',  # a surrogate pair is one character: fine
+        nested(BODY_DEPTH.value - 1),
+        '{"x": [' + ",".join(["1.5"] * (FAST_VALUES + 10)) + "]}",  # the counting path
+        '{"x": [' + ",".join(['{"a": [true, null, "s", -2e3]}'] * (FAST_VALUES // 4)) + "]}",
+    ],
+    ids=["pair", "depth-1", "many numbers", "many objects"],
+)
+def test_bodies_within_the_bounds_decode_as_json_does(raw):
+    assert parse_json_object(raw.encode()) == json.loads(raw)
+
+
+def test_the_counting_path_refuses_nan_like_the_fast_one():
+    raw = '{"x": [' + ",".join(["1"] * FAST_VALUES) + '], "t": NaN}'
+    with pytest.raises(BodyError, match="t: NaN is not a JSON number"):
+        parse_json_object(raw.encode())
+
+
+def test_a_body_that_is_not_utf8_is_refused():
+    with pytest.raises(BodyError, match="not UTF-8"):
+        parse_json_object(b'{"prompt": "\xff"}')
+
+
+ROUTES = [
+    ("api/generate", lambda s: {"model": "tiny", "prompt": s}),
+    ("api/chat", lambda s: {"model": "tiny", "messages": [{"role": "user", "content": s}]}),
+    (
+        "v1/chat/completions",
+        lambda s: {"model": "tiny", "messages": [{"role": "user", "content": s}]},
+    ),
+    ("v1/completions", lambda s: {"model": "tiny", "prompt": s}),
+    ("api/embed", lambda s: {"model": "tiny", "input": [s]}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES, ids=[p for p, _ in ROUTES])
+async def test_a_lone_surrogate_is_a_400_on_every_api(users, installed_model, path, body):
+    attacker, _ = users
+    raw = json.dumps(body("\ud800"))  # json.dumps writes it as \ud800
+    assert "\\ud800" in raw
+    status, answer = await attacker.json(path, raw.encode())
+    assert status == 400, answer
+    assert "lone UTF-16 surrogate" in json.dumps(answer), answer
+
+
+async def test_tool_arguments_nested_3000_deep_are_a_400(users, installed_model):
+    attacker, _ = users
+    arguments = nested(3000)
+    for path, arguments_value in (("api/chat", arguments), ("v1/chat/completions", None)):
+        call = {
+            "function": {
+                "name": "f",
+                # Ollama sends an object, OpenAI a JSON string holding one
+                "arguments": json.loads("{}") if arguments_value is None else None,
+            }
+        }
+        raw = json.dumps(
+            {
+                "model": "tiny",
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                ],
+            }
+        )
+        if arguments_value is not None:  # the object itself, nested in the body
+            raw = raw.replace('"arguments": null', '"arguments": ' + arguments_value)
+        else:  # a JSON string whose text nests 3000 deep
+            raw = raw.replace('"arguments": {}', '"arguments": ' + json.dumps(arguments))
+        status, answer = await attacker.json(path, raw.encode())
+        assert status == 400, (path, answer)
+        assert "json_depth" in json.dumps(answer) or "schema_depth" in json.dumps(answer), answer
+
+
+def many_values_body() -> bytes:
+    """A body just under the size limit that is all tiny values: the slowest
+    to decode that the server accepts to read."""
+    count = (BODY_BYTES.value - 100) // 2
+    return b'{"model": "tiny", "context": [' + b",".join([b"0"] * count) + b"]}"
+
+
+async def test_a_body_of_tiny_values_at_the_size_limit_leaves_tags_answering(
+    users, installed_model
+):
+    attacker, victim = users
+    body = many_values_body()
+    assert len(body) <= BODY_BYTES.value
+
+    async def attack(running: asyncio.Event) -> tuple[int, object]:
+        running.set()  # the server reads and decodes it as soon as it arrives
+        return await attacker.json("api/generate", body)
+
+    measured, (status, answer) = await slowdown(lambda: victim.fetch("api/tags"), attack)
+    assert status == 400, answer
+    assert "json_values" in json.dumps(answer), answer
+    assert measured.ratio <= MAX_SLOWDOWN, measured
