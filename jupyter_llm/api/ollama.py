@@ -51,7 +51,7 @@ from jupyter_llm.api.requests import (
     options_field,
 )
 from jupyter_llm.api.templates import render_go_template
-from jupyter_llm.chat_formats import detect_format
+from jupyter_llm.chat_formats.detect import template_format
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.gguf_info import read_metadata
 from jupyter_llm.models.names import parse_model_name
@@ -545,43 +545,48 @@ class ShowHandler(LLMHandler):
         entry = await self.blocking(self.llm.store.get, name)
         info = await self.blocking(read_metadata, entry.model_path, verbose)
         template = entry.template or str(info.get("tokenizer.chat_template") or "")
-        capabilities = model_capabilities(info, template)
+        # reading a template (up to 4 MiB, perhaps hostile) is CPU work: off the loop
+        capabilities = await self.blocking(model_capabilities, info, template)
         extra: dict[str, Any] = {}
         if entry.projector_path is not None:  # its GGUF's keys, as model_info is the model's
             capabilities.append("vision")
             extra["projector_info"] = await self.blocking(
                 read_metadata, entry.projector_path, verbose
             )
-        self.write_json(
-            {
-                "license": entry.license or "",
-                "modelfile": "".join(
-                    f"FROM {path}\n" for path in (entry.model_path, entry.projector_path) if path
-                ),
-                "parameters": format_parameters(entry.params),
-                "messages": entry.messages,
-                "template": template,
-                "system": entry.system or "",
-                "details": entry.details,
-                "model_info": info,
-                "capabilities": capabilities,
-                "modified_at": entry.modified_at.isoformat().replace("+00:00", "Z"),
-                **extra,
-            }
-        )
+        reply = {
+            "license": entry.license or "",
+            "modelfile": "".join(
+                f"FROM {path}\n" for path in (entry.model_path, entry.projector_path) if path
+            ),
+            "parameters": format_parameters(entry.params),
+            "messages": entry.messages,
+            "template": template,
+            "system": entry.system or "",
+            "details": entry.details,
+            "model_info": info,
+            "capabilities": capabilities,
+            "modified_at": entry.modified_at.isoformat().replace("+00:00", "Z"),
+            **extra,
+        }
+        # a 4 MiB template, or a verbose vocabulary, takes a while to encode
+        text = await self.blocking(json.dumps, reply)
+        self.set_header("Content-Type", "application/json")
+        self.finish(text)
 
 
 def model_capabilities(info: dict[str, Any], template: str) -> list[str]:
     """Ollama's ``capabilities``: a model that declares a pooling type embeds,
-    any other completes (never both, as in Ollama's server/images.go)."""
+    any other completes (never both, as in Ollama's server/images.go). Tools
+    and thinking are what ``chat_formats.detect`` reads in the template (once
+    per template digest); call this off the event loop."""
     if any(key.endswith(".pooling_type") for key in info):
         capabilities = ["embedding"]
     else:
         capabilities = ["completion"]
         if "tokenizer.ggml.fim_pre_token_id" in info:
             capabilities.append("insert")
-    fmt = detect_format(template)
-    if fmt.accepts_tools or "tools" in template or "tool_call" in template:
+    fmt = template_format(template)
+    if fmt.offers_tools:
         capabilities.append("tools")
     if fmt.can_think:
         capabilities.append("thinking")

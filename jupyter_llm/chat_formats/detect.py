@@ -5,11 +5,19 @@ A template shows the model, in its instructions and in how it renders past
 assistant turns, the exact text of a tool call and of its thinking. The
 markers it contains therefore name the format; a template we do not
 recognise still gets tools (as a JSON-object fallback) when it renders them.
+
+Templates can be hostile (a GGUF's own, or one sent to ``/api/create``, up
+to the store's 4 MiB), so everything here reads a template in time linear in
+its length; ``template_format`` caches the answer by the template's digest,
+and the server calls it off the event loop.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
@@ -52,6 +60,12 @@ class ChatFormat:
     tool_call_id_length: int = 0
 
     @property
+    def offers_tools(self) -> bool:
+        """Ollama's ``tools`` capability: the template renders a tools list,
+        or shows the model how a tool call is written."""
+        return self.accepts_tools or self.tool_calls != "json"
+
+    @property
     def can_think(self) -> bool:
         return self.thinking != "none"
 
@@ -62,17 +76,44 @@ class ChatFormat:
 
 FALLBACK = ChatFormat()
 
-_TOOLS_VARIABLE = re.compile(r"\btools\b")
-_COMMENT = re.compile(r"\{#.*?#\}", re.S)
+# Jinja's ``tools`` variable, or Ollama's Go-template ``.Tools`` (``/api/create``);
+# one position at a time, never backtracking
+_TOOLS_VARIABLE = re.compile(r"\btools\b|\.Tools\b")
+COMMENT_OPEN, COMMENT_CLOSE = "{#", "#}"
+CACHE_SIZE = 256  # distinct templates remembered: far more than a server holds models
+
+_cache: OrderedDict[bytes, ChatFormat] = OrderedDict()
+_cache_lock = threading.Lock()
 
 
 def _uses(template: str, *markers: str) -> bool:
     return any(m in template for m in markers)
 
 
+def strip_comments(template: str) -> str:
+    """``template`` without its Jinja comments (``{# ... #}``), so that a
+    marker a comment mentions does not count.
+
+    One forward scan: each search starts where the last one ended, so every
+    character is looked at a bounded number of times (a lazy regex retried at
+    each of N unclosed ``{#`` is N^2). A ``{#`` never closed comments out
+    the rest: Jinja refuses such a template, so nothing after it renders.
+    """
+    kept: list[str] = []
+    pos = 0
+    while (start := template.find(COMMENT_OPEN, pos)) >= 0:
+        kept.append(template[pos:start])
+        end = template.find(COMMENT_CLOSE, start + len(COMMENT_OPEN))
+        if end < 0:
+            return "".join(kept)
+        pos = end + len(COMMENT_CLOSE)
+    kept.append(template[pos:])
+    return "".join(kept)
+
+
 def detect_format(chat_template: str) -> ChatFormat:
     """The format of the model whose chat template is ``chat_template``."""
-    text = _COMMENT.sub("", chat_template or "")
+    text = strip_comments(chat_template or "")
     accepts_tools = bool(_TOOLS_VARIABLE.search(text))
     tools = _tool_format(text)
     thinking = _thinking(text)
@@ -82,6 +123,39 @@ def detect_format(chat_template: str) -> ChatFormat:
         **tools,
         **thinking,
     )
+
+
+def template_digest(chat_template: str) -> bytes:
+    """The sha256 of the template's UTF-8 text (a lone surrogate, which a
+    GGUF string may decode to, passes through rather than failing)."""
+    return hashlib.sha256(chat_template.encode("utf-8", "surrogatepass")).digest()
+
+
+def template_format(chat_template: str) -> ChatFormat:
+    """``detect_format``, worked out once per template digest and kept in a
+    bounded LRU (by digest, so the cache never holds the templates).
+
+    Reading a 4 MiB template still takes milliseconds to a fraction of a
+    second: a server calls this off its event loop."""
+    key = template_digest(chat_template or "")
+    with _cache_lock:
+        found = _cache.get(key)
+        if found is not None:
+            _cache.move_to_end(key)
+            return found
+    fmt = detect_format(chat_template)  # outside the lock: others' look-ups go on
+    with _cache_lock:
+        _cache[key] = fmt
+        _cache.move_to_end(key)
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return fmt
+
+
+def clear_template_cache() -> None:
+    """Forget every cached format (tests measure the uncached path)."""
+    with _cache_lock:
+        _cache.clear()
 
 
 def _tool_format(text: str) -> dict[str, str]:

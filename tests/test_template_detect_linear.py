@@ -1,0 +1,165 @@
+"""Reading a chat template is linear in its length, whatever its shape, and
+done once per template digest (issue 23, attack 1: 40 KB of ``{#`` froze the
+server for seconds through a quadratic comment-stripping regex)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jupyter_llm.api.ollama import model_capabilities
+from jupyter_llm.chat_formats import detect
+from jupyter_llm.chat_formats.detect import (
+    CACHE_SIZE,
+    clear_template_cache,
+    detect_format,
+    strip_comments,
+    template_format,
+)
+
+MAX_TEMPLATE = 4 << 20  # the store's largest text layer (models.store.MAX_TEXT_LAYER)
+
+
+@pytest.mark.parametrize(
+    ("template", "stripped"),
+    [
+        ("", ""),
+        ("plain", "plain"),
+        ("a{# c #}b", "ab"),
+        ("a{#- c -#}b", "ab"),  # whitespace control keeps the delimiters' ends
+        ("{# one #}x{# two #}", "x"),
+        ("a{# {# nested opens #}b", "ab"),  # Jinja does not nest comments
+        ("a{# c #}#}b", "a#}b"),  # a close without an open is text
+        ("a#}b", "a#}b"),
+        ("a{#}b#}c", "ac"),  # the open's # does not also close it
+        ("a{##}b", "ab"),
+        ("a{#", "a"),  # unclosed: the rest is comment (Jinja refuses the template)
+        ("a{# c #}b{# never closed", "ab"),
+        ("a{#}", "a"),
+        ("{" * 5 + "#" * 5, "{" * 4),  # the last { opens, ### closes
+        ("a{b#}c", "a{b#}c"),
+        ("{{ x }}{% if y %}z{% endif %}", "{{ x }}{% if y %}z{% endif %}"),
+    ],
+)
+def test_strip_comments(template, stripped):
+    assert strip_comments(template) == stripped
+
+
+class Counted(str):
+    """A template that counts the characters its ``find`` calls pass over."""
+
+    scanned = 0
+
+    def find(self, sub, start=0, end=None):  # type: ignore[override]
+        found = str.find(self, sub, start)
+        self.scanned += (found + len(sub) if found >= 0 else len(self)) - start
+        return found
+
+
+HOSTILE = {
+    "unclosed opens": "{#" * (MAX_TEMPLATE // 2),
+    "empty comments": "{##}" * (MAX_TEMPLATE // 4),
+    "open-close overlaps": "{#}" * (MAX_TEMPLATE // 3),
+    "closes only": "#}" * (MAX_TEMPLATE // 2),
+    "braces": "{" * MAX_TEMPLATE,
+    "mixed": "a{#b#}{c#" * (MAX_TEMPLATE // 9),
+}
+
+
+@pytest.mark.parametrize("template", HOSTILE.values(), ids=HOSTILE.keys())
+def test_the_strip_looks_at_each_character_once(template):
+    """Counted work, not time: the searches cover disjoint stretches."""
+    counted = Counted(template)
+    assert strip_comments(counted) == strip_comments(template)
+    assert counted.scanned <= len(template)
+
+
+def best_time(fn, *args, repeats=3):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["{#", "{##}", "a{#b#}{c#", "{%", "tools ", "<think>", "[TOOL_CALLS]", "x{#}"],
+)
+def test_reading_a_template_grows_linearly(unit):
+    """4x the template takes about 4x the time (a quadratic reader: 16x)."""
+    large = unit * (MAX_TEMPLATE // len(unit))
+    small = large[: len(large) // 4]
+    ratio = best_time(detect_format, large) / best_time(detect_format, small)
+    assert ratio < 10, f"{unit!r}: 4x the template took {ratio:.1f}x the time"
+
+
+def test_a_template_at_the_store_limit_is_read_at_all():
+    fmt = detect_format("{#" * (MAX_TEMPLATE // 2))
+    assert fmt == detect.FALLBACK
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("{# <tool_call> and <think> #}{{ messages }}", ["completion"]),  # comments don't count
+        ("{# a comment mentions tools #}", ["completion"]),
+        ("{% for t in tools %}{{ t }}{% endfor %}", ["completion", "tools"]),
+        ("{{ if .Tools }}{{ .Tools }}{{ end }}{{ .Prompt }}", ["completion", "tools"]),  # Go
+        ("<tool_call>", ["completion", "tools"]),  # shows how a call is written
+        ("[TOOL_CALLS]", ["completion", "tools"]),
+        ("<think>{{ x }}</think>", ["completion", "thinking"]),
+        ("mytools_list", ["completion"]),  # not the tools variable
+        ("{#" * 1000 + "<tool_call>", ["completion"]),  # all inside one unclosed comment
+    ],
+)
+def test_capabilities_come_from_detect(template, expected):
+    assert model_capabilities({}, template) == expected
+
+
+@pytest.fixture
+def counted_detects(monkeypatch):
+    """How many times ``template_format`` really read a template."""
+    clear_template_cache()
+    calls: list[str] = []
+    real = detect.detect_format
+
+    def counting(template: str):
+        calls.append(template)
+        return real(template)
+
+    monkeypatch.setattr(detect, "detect_format", counting)
+    yield calls
+    clear_template_cache()
+
+
+def test_a_template_is_read_once_per_digest(counted_detects):
+    qwen_like = "{% if tools %}<tool_call>{% endif %}<think>"
+    first = template_format(qwen_like)
+    again = template_format("".join(list(qwen_like)))  # equal text, another object
+    assert first is again and first == detect_format(qwen_like)
+    assert counted_detects == [qwen_like]
+    model_capabilities({}, qwen_like)
+    assert len(counted_detects) == 1
+    template_format(qwen_like + " ")
+    assert len(counted_detects) == 2
+
+
+def test_the_cache_is_bounded_least_recently_used_first(counted_detects):
+    templates = [f"template {i}" for i in range(CACHE_SIZE + 1)]
+    for t in templates[:CACHE_SIZE]:
+        template_format(t)
+    template_format(templates[0])  # now the most recently used
+    template_format(templates[CACHE_SIZE])  # evicts templates[1]
+    assert len(detect._cache) == CACHE_SIZE
+    reads = len(counted_detects)
+    template_format(templates[0])
+    assert len(counted_detects) == reads
+    template_format(templates[1])
+    assert len(counted_detects) == reads + 1
+
+
+def test_a_lone_surrogate_has_a_digest(counted_detects):
+    assert template_format("\ud800<think>").thinking == "tags"
