@@ -12,6 +12,14 @@ both ways as they come (a blob upload is never held in memory, a generation's
 tokens are never buffered); the engine's status, headers that matter and error
 bodies arrive unchanged. A client that leaves closes the upstream connection,
 which cancels its generation in the engine.
+
+The forwarded request never leaves the engine's prefix: a path with a ``.``
+or ``..`` segment, raw or percent-encoded (any number of times, with ``/`` or
+``\\`` as separator), is a 400 before anything is sent; the engine's path is
+rebuilt from the route with its parameters quoted again (an encoded ``/`` in
+a digest stays encoded); and the final URL is checked to start with the
+engine's URL. Otherwise ``v1/models/../../hub/api/user`` would reach the
+engine's host at ``/hub/api/user`` carrying the engine token.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote
 
 import httpx
 from tornado import web
@@ -30,7 +40,7 @@ from tornado.iostream import StreamClosedError
 from jupyter_llm.api.base import NDJSON, SSE, Framing, LLMHandler, action_of
 from jupyter_llm.api.ollama import RootHandler
 from jupyter_llm.config import Settings
-from jupyter_llm.errors import EngineUnreachable
+from jupyter_llm.errors import EngineUnreachable, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +48,10 @@ BODY_METHODS = ("POST", "DELETE")
 REQUEST_HEADERS = ("Content-Type", "Content-Length", "Accept")
 RESPONSE_HEADERS = ("Content-Type", "Cache-Control")
 BODY_QUEUE = 4  # chunks in flight between the client and the engine (back-pressure)
+# a path decoded more often than this is refused: nobody encodes a name five times
+MAX_DECODES = 5
+_SEPARATORS = re.compile(r"[/\\]")
+_PARAMETER = re.compile(r"\(\?P<(\w+)>([^)]*)\)")  # a route's named group
 
 
 @dataclass
@@ -69,6 +83,7 @@ class ForwardHandler(LLMHandler):
     """One engine route, forwarded. Subclassed per route by ``forwarding``."""
 
     stands_for: type[LLMHandler]  # the engine's handler of this route
+    route: str  # its pattern, relative to ``{base_url}llm/``
     _upstream: asyncio.Future[httpx.Response] | None = None
     _relay: asyncio.Future[None] | None = None
     _body: asyncio.Queue[bytes | None]
@@ -87,6 +102,8 @@ class ForwardHandler(LLMHandler):
         if self.current_user is None:
             raise web.HTTPError(403)
         method = self.request.method or "GET"
+        if not hasattr(getattr(self.stands_for, method.lower(), None), "llm_action"):
+            raise web.HTTPError(405)  # not a method of this route (was a 500 here)
         await self.authorize(action_of(self.stands_for, method))
         self._body = asyncio.Queue(BODY_QUEUE)
         content = self._body_chunks() if method in BODY_METHODS else None
@@ -96,12 +113,18 @@ class ForwardHandler(LLMHandler):
         )
         self._upstream = asyncio.ensure_future(self.engine.client.send(request, stream=True))
 
-    def _upstream_url(self) -> str:
-        """The engine's URL of this request: the part after ``{base_url}llm/``."""
+    def _upstream_url(self) -> httpx.URL:
+        """The engine's URL of this request: the route rebuilt under the
+        engine's URL, with its parameters quoted again; a path that could
+        step out of ``{base_url}llm/`` is refused (400), never sent."""
         prefix = f"{self.base_url.rstrip('/')}/llm"
-        rest = self.request.path[len(prefix) :].lstrip("/")
+        raw = self.request.path[len(prefix) :]
+        if has_dot_segment(raw) or any(map(has_dot_segment, self.path_kwargs.values())):
+            raise InvalidRequest(
+                "invalid path: '.' and '..' segments (raw or percent-encoded) are not allowed"
+            )
         query = f"?{self.request.query}" if self.request.query else ""
-        return f"{self.engine.url}{rest}{query}"
+        return inside(self.engine.url, f"{route_path(self.route, self.path_kwargs)}{query}")
 
     async def _body_chunks(self) -> AsyncIterator[bytes]:
         while (chunk := await self._body.get()) is not None:
@@ -207,9 +230,49 @@ def _drop(work: asyncio.Future[Any] | None) -> None:
         work.exception()  # retrieved: no "exception was never retrieved" later
 
 
-def forwarding(handler: type[LLMHandler]) -> type[ForwardHandler]:
-    """The forwarding handler of ``handler``'s route: the same methods, the same
-    authorization resource and body limit, the same error shape."""
+def has_dot_segment(path: str) -> bool:
+    """Whether ``path``, percent-decoded up to ``MAX_DECODES`` times, has a
+    ``.`` or ``..`` segment anywhere a server or a proxy on the way might
+    resolve it (``/`` and ``\\`` both separate); deeper encodings count as one."""
+    for _ in range(MAX_DECODES):
+        if any(part in (".", "..") for part in _SEPARATORS.split(path)):
+            return True
+        decoded = unquote(path)
+        if decoded == path:
+            return False
+        path = decoded
+    return True
+
+
+def route_path(route: str, values: dict[str, str]) -> str:
+    """``route`` (``"v1/models/(?P<model>.+)"``) with each named group replaced
+    by its decoded value quoted again: ``/`` stays only in a parameter whose
+    pattern allows it (a model's namespace), so ``%2f`` in a digest stays one
+    segment; ``?``, ``#`` and ``%`` never pass unquoted."""
+
+    def value(group: re.Match[str]) -> str:
+        text = values[group[1]]
+        slash = "/" if re.fullmatch(group[2], "/") else ""
+        return quote(text, safe=":@" + slash)
+
+    return _PARAMETER.sub(value, route)
+
+
+def inside(base: str, path: str) -> httpx.URL:
+    """``base`` + ``path`` as httpx will send it, asserted to stay under
+    ``base`` (same origin, path starting with base's path): 400 otherwise."""
+    root, url = httpx.URL(base), httpx.URL(base + path)
+    if (url.scheme, url.host, url.port) != (root.scheme, root.host, root.port) or (
+        not url.raw_path.startswith(root.raw_path)
+    ):
+        raise InvalidRequest("invalid path: it would leave the engine's API")
+    return url
+
+
+def forwarding(handler: type[LLMHandler], route: str) -> type[ForwardHandler]:
+    """The forwarding handler of ``handler``'s route (its pattern, relative to
+    ``{base_url}llm/``): the same methods, the same authorization resource and
+    body limit, the same error shape."""
     methods = {
         name: web.authenticated(ForwardHandler.forward)
         for name in ("get", "head", "post", "delete")
@@ -221,6 +284,7 @@ def forwarding(handler: type[LLMHandler]) -> type[ForwardHandler]:
         {
             **methods,
             "stands_for": handler,
+            "route": route,
             "auth_resource": handler.auth_resource,
             "max_body": handler.max_body,
         },
@@ -231,7 +295,7 @@ def handlers(routes: list[tuple[str, type]]) -> list[tuple[str, type]]:
     """``routes`` (the engine's, ``api.handlers()``) with each handler forwarded;
     the heartbeat answers here."""
     return [
-        (pattern, handler if handler is RootHandler else forwarding(handler))
+        (pattern, handler if handler is RootHandler else forwarding(handler, pattern))
         for pattern, handler in routes
     ]
 
