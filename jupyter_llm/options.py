@@ -19,9 +19,11 @@ import logging
 import math
 from typing import Any, NamedTuple
 
+from jupyter_llm.limits import REPEAT_LAST_N, check_stops
+
 log = logging.getLogger(__name__)
 
-MAX_CONTEXT = 1 << 20
+MAX_CONTEXT = REPEAT_LAST_N.value  # 1 Mi tokens
 INT_LIMIT = 1 << 63  # integers are 64-bit signed at most; Python's are not bounded
 _NUM = (int, float)
 
@@ -49,7 +51,7 @@ OPTION_TYPES: dict[str, Option] = {
     "min_p": Option(_NUM, 0, 1),
     "typical_p": Option(_NUM, 0, 1),
     "repeat_penalty": Option(_NUM, 0),
-    "repeat_last_n": Option(int, -1),
+    "repeat_last_n": Option(int, -1, REPEAT_LAST_N.value),  # and at most num_ctx (runner)
     "presence_penalty": Option(_NUM),
     "frequency_penalty": Option(_NUM),
     "stop": Option((str, list)),
@@ -208,8 +210,17 @@ def split_options(raw: Any, field: str = "options") -> tuple[dict[str, Any], lis
         if spec is None:
             unknown.append(_printable(name))
         elif value is not None:
-            options[name] = check_option(f"{field}.{name}", spec, _integral(spec, value))
+            label = f"{field}.{name}"
+            options[name] = bounded(name, label, check_option(label, spec, _integral(spec, value)))
     return options, unknown
+
+
+def bounded(name: str, label: str, value: Any) -> Any:
+    """``value`` within the bounds ``limits`` sets on option ``name`` beyond
+    its type and range (the stop strings' count and length)."""
+    if name == "stop":
+        check_stops([value] if isinstance(value, str) else value, label)
+    return value
 
 
 def _integral(spec: Option, value: Any) -> Any:
@@ -261,7 +272,7 @@ def _param_value(name: str, spec: Option, value: Any) -> Any:
     value = _integral(spec, value)
     if name == "stop" and isinstance(value, str):
         value = [value]
-    return check_option(name, spec, value)
+    return bounded(name, name, check_option(name, spec, value))
 
 
 # What Ollama's OpenAI layer (openai/openai.go, FromChatRequest and
@@ -282,7 +293,7 @@ def openai_options(body: dict[str, Any]) -> dict[str, Any]:
         spec = OPTION_TYPES[option]
         if low is not None or high is not None:
             spec = spec._replace(low=low, high=high)
-        value = check_option(key, spec, value)
+        value = bounded(option, key, check_option(key, spec, value))
         options[option] = [value] if option == "stop" and isinstance(value, str) else value
     if body.get("n", 1) != 1:
         raise ValueError("n must be 1: one choice per request")

@@ -13,7 +13,7 @@ from jupyter_llm.runner.discovery import discover_raw_devices
 from jupyter_llm.runner.launch import LoadSpec
 from jupyter_llm.runner.process import describe_exit
 from jupyter_llm.runner.proxy import start_runner_with
-from jupyter_llm.runner.sequence import split_at_stop
+from jupyter_llm.runner.stops import StopScanner, split_at_stop
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 
@@ -341,3 +341,41 @@ async def test_a_chat_template_that_never_ends_is_refused(endless_template_gguf)
         assert done["eval_count"] == 2
     finally:
         await runner.close()
+
+
+@pytest.mark.parametrize(
+    ("pieces", "stops", "emitted", "hit"),
+    [
+        (["hel", "lo wor", "ld"], ["world"], "hello ", True),
+        (["aab", "aac"], ["aac"], "aab", True),  # a failed partial match restarts inside itself
+        (["abab", "abc"], ["ababc"], "ab", True),
+        (["<|im", "_end|>x"], ["<|im_end|>"], "", True),
+        (["<|im", "_e"], ["<|im_end|>"], "", False),  # all held back: may still become a stop
+        (["abc"], ["bc", "abcd"], "a", True),  # the first stop to complete ends the text
+        (["x" * 50], ["x" * 40 + "y"], "x" * 10, False),
+    ],
+)
+def test_stop_scanner_streamed(pieces, stops, emitted, hit):
+    scanner = StopScanner(stops)
+    out, found = "", False
+    for piece in pieces:
+        text, found = scanner.feed(piece)
+        out += text
+        if found:
+            break
+    assert (out, found) == (emitted, hit)
+
+
+def test_stop_scanner_holds_a_long_stop_fed_one_character_at_a_time():
+    """A 16 KiB stop that the text keeps almost matching (the case whose
+    check used to grow with the square of the stop's length)."""
+    stop = "a" * 16383 + "b"
+    scanner = StopScanner([stop])
+    emitted = ""
+    for _ in range(20000):
+        text, hit = scanner.feed("a")
+        assert not hit
+        emitted += text
+    assert emitted == "a" * (20000 - 16383) and len(scanner.pending) == 16383
+    text, hit = scanner.feed("b")
+    assert (text, hit) == ("", True)

@@ -28,6 +28,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from jupyter_llm.limits import repeat_window
 from jupyter_llm.memory.measured import AllocationLog
 from jupyter_llm.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
 from jupyter_llm.runner.chat_template import ChatTemplate
@@ -493,6 +494,10 @@ class Engine:
                 f"({self.n_ctx})"
             )
         opts = {**DEFAULT_SAMPLING, **{k: v for k, v in job.options.items() if v is not None}}
+        try:  # llama.cpp allocates the penalty window per slot: at most the context
+            opts["repeat_last_n"] = repeat_window(int(opts["repeat_last_n"]), self.n_ctx)
+        except ValueError as e:
+            raise InputError(str(e)) from None
         chain = build_sampler(self.vocab, self.n_vocab, self.n_ctx, opts, job.grammar, job.triggers)
         seq = Sequence(job, opts, chain)
         if seq.limit == -2:  # fill the context, then stop (Ollama)

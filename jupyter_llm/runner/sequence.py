@@ -19,6 +19,7 @@ import llama_cpp
 
 from jupyter_llm.runner.context_window import num_keep
 from jupyter_llm.runner.protocol import EngineError
+from jupyter_llm.runner.stops import StopScanner
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 
@@ -162,14 +163,13 @@ class Sequence:
         self.limit = int(opts["num_predict"])
         self.num_keep = num_keep(opts)
         stop = opts["stop"]
-        self.stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
+        self.stops = StopScanner([stop] if isinstance(stop, str) else list(stop or []))
         self.slot = -1
         self.fed = 0  # prompt tokens whose KV entries are in the slot
         self.next_token: int | None = None  # sampled, not yet decoded
         self.generated: list[int] = []
         self.reason = ""  # set when finished
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._pending = ""  # text held back: it may be the start of a stop string
         self.prompt_ns = 0
         self.started_ns = time.perf_counter_ns()
         self.generating_since = 0
@@ -187,9 +187,7 @@ class Sequence:
         text = self._decoder.decode(piece)
         if text:
             if self.stops:
-                self._pending += text
-                text, hit = split_at_stop(self._pending, self.stops)
-                self._pending = self._pending[len(text) :]
+                text, hit = self.stops.feed(text)
                 if text:
                     self.job.emit(text)
                 if hit:
@@ -206,7 +204,7 @@ class Sequence:
     def result(self, reason: str, evaluated: int) -> Completion:
         """The report, once finished; text still held back goes out unless a
         stop string ended it. ``evaluated``: prompt tokens really decoded."""
-        tail = self._pending + self._decoder.decode(b"", final=True)
+        tail = self.stops.pending + self._decoder.decode(b"", final=True)
         if tail and reason != "stop":
             self.job.emit(tail)
         now = time.perf_counter_ns()
@@ -228,20 +226,3 @@ class Sequence:
             llama_cpp.llama_sampler_free(self.chain)
             self.chain = None
         self.job.release()  # its images (idempotent)
-
-
-def split_at_stop(pending: str, stops: list[str]) -> tuple[str, bool]:
-    """How much of ``pending`` may be emitted now, and whether a stop was hit.
-
-    Text that could still become a stop sequence is held back.
-    """
-    first = min((i for s in stops if s and (i := pending.find(s)) >= 0), default=-1)
-    if first >= 0:
-        return pending[:first], True
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(pending)), 0, -1):
-            if pending.endswith(s[:k]):
-                hold = max(hold, k)
-                break
-    return pending[: len(pending) - hold], False

@@ -1,0 +1,89 @@
+"""Attacks 3 and 5: a penalty window of 2^28 tokens (the runner grew by 1 GiB
+for one request) and a million stop strings (another user's 10-token answer
+took 15 s). Both are 400s naming their limit now; at the limits, the runner's
+memory and another user's answer stay within the issue's bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from harness import MAX_RSS_GROWTH, MAX_SLOWDOWN, rss, runner_pids, slowdown, tiny_generate
+
+from jupyter_llm.limits import STOP_CHARS, STOP_STRINGS
+
+
+def generate(**options) -> dict:
+    return {"model": "tiny", "prompt": "hi", "stream": False, "options": options}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "limit"),
+    [
+        ("api/generate", generate(stop=[f"s{i}" for i in range(1_000_000)]), "stop_strings"),
+        ("api/generate", generate(stop=["x" * (STOP_CHARS.value + 1)]), "stop_chars"),
+        (
+            "v1/chat/completions",
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                "stop": ["s"] * (STOP_STRINGS.value + 1),
+            },
+            "stop_strings",
+        ),
+        ("api/generate", generate(repeat_last_n=2**28), "repeat_last_n"),
+        ("api/generate", generate(repeat_last_n=2**31 - 1), "repeat_last_n"),
+        # within the option's range, past this load's context: the runner refuses it
+        ("api/generate", generate(repeat_last_n=8192, num_ctx=256), "repeat_last_n"),
+    ],
+    ids=["a million stops", "a long stop", "openai stops", "2^28", "2^31-1", "past num_ctx"],
+)
+async def test_beyond_a_sampling_bound_is_a_400_naming_it(
+    users, installed_model, path, body, limit
+):
+    attacker, _ = users
+    status, answer = await attacker.json(path, body)
+    assert status == 400, answer
+    assert limit in json.dumps(answer), answer
+
+
+async def test_a_penalty_window_of_the_whole_context_costs_the_runner_little(
+    users, installed_model, jp_serverapp
+):
+    attacker, _ = users
+    status, answer = await attacker.json("api/generate", generate(num_predict=1))
+    assert status == 200, answer
+    (pid,) = runner_pids(jp_serverapp)
+    before = rss(pid)
+    for _ in range(3):  # -1: the whole context, as Ollama means it
+        status, answer = await attacker.json(
+            "api/generate", generate(repeat_last_n=-1, repeat_penalty=1.1, num_predict=8)
+        )
+        assert status == 200, answer
+    assert runner_pids(jp_serverapp) == [pid]
+    assert rss(pid) - before < MAX_RSS_GROWTH
+
+
+async def test_stops_at_their_limits_leave_another_users_answer_within_2x(users, installed_model):
+    """64 stops of 256 characters each, all near-misses of what the model
+    writes, checked after every token of a long generation beside the victim."""
+    attacker, victim = users
+    count = STOP_STRINGS.value
+    stops = [("a" * (STOP_CHARS.value // count - 4)) + f"{i:04d}" for i in range(count)]
+    body = {
+        "model": "tiny",
+        "prompt": "a a a a",
+        "stream": True,
+        "options": {"stop": stops, "num_predict": 400, "temperature": 0},
+    }
+
+    async def attack(running: asyncio.Event) -> tuple[int, list]:
+        return await attacker.stream("api/generate", body, running)
+
+    measured, (status, lines) = await slowdown(
+        lambda: victim.json("api/generate", tiny_generate()), attack
+    )
+    assert status == 200, lines
+    assert lines[-1]["done"], lines[-1]
+    assert measured.ratio <= MAX_SLOWDOWN, measured
