@@ -15,10 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jupyter_llm.connect.endpoint import LLMClientError, ServerEndpoint, raise_for_error
+from jupyter_llm.connect.terminal import terminal_text
 
 
 def _to_stderr(status: str) -> None:
-    print(status, file=sys.stderr)
+    """A server's status line, printed as text (it may carry escapes)."""
+    print(terminal_text(str(status)), file=sys.stderr)
 
 
 def upload_blob(endpoint: ServerEndpoint, path: Path) -> str:

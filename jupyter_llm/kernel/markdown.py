@@ -11,7 +11,12 @@ working; HTML shows as the text it is:
   or ``<pre><code>`` element written here around escaped text, so it shows
   the text exactly;
 - a link, image or reference definition whose URL has a scheme other than
-  http, https or mailto gets ``#`` in front, becoming an anchor on the page.
+  http, https or mailto gets ``#`` in front, becoming an anchor on the page;
+- an image renders only from a ``data:image/...;base64`` URL (nothing is
+  fetched). Any other ``![`` gets a backslash before its ``!``: the image
+  becomes a link, which loads nothing until clicked, and in prose the target
+  is shown beside it. An image request would carry whatever a prompt
+  injection put in its URL (notebook data) to another host, unasked.
 
 Markdown parsers disagree about where code starts and ends (list items,
 table cells), so safety must not depend on agreeing with one: the only ``<``
@@ -37,6 +42,16 @@ _FENCE = re.compile(r"^([ \t]*)(`{3,}|~{3,})(.*)$")
 _SAFE_INFO = re.compile(r"^[\w+#.-]*$")
 _TICKS = re.compile(r"`+")
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
+_IMAGE = re.compile(r"!\[")
+# the one image form kept: plain alt text, a base64 raster image, nothing else
+# anywhere a parser could read another URL into it
+_DATA_IMAGE = re.compile(
+    r"!\[[^\[\]\\`<&\n]*\]\(data:image/(?:png|jpe?g|gif|webp|bmp);base64,[A-Za-z0-9+/=]*\)",
+    re.I,
+)
+# an image made a link above, in prose: its target is shown before it
+_LINKED_IMAGE = re.compile(r"\\!\[[^\[\]\n]*\]\(\s*<?([^\s<>()]+)")
+_PUNCTUATION = re.compile(r"[!-%'-/:;=?@\[-`{-~]")  # ASCII punctuation but & and <
 
 
 def safe_markdown(text: str) -> str:
@@ -66,16 +81,39 @@ def safe_markdown(text: str) -> str:
 
 
 def _neutralise_links(text: str) -> str:
-    """``#`` before every link URL with a scheme other than http(s)/mailto."""
+    """``#`` before every link URL with a scheme other than http(s)/mailto,
+    except a kept ``data:`` image's; ``\\`` before the ``!`` of every other image."""
+    inserts: dict[int, str] = {}
+    kept: set[int] = set()  # where the URL of a kept data: image starts
+    for m in _IMAGE.finditer(text):
+        if _escaped(text, m.start()):
+            continue  # a literal "!" already
+        if _DATA_IMAGE.match(text, m.start()):
+            kept.add(text.index("](", m.start()) + 2)
+        else:
+            inserts[m.start()] = "\\"
     starts = {m.end() for m in _INLINE_URL.finditer(text)}
     starts |= {m.end() for m in _DEFINITION_URL.finditer(text)}
-    pieces, pos = [], 0
-    for start in sorted(starts):
+    for start in starts - kept:
         scheme = _scheme(text, start)
         if scheme is not None and scheme not in SAFE_SCHEMES:
-            pieces += [text[pos:start], "#"]
-            pos = start
+            inserts[start] = "#"
+    pieces, pos = [], 0
+    for at in sorted(inserts):
+        pieces += [text[pos:at], inserts[at]]
+        pos = at
     return "".join([*pieces, text[pos:]])
+
+
+def _show_targets(text: str) -> str:
+    """Prose with each image made a link preceded by its target, as text
+    (every punctuation character escaped: no link, no markup of its own)."""
+
+    def shown(m: re.Match[str]) -> str:
+        target = _PUNCTUATION.sub(lambda c: "\\" + c[0], m[1])
+        return f"(image not loaded: {target}) {m[0]}"
+
+    return _LINKED_IMAGE.sub(shown, text)
 
 
 def _scheme(text: str, start: int) -> str | None:
@@ -139,9 +177,9 @@ def _prose(text: str) -> str:
         blank = bisect_left(blanks, start)
         if blank < len(blanks) and blanks[blank] < closing.start():
             continue
-        out += [_escape(text[pos:start]), _code_span(ticks, text[run.end() : closing.start()])]
+        out += [_text(text[pos:start]), _code_span(ticks, text[run.end() : closing.start()])]
         pos = closing.end()
-    return "".join([*out, _escape(text[pos:])])
+    return "".join([*out, _text(text[pos:])])
 
 
 def _escaped(text: str, index: int) -> bool:
@@ -164,6 +202,11 @@ def _code_span(ticks: str, content: str) -> str:
 
 def _reference(ch: str) -> str:
     return f"&#{ord(ch)};" if ch.isascii() and not ch.isalnum() and ch != " " else ch
+
+
+def _text(text: str) -> str:
+    """Prose outside code: image targets shown, then escaped."""
+    return _escape(_show_targets(text))
 
 
 def _escape(text: str) -> str:
