@@ -21,7 +21,18 @@ schema accepts, as tight as a context-free grammar allows:
   float can slip through);
 - ``enum``, ``const``, ``anyOf``/``oneOf`` (one of the alternatives, not
   "exactly one"), ``allOf`` (merged), ``type`` lists, local ``$ref``s
-  (recursion included).
+  (recursion included). Enum and const values (an ``anyOf`` of them too) are
+  written as one prefix tree of their JSON texts: llama.cpp's grammar keeps a
+  stack per alternative still matching, so look-alike values listed side by
+  side cost the square of their number at every character; in a tree they
+  share their states.
+
+What a grammar spells out is bounded (``GrammarBudget``, from
+``jupyter_llm.limits``) wherever it comes from, a ``$ref`` into any part of
+the document and ``allOf``/``anyOf`` merges included: a count above
+``SCHEMA_REPEAT_CAP`` is left open (the output is validated after), and
+counts spelled out, ``anyOf``/``oneOf``/``type`` branches and schemas visited
+are budgeted; going over raises ``GrammarTooLarge``.
 
 Keywords the grammar cannot enforce (``not``, ``multipleOf``, ``uniqueItems``,
 ``patternProperties``, ``if``, ...) are ignored and logged at DEBUG with where
@@ -37,9 +48,17 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation, localcontext
 from typing import Any
+
+from jupyter_llm.limits import (
+    SCHEMA_ALTERNATIVES,
+    SCHEMA_NODES,
+    SCHEMA_REPEAT_CAP,
+    SCHEMA_REPEATS,
+    Limit,
+)
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +244,107 @@ def repeat(expr: str, low: int, high: int | None) -> str:
 
 def seq(*parts: str) -> str:
     return " ".join(p for p in parts if p)
+
+
+# -- enum values as a prefix tree ------------------------------------------------------------
+_END = ""  # the key of a trie node that marks "a value ends here" (no character is "")
+
+
+def enum_expr(values: Iterable[Any]) -> str | None:
+    """One expression matching exactly the compact JSON texts of ``values``
+    (as ``json_literal`` writes them), as a prefix tree: values that share a
+    prefix share its states, so the grammar sampler follows one stack
+    through it rather than one per value. None for no values.
+
+    Edges are whole runs of characters (a radix tree); the text is built
+    without recursion, so any number of values nests safely."""
+    root: dict[str, Any] = {}
+    for value in values:
+        node = root
+        for ch in json.dumps(value, ensure_ascii=False, separators=(",", ":")):
+            node = node.setdefault(ch, {})
+        node[_END] = {}
+    if not root:
+        return None
+    exprs: dict[int, str] = {}
+    stack: list[tuple[dict[str, Any], list[tuple[str, dict[str, Any]]] | None]] = [(root, None)]
+    while stack:
+        node, edges = stack.pop()
+        if edges is None:
+            edges = [_edge(ch, node[ch]) for ch in sorted(node) if ch != _END]
+            stack.append((node, edges))
+            stack.extend((child, None) for _, child in edges if id(child) not in exprs)
+            continue
+        options = [seq(literal(label), exprs[id(child)]) for label, child in edges]
+        if not options:
+            exprs[id(node)] = ""
+        elif _END in node:  # a value ends here and others go on (1 and 12)
+            exprs[id(node)] = f"({' | '.join(options)})?"
+        else:
+            exprs[id(node)] = options[0] if len(options) == 1 else f"({' | '.join(options)})"
+    return exprs[id(root)]
+
+
+def _edge(ch: str, node: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The run of characters from ``ch`` down to the next branch or end."""
+    label = [ch]
+    while len(node) == 1 and _END not in node:
+        (ch,) = node
+        label.append(ch)
+        node = node[ch]
+    return "".join(label), node
+
+
+def enum_values(schema: dict[str, Any]) -> list[Any] | None:
+    """The values a schema allows by ``const`` or ``enum`` alone (as ``visit``
+    reads them: a ``$ref`` first, then ``const``, then ``enum``), or None."""
+    if "$ref" in schema:
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    if isinstance(schema.get("enum"), list):
+        return list(schema["enum"])
+    return None
+
+
+# -- what a grammar may spell out -------------------------------------------------------------
+class GrammarTooLarge(ValueError):
+    """A schema whose grammar would go over a ``GrammarBudget``: ``limit`` (its
+    value the one applied) and what the grammar reached (``got``, or None when
+    counting stopped there)."""
+
+    def __init__(self, limit: Limit, got: int | None) -> None:
+        self.limit, self.got = limit, got
+        super().__init__(str(limit.exceeded("the schema's grammar", got)))
+
+
+@dataclass
+class GrammarBudget:
+    """What the grammars built with it may spell out, all together (one
+    budget for one grammar: a schema's, or every tool's of a request). The
+    counts are of the grammar as built, so a ``$ref`` or a merge that repeats
+    a part counts it again."""
+
+    max_repeat: int = SCHEMA_REPEAT_CAP  # a count above this is left open
+    repeats: int = SCHEMA_REPEATS.value
+    alternatives: int = SCHEMA_ALTERNATIVES.value
+    visits: int = SCHEMA_NODES.value  # schemas converted, merged ones again
+    spent: dict[str, int] = field(default_factory=dict)
+
+    def capped(self, low: int, high: int | None) -> tuple[int, int | None]:
+        """``{low,high}`` as the grammar spells it: above ``max_repeat`` open."""
+        if high is not None and high > self.max_repeat:
+            high = None
+        return min(low, self.max_repeat), high
+
+    def spend(self, limit: Limit, allowed: int, count: int) -> None:
+        got = self.spent.get(limit.key, 0) + count
+        self.spent[limit.key] = got
+        if got > allowed:
+            raise GrammarTooLarge(replace(limit, value=allowed), got)
+
+    def repeat(self, low: int, high: int | None) -> None:
+        self.spend(SCHEMA_REPEATS, self.repeats, high if high is not None else low)
 
 
 # -- integers and numbers by their digits -----------------------------------------------------
@@ -593,6 +713,7 @@ class _Regex:
 
     text: str
     pos: int = 0
+    budget: GrammarBudget = field(default_factory=GrammarBudget)
 
     def peek(self, n: int = 1) -> str:
         return self.text[self.pos : self.pos + n]
@@ -651,6 +772,8 @@ class _Regex:
                 return atom
             if self.peek() in ("?", "+"):  # lazy or possessive: the same strings
                 self.pos += 1
+            low, high = self.budget.capped(low, high)
+            self.budget.repeat(low, high)
             atom = repeat(atom, low, high) if atom else ""
 
     def atom(self) -> str:
@@ -757,10 +880,11 @@ class _Regex:
         return [(ord(ch), ord(ch))]
 
 
-def pattern_expr(pattern: str) -> str:
+def pattern_expr(pattern: str, budget: GrammarBudget | None = None) -> str:
     """The characters between the quotes of a JSON string matching ``pattern``
-    (searched, as JSON Schema does: an end without ``^``/``$`` is open)."""
-    return _Regex(pattern).parse()
+    (searched, as JSON Schema does: an end without ``^``/``$`` is open); its
+    repeat counts capped and spent from ``budget``."""
+    return _Regex(pattern, budget=budget or GrammarBudget()).parse()
 
 
 # -- schemas -----------------------------------------------------------------------------------
@@ -807,6 +931,7 @@ class Converter:
     _refs: dict[str, str] = field(default_factory=dict)
     _merging: set[str] = field(default_factory=set)  # $refs an allOf is merging now
     _head: set[str] = field(default_factory=set)  # $refs entered since the last character
+    budget: GrammarBudget = field(default_factory=GrammarBudget)
 
     def grammar(self) -> str:
         self.rules["root"] = self.visit(self.root, "$", "root")
@@ -841,6 +966,7 @@ class Converter:
 
     # - dispatch -
     def visit(self, schema: Any, where: str, hint: str) -> str:
+        self.budget.spend(SCHEMA_NODES, self.budget.visits, 1)
         if schema is True or schema == {}:
             return self.primitive("value")
         if not isinstance(schema, dict):
@@ -854,13 +980,9 @@ class Converter:
                 if key in ENFORCED and key not in ("$ref", "$defs", "definitions"):
                     ignored(repr(key), where, "beside a $ref, not enforced")
             return self.ref(schema["$ref"], where)
-        if "const" in schema:
-            self.primitive("space")
-            return self.rule(hint, seq(json_literal(schema["const"]), "space"))
-        if isinstance(schema.get("enum"), list):
-            options = [json_literal(v) for v in schema["enum"]]
-            self.primitive("space")
-            return self.rule(hint, seq(alternatives(options), "space"))
+        values = enum_values(schema)
+        if values is not None:
+            return self.enum(values, where, hint)
         if isinstance(schema.get("allOf"), list):
             merged = {k: v for k, v in schema.items() if k != "allOf"}
             refs = []
@@ -880,13 +1002,19 @@ class Converter:
         for key in ("anyOf", "oneOf"):
             if isinstance(schema.get(key), list) and schema[key]:
                 base = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
-                options = []
-                for i, alt in enumerate(schema[key]):
-                    sub = _merge(base, alt) if isinstance(alt, dict) else alt
-                    options.append(self.visit(sub, f"{where}.{key}[{i}]", f"{hint}-{i}"))
+                self.budget.spend(SCHEMA_ALTERNATIVES, self.budget.alternatives, len(schema[key]))
+                subs = [_merge(base, alt) if isinstance(alt, dict) else alt for alt in schema[key]]
+                each = [enum_values(sub) if isinstance(sub, dict) else None for sub in subs]
+                if all(v is not None for v in each):  # one of several consts: one tree
+                    return self.enum([v for vs in each for v in vs or ()], where, hint)
+                options = [
+                    self.visit(sub, f"{where}.{key}[{i}]", f"{hint}-{i}")
+                    for i, sub in enumerate(subs)
+                ]
                 return self.rule(hint, alternatives(options))
         kind = schema.get("type")
         if isinstance(kind, list):
+            self.budget.spend(SCHEMA_ALTERNATIVES, self.budget.alternatives, len(kind))
             options = [self.visit({**schema, "type": t}, where, f"{hint}-{t}") for t in kind]
             return self.rule(hint, alternatives(options)) if options else self.primitive("value")
         if kind is None:
@@ -903,6 +1031,15 @@ class Converter:
         if kind in ("boolean", "null"):
             return self.primitive(kind)
         return self.primitive("value")
+
+    def enum(self, values: list[Any], where: str, hint: str) -> str:
+        """One of ``values`` (``const`` or ``enum``), as a prefix tree."""
+        expr = enum_expr(values)
+        if expr is None:
+            ignored("enum []", where, "unsatisfiable; any value is generated")
+            return self.primitive("value")
+        self.primitive("space")
+        return self.rule(hint, seq(expr, "space"))
 
     def resolved(self, schema: Any, where: str) -> dict[str, Any]:
         """``schema`` with a ``$ref`` at its top followed (for merging)."""
@@ -1045,6 +1182,9 @@ class Converter:
         if high is not None and high < low:
             ignored("minItems/maxItems", where, "unsatisfiable; the lengths are not enforced")
             low, high = 0, None
+        low, high = self.budget.capped(low, high)
+        if "minItems" in schema or "maxItems" in schema:
+            self.budget.repeat(low, high)
         parts = [
             self.visit(sub, f"{where}.prefixItems[{i}]", f"{hint}-{i}")
             for i, sub in enumerate(prefix)
@@ -1088,7 +1228,7 @@ class Converter:
         inner = None
         if isinstance(schema.get("pattern"), str):
             try:
-                inner = pattern_expr(schema["pattern"])
+                inner = pattern_expr(schema["pattern"], self.budget)
             except UnsupportedPattern as e:
                 ignored(f"pattern {schema['pattern']!r}", where, f"not expressible ({e})")
             if inner is not None and fmt is not None:
@@ -1107,6 +1247,9 @@ class Converter:
         if high is not None and high < low:
             ignored("minLength/maxLength", where, "unsatisfiable; not enforced")
             low, high = 0, None
+        low, high = self.budget.capped(low, high)
+        if lengths:
+            self.budget.repeat(low, high)
         return self.rule(hint, seq(r'"\""', repeat("char", low, high), r'"\""', "space"))
 
     @staticmethod
@@ -1148,9 +1291,10 @@ def _count(value: Any) -> int | None:
     return max(int(value), 0)
 
 
-def schema_to_grammar(schema: Any) -> str:
-    """The GBNF grammar (start rule ``root``) for a JSON Schema."""
-    return Converter(schema).grammar()
+def schema_to_grammar(schema: Any, budget: GrammarBudget | None = None) -> str:
+    """The GBNF grammar (start rule ``root``) for a JSON Schema, within
+    ``budget`` (the limits' defaults when None)."""
+    return Converter(schema, budget=budget or GrammarBudget()).grammar()
 
 
 def json_object_grammar() -> str:

@@ -214,6 +214,9 @@ def tools_field(raw: Any) -> list[dict[str, Any]] | None:
         if parameters is not None and not isinstance(parameters, dict):
             raise InvalidRequest(f"tools[{i}].function.parameters must be a JSON Schema object")
         tools.append({**tool, "type": tool.get("type", "function")})
+    from jupyter_llm.api.structured import check_tools
+
+    check_tools(tools)  # one grammar holds them all: format's limits, and TOOLS
     return tools or None
 
 

@@ -16,6 +16,12 @@ model that may think gets its thinking block first (that text may not hold
 the first two characters of the closing marker, or a doubled first one).
 One call per answer unless ``parallel``; after the call only the end of
 generation is allowed.
+
+The tools' parameter schemas form one grammar, built within one
+``GrammarBudget`` (the server refused tools beyond ``SchemaLimits`` before
+they got here; the budget is the runner's own bound, for what a ``$ref`` or
+a merge spells out): counts above the cap are left open, and
+``GrammarTooLarge`` (a ``ValueError``) is raised past the budget.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from jupyter_llm.chat_formats.detect import (
     DEEPSEEK_SEP,
     ChatFormat,
 )
-from jupyter_llm.json_grammar import Converter, literal
+from jupyter_llm.json_grammar import Converter, GrammarBudget, literal
 
 CHOICES = ("auto", "none", "required")
 _REGEX_SPECIAL = set("\\^$.|?*+()[]{}/")
@@ -202,12 +208,13 @@ class _Builder:
     def __init__(self) -> None:
         self.rules: dict[str, str] = {"ws": "[ \\t\\n]{0,8}"}
         self._names: dict[str, str] = {}
+        self.budget = GrammarBudget()  # one for every tool: they form one grammar
 
     def text(self) -> str:
         return "\n".join(f"{name} ::= {body}" for name, body in sorted(self.rules.items())) + "\n"
 
     def arguments(self, schema: Any, where: str, name: str) -> str:
-        converter = Converter(schema, rules=self.rules, _names=self._names)
+        converter = Converter(schema, rules=self.rules, _names=self._names, budget=self.budget)
         return converter.visit(schema, where, f"{name}-args")
 
     def object_alternatives(self, calls: list[tuple[str, str]], key: str) -> str:
