@@ -14,10 +14,13 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import struct
 from typing import Any
 
-MAX_IMAGE_BYTES = 20 << 20  # one decoded image (the JSON body's cap is 32 MiB)
-MAX_IMAGES = 32  # in one request, all messages together
+from jupyter_llm.limits import IMAGE_BYTES, IMAGE_PIXELS, IMAGE_SIDE, IMAGES, REQUEST_PIXELS
+
+MAX_IMAGE_BYTES = IMAGE_BYTES.value  # one decoded image (the JSON body's cap is 32 MiB)
+MAX_IMAGES = IMAGES.value  # in one request, all messages together
 # The formats stb_image decodes that clients send, by their first bytes.
 FORMATS = (
     ("png", b"\x89PNG\r\n\x1a\n"),
@@ -36,6 +39,72 @@ _WHITESPACE = re.compile(r"\s+")
 def image_format(data: bytes) -> str | None:
     """The format the bytes start like ("png", "jpeg", "gif", "bmp"), or None."""
     return next((name for name, magic in FORMATS if data.startswith(magic)), None)
+
+
+class ImageText(str):
+    """Base64 of a checked image file, knowing its pixels (for the request's total)."""
+
+    pixels: int = 0
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """Width and height as the file's header declares them (PNG's IHDR, JPEG's
+    SOF, GIF's logical screen, BMP's info header), read before anything is
+    decoded: the decoder allocates what the header says. None if unreadable."""
+    try:
+        if data.startswith(b"\x89PNG") and data[12:16] == b"IHDR":
+            return struct.unpack(">II", data[16:24])
+        if data.startswith(b"GIF"):
+            return struct.unpack("<HH", data[6:10])
+        if data.startswith(b"BM"):
+            width, height = struct.unpack("<ii", data[18:26])
+            return abs(width), abs(height)
+        if data.startswith(b"\xff\xd8"):
+            return _jpeg_size(data)
+    except struct.error:
+        return None
+    return None
+
+
+# JPEG markers that start a frame (SOF0-3, 5-7, 9-11, 13-15) and carry its size
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """The size in the first SOF segment, walking the segments from SOI."""
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0x01, 0xD8) or 0xD0 <= marker <= 0xD7:  # no length
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame first
+            return None
+        (length,) = struct.unpack(">H", data[i + 2 : i + 4])
+        if marker in _SOF:
+            height, width = struct.unpack(">HH", data[i + 5 : i + 9])
+            return width, height
+        i += 2 + length
+    return None
+
+
+def check_pixels(data: bytes, field: str) -> int:
+    """The image's pixels, within ``IMAGE_SIDE`` and ``IMAGE_PIXELS``."""
+    size = image_size(data)
+    if size is None:
+        raise ValueError(f"{field}: the image's header does not say its size")
+    width, height = size
+    if not width or not height:
+        raise ValueError(f"{field}: the image has no pixels ({width}x{height})")
+    where = f"{field} ({width}x{height})"
+    IMAGE_SIDE.check(where, max(width, height))
+    IMAGE_PIXELS.check(where, width * height)
+    return width * height
 
 
 def parse_image(value: Any, field: str) -> str:
@@ -61,7 +130,9 @@ def parse_image(value: Any, field: str) -> str:
         raise ValueError(f"{field} is larger than {MAX_IMAGE_BYTES >> 20} MiB")
     if image_format(data) is None:
         raise ValueError(f"{field} is not an image this server reads ({FORMAT_NAMES})")
-    return text
+    image = ImageText(text)
+    image.pixels = check_pixels(data, field)
+    return image
 
 
 def parse_images(raw: Any, field: str = "images") -> list[str]:
@@ -70,9 +141,10 @@ def parse_images(raw: Any, field: str = "images") -> list[str]:
         return []
     if not isinstance(raw, list):
         raise ValueError(f"{field} must be a list of base64 strings")
-    if len(raw) > MAX_IMAGES:
-        raise ValueError(f"{field} has {len(raw)} images, at most {MAX_IMAGES}")
-    return [parse_image(item, f"{field}[{i}]") for i, item in enumerate(raw)]
+    IMAGES.check(field, len(raw))
+    images = [parse_image(item, f"{field}[{i}]") for i, item in enumerate(raw)]
+    check_request_images(images)
+    return images
 
 
 def parse_image_url(part: dict[str, Any], field: str) -> str:
@@ -101,6 +173,7 @@ def parse_image_url(part: dict[str, Any], field: str) -> str:
     return parse_image(m.group("data"), field)
 
 
-def check_image_count(count: int) -> None:
-    if count > MAX_IMAGES:
-        raise ValueError(f"the request has {count} images, at most {MAX_IMAGES}")
+def check_request_images(images: list[str]) -> None:
+    """A request's images together: their count and pixels."""
+    IMAGES.check("the request", len(images))
+    REQUEST_PIXELS.check("the request", sum(getattr(image, "pixels", 0) for image in images))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyter_llm.images import check_image_count, parse_image_url, parse_images
+from jupyter_llm.images import check_request_images, parse_image_url, parse_images
 from jupyter_llm.limits import SCHEMA_DEPTH
 from jupyter_llm.untrusted_json import BodyError, Refused, check_tree, parse_json_text
 
@@ -57,7 +57,7 @@ def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
                 raise ValueError(f"messages[{i}].{key} must be a string")
             message.setdefault(field, value)
         messages.append(message)
-    check_image_count(sum(len(m.get("images", ())) for m in messages))
+    check_request_images([image for m in messages for image in m.get("images", ())])
     return messages
 
 

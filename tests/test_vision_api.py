@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import struct
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,10 +31,11 @@ from jupyter_llm.scheduler import LoadOptions, Scheduler
 from jupyter_llm.testing import FakeRunnerFactory, simulated_environ, synthetic_model
 
 MiB, GiB = 1 << 20, 1 << 30
-PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
-JPEG = b"\xff\xd8\xff\xe0" + b"\0" * 16
-GIF = b"GIF89a" + b"\0" * 16
-BMP = b"BM" + b"\0" * 16
+# each format's header, declaring a 2x2 image (what the server reads before any decoding)
+PNG = b"\x89PNG\r\n\x1a\n" + struct.pack(">I4sII5x", 13, b"IHDR", 2, 2)
+JPEG = b"\xff\xd8\xff\xe0\x00\x04\x00\x00\xff\xc0" + struct.pack(">HBHHB3x", 11, 8, 2, 2, 1)
+GIF = b"GIF89a" + struct.pack("<HH", 2, 2) + b"\0" * 10
+BMP = b"BM" + b"\0" * 12 + struct.pack("<Iii", 40, 2, 2) + b"\0" * 8
 
 
 def b64(data: bytes) -> str:
@@ -86,7 +88,7 @@ def test_an_image_over_the_limit_is_refused(monkeypatch):
         ("abc", "must be a list of base64 strings"),
         ({"a": 1}, "must be a list"),
         ([b64(PNG), 3], r"images\[1\] must be a base64 string"),
-        ([b64(PNG)] * (images.MAX_IMAGES + 1), "at most"),
+        ([b64(PNG)] * (images.MAX_IMAGES + 1), "the limit is 32 images"),
     ],
 )
 def test_bad_image_lists(raw, match):
