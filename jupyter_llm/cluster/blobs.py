@@ -4,6 +4,10 @@ A node that sees the engine's path (a shared filesystem) with the same size
 loads it from there. Otherwise the engine sends the blob in chunks and the
 node writes it into its own store's ``blobs/`` (content-addressed, so a blob
 arrives once per node), checking the sha256 digest before it is used.
+
+A digest names a file on the node, so it is checked (the store's own
+``parse_digest``: ``sha256:`` and 64 lowercase hex digits) before any path
+is built from it: no ``../`` in a digest can reach outside ``blobs/``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import re
 from pathlib import Path
 
 from jupyter_llm.errors import ModelLoadFailed
+from jupyter_llm.models.store import parse_digest
 
 CHUNK = 8 << 20  # bytes per message: bounded memory at both ends
 _BLOB_NAME = re.compile(r"sha256-([0-9a-f]{64})")
@@ -61,7 +66,9 @@ class BlobReceiver:
             return False
 
     def path_of(self, digest: str) -> Path:
-        return self.directory / digest.replace(":", "-")
+        """Where the blob ``digest`` lives here; ``InvalidRequest`` for
+        anything but a sha256 digest, before a path is made of it."""
+        return self.directory / parse_digest(digest).replace(":", "-")
 
     def cached(self, digest: str, size: int) -> str | None:
         path = self.path_of(digest)
@@ -69,6 +76,7 @@ class BlobReceiver:
 
     def write(self, digest: str, offset: int, data: bytes) -> None:
         """Chunks arrive in order, from offset 0."""
+        digest = parse_digest(digest)
         if offset == 0:
             self.discard(digest)
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -87,6 +95,7 @@ class BlobReceiver:
     def finish(self, digest: str) -> str:
         """The verified blob's path; ``BlobMismatch`` (and nothing kept) if
         its content is not ``digest``."""
+        digest = parse_digest(digest)
         part, h, _ = self._partial.pop(digest)
         got = f"sha256:{h.hexdigest()}"
         if got != digest:
@@ -97,5 +106,6 @@ class BlobReceiver:
         return str(final)
 
     def discard(self, digest: str) -> None:
+        digest = parse_digest(digest)
         if (partial := self._partial.pop(digest, None)) is not None:
             partial[0].unlink(missing_ok=True)

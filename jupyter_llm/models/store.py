@@ -44,7 +44,7 @@ MEDIA_MESSAGES = "application/vnd.ollama.image.messages"
 MEDIA_PROJECTOR = "application/vnd.ollama.image.projector"  # a vision model's mmproj GGUF
 REPLACEABLE = (MEDIA_TEMPLATE, MEDIA_SYSTEM, MEDIA_PARAMS, MEDIA_MESSAGES, MEDIA_LICENSE)
 
-_DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
+_DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")  # fullmatch: no trailing newline
 CHUNK = 1 << 20
 STATE_DIR = ".jupyter-llm"  # the lock and the holds; Ollama ignores it
 # text and JSON layers (and the config) are read whole by every get(): a larger
@@ -54,7 +54,7 @@ MAX_TEXT_LAYER = 4 << 20
 
 def parse_digest(digest: object, field: str = "digest") -> str:
     """Normalise ``sha256:<hex>`` (or ``sha256-<hex>``) to ``sha256:<hex>``."""
-    if not isinstance(digest, str) or not (m := _DIGEST.match(digest)):
+    if not isinstance(digest, str) or not (m := _DIGEST.fullmatch(digest)):
         raise InvalidRequest(f"invalid {field}: {digest!r}; expected sha256:<64 hex digits>")
     return f"sha256:{m.group(1)}"
 
