@@ -27,7 +27,7 @@ class Limit:
     value: int
     unit: str  # what ``value`` counts ("strings", "levels", "pixels")
     why: str  # why this value serves real users (a peer's limit where one exists)
-    shown: str = ""  # the value as the README shows it, where not a plain number
+    shown: str = ""  # the value and unit as the README shows them, where not a plain number
 
     def exceeded(self, field: str, got: int | None = None) -> ValueError:
         """The error for ``field`` going over this limit (``got``: by how much)."""
@@ -66,18 +66,14 @@ JSON_VALUES = Limit(
     "values",
     "the largest real bodies are token lists (a context of up to num_ctx ids); a "
     "body of millions of tiny values costs seconds of CPU to decode",
-    shown="1 Mi (1,048,576)",
-)
-LONE_SURROGATE_RULE = (
-    "A JSON string holding a lone UTF-16 surrogate (`\\ud800` without its pair) is "
-    "refused when the body is parsed: it is not text and cannot be encoded for the model."
+    shown="1 Mi (1,048,576) values",
 )
 DECODE_ON_LOOP_BYTES = 64 << 10  # bodies above this are parsed off the event loop
 
 # -- sampling -------------------------------------------------------------------------------
 STOP_STRINGS = Limit(
     "stop_strings",
-    "options.stop, stop, stop_sequences",
+    "options.stop, stop",
     64,
     "strings",
     "each is checked after every token in the loop all users share; OpenAI allows 4, "
@@ -85,7 +81,7 @@ STOP_STRINGS = Limit(
 )
 STOP_CHARS = Limit(
     "stop_chars",
-    "options.stop, stop, stop_sequences (all strings together)",
+    "options.stop, stop (all strings together)",
     16384,
     "characters",
     "the text held back while a stop may still match grows with the longest stop",
@@ -97,7 +93,7 @@ REPEAT_LAST_N = Limit(
     "tokens",
     "llama.cpp allocates a penalty window of this many tokens per slot; a window past "
     "the context sees nothing more. -1 means num_ctx, as in Ollama",
-    shown="num_ctx",
+    shown="num_ctx (-1: num_ctx)",
 )
 TOP_LOGPROBS = Limit(
     "top_logprobs",
@@ -137,7 +133,7 @@ IMAGE_PIXELS = Limit(
     "pixels",
     "a 24-megapixel photo and 8K video frames fit; decoding one takes at most 96 MiB "
     "in the runner, and a 1-bit 12288x12288 PNG of 17 KB no longer becomes 450 MB",
-    shown="32 Mi (33,554,432)",
+    shown="32 Mi (33,554,432) pixels",
 )
 REQUEST_PIXELS = Limit(
     "request_pixels",
@@ -145,7 +141,7 @@ REQUEST_PIXELS = Limit(
     64 * MiB,
     "pixels",
     "two of the largest images, or 32 ordinary photos of 2 megapixels",
-    shown="64 Mi (67,108,864)",
+    shown="64 Mi (67,108,864) pixels",
 )
 
 # -- embeddings -----------------------------------------------------------------------------

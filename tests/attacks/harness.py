@@ -112,11 +112,12 @@ class Client:
         path: str,
         body: Any = None,
         streaming_callback: Callable[[bytes], None] | None = None,
+        method: str | None = None,
     ) -> Answer:
         """``body``: None for a GET, bytes as they are, anything else as JSON;
         ``streaming_callback`` gets each chunk on the caller's loop as it comes."""
         loop = asyncio.get_running_loop()
-        method = "GET" if body is None else "POST"
+        method = method or ("GET" if body is None else "POST")
         data = None if body is None else body if isinstance(body, bytes) else json.dumps(body)
 
         def chunk(part: bytes) -> None:
