@@ -193,7 +193,8 @@ class BlobHandler(LLMHandler):
     @authorized_in_prepare("write")  # before the body streams to disk
     async def post(self, digest: str) -> None:
         writer, self._writer = self._writer, None
-        await self.blocking(writer.commit, digest)
+        # held until its /api/create uses it (an hour at most): no deletion between
+        await self.blocking(self.llm.store.commit_upload, writer, digest)
         self.set_status(201)
         self.finish()
 

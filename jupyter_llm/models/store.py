@@ -7,6 +7,13 @@ Manifest writes (with the blobs they reference) and blob collection happen
 under the store lock, shared by every thread and process using the directory;
 collection also spares the blobs a pull holds, and stops at any manifest it
 cannot read. All methods block: call them from an executor in the server.
+
+A blob uploaded with ``POST /api/blobs`` is held for its ``/api/create``:
+until a create of this store uses it, or ``UPLOAD_HOLD`` seconds (an hour:
+an upload is followed by its create within seconds, and a client that never
+sends one must not keep a blob from collection for ever). At most
+``MAX_UPLOAD_HOLDS`` uploads are held at once; past that the soonest to
+expire lets go first, so holds stay small however many blobs are uploaded.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +58,8 @@ STATE_DIR = ".jupyter-llm"  # the lock and the holds; Ollama ignores it
 # text and JSON layers (and the config) are read whole by every get(): a larger
 # one is refused unread (and a pull refuses it before downloading)
 MAX_TEXT_LAYER = 4 << 20
+UPLOAD_HOLD = 3600.0  # seconds an uploaded blob waits for its /api/create
+MAX_UPLOAD_HOLDS = 1024  # uploads held at once (each rewrite of the hold is this long)
 
 
 def parse_digest(digest: object, field: str = "digest") -> str:
@@ -135,13 +145,16 @@ class BlobWriter:
 
 
 class ModelStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, clock: Callable[[], float] = time.time) -> None:
+        """``clock``: wall time in seconds (holds of other processes compare
+        with it); tests pass their own."""
         self.root = Path(root).expanduser()
         self.root.mkdir(parents=True, exist_ok=True)
         self.blobs_dir = self.root / "blobs"
         self.manifests_dir = self.root / "manifests"
         self.lock = store_lock(self.root / STATE_DIR / "lock")
-        self._holds = BlobHolds(self.root / STATE_DIR / "holds", self.lock)
+        self._holds = BlobHolds(self.root / STATE_DIR / "holds", self.lock, clock)
+        self._uploads: Hold | None = None  # this store's uploads awaiting their create
         self._params: dict[str, dict[str, Any]] = {}  # params blob -> checked, warned once
 
     # -- blobs ---------------------------------------------------------------------
@@ -158,6 +171,36 @@ class ModelStore:
         """Keep these blobs from collection until the hold is released: a pull
         holds what it reuses and downloads until its manifest is written."""
         return self._holds.hold(parse_digest(d) for d in digests)
+
+    def commit_upload(self, writer: BlobWriter, digest: str) -> str:
+        """Keep an uploaded blob (``POST /api/blobs``) and hold it for its
+        create, in one step under the lock: no collection falls between."""
+        with self.lock:
+            digest = writer.commit(digest)
+            self.hold_upload(digest)
+        return digest
+
+    def hold_upload(self, digest: str) -> None:
+        """Hold ``digest`` until a create uses it, ``UPLOAD_HOLD`` seconds at most."""
+        digest = parse_digest(digest)
+        with self.lock:
+            if self._uploads is None or self._uploads.released:
+                self._uploads = self._holds.hold()
+            uploads = self._uploads
+            uploads.remove((), expired=True)
+            if digest not in uploads.until and len(uploads.until) >= MAX_UPLOAD_HOLDS:
+                uploads.remove([min(uploads.until, key=uploads.until.__getitem__)])
+            uploads.add(digest, until=self._holds.clock() + UPLOAD_HOLD)
+
+    def _uploads_used(self, digests: Iterable[str]) -> None:
+        """A create used these uploads: they need no hold now (under the lock)."""
+        uploads = self._uploads
+        if uploads is None or uploads.released:
+            return
+        uploads.remove(digests, expired=True)
+        if not uploads.until:
+            uploads.release()
+            self._uploads = None
 
     def adopt_blob(self, partial: Path, digest: str, holds: Iterable[Hold] = ()) -> None:
         """Move a verified download into place and into ``holds`` in one step
@@ -251,6 +294,8 @@ class ModelStore:
                 "layers": layers,
             }
             self._replace_manifest(name, json.dumps(manifest, indent=2).encode())
+            if ggufs:
+                self._uploads_used(d for _, _, d, _ in ggufs)
             return self.get(name)
 
     def _ggufs(self, files: object) -> list[tuple[str, str, str, GGUFInfo]]:
