@@ -538,15 +538,4 @@ async def test_an_embedding_batch_larger_than_one_channel_message(
     assert serving_runner(jp_serverapp) is runner  # the same runner all along
 
 
-async def test_too_many_embedding_values_is_a_clear_400(
-    jp_fetch, jp_serverapp, installed_model, monkeypatch
-):
-    from jupyter_llm.runner import proxy
-
-    monkeypatch.setattr(proxy, "MAX_EMBED_VALUES", 100 * 64)  # 100 vectors of the demo model
-    await post(jp_fetch, "api/embed", {"model": "tiny", "input": ["x"] * 100})
-    message = await expect_error(
-        jp_fetch, "api/embed", {"model": "tiny", "input": ["x"] * 101}, 400, "too many inputs"
-    )
-    assert "at most 100 inputs" in message
-    assert serving_runner(jp_serverapp).alive
+# embedding bounds (EMBED_INPUTS, EMBED_TOKENS): tests/attacks/test_embed_fair.py

@@ -9,11 +9,14 @@ events back into their wire formats. ``load_options`` moved here from
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from tornado.iostream import StreamClosedError
 
 from jupyter_llm.api.structured import OutputFormat, check_output
 from jupyter_llm.errors import InvalidRequest
@@ -24,6 +27,8 @@ from jupyter_llm.options import sampling_options
 from jupyter_llm.scheduler import LoadOptions
 
 if TYPE_CHECKING:
+    from tornado.web import RequestHandler
+
     from jupyter_llm.services import LLMServices
 
 log = logging.getLogger(__name__)
@@ -245,7 +250,7 @@ def with_model_messages(entry: ModelEntry, messages: list[dict[str, Any]]) -> li
 
 @dataclass
 class Embedded:
-    embeddings: list[list[float]]
+    vectors: list[str]  # each the JSON text of one response element, as the runner wrote it
     prompt_eval_count: int
     load_duration: int
     total_duration: int
@@ -259,23 +264,92 @@ async def embed(
     truncate: bool = True,
     dimensions: int | None = None,
     normalize: bool | None = True,  # None: as the legacy /api/embeddings does
+    encoding: str = "float",  # "base64": OpenAI's float32 strings
     options: dict[str, Any] | None = None,
     keep_alive: float | None = None,
     requester: Requester = LOCAL,
 ) -> Embedded:
+    """The vectors of ``inputs``, as JSON texts the handler writes without
+    decoding them (``json_pieces``): the event loop never holds the numbers."""
     started = time.perf_counter_ns()
     entry = await find_model(services, model)
     load = load_options({**entry.params, **(options or {})})
     async with services.scheduler.use(entry, load, keep_alive, requester) as lease:
         reply = await lease.runner.embed(
-            inputs=inputs, truncate=truncate, dimensions=dimensions, normalize=normalize
+            inputs=inputs,
+            truncate=truncate,
+            dimensions=dimensions,
+            normalize=normalize,
+            encoding=encoding,
         )
         return Embedded(
-            embeddings=reply["embeddings"],
+            vectors=reply["vectors"],
             prompt_eval_count=reply.get("prompt_eval_count", 0),
             load_duration=lease.load_duration_ns,
             total_duration=time.perf_counter_ns() - started,
         )
+
+
+PIECE_CHARS = 64 << 10  # JSON written per piece: joined in well under a millisecond
+FLUSH_CHARS = 1 << 20  # written to the client before more is joined
+
+
+class RawJSON:
+    """A value already encoded as JSON, in pieces, that ``json_pieces`` writes
+    as it is (the vectors the runner encoded)."""
+
+    def __init__(self, pieces: Iterable[str]) -> None:
+        self.pieces = pieces
+
+
+def json_array(items: Iterable[str]) -> RawJSON:
+    """Items that are JSON texts, as one JSON array, joined a piece of about
+    ``PIECE_CHARS`` at a time."""
+
+    def pieces() -> Iterator[str]:
+        group: list[str] = []
+        size = 0
+        sep = "["
+        for item in items:
+            group.append(item)
+            size += len(item)
+            if size >= PIECE_CHARS:
+                yield sep + ",".join(group)
+                group, size, sep = [], 0, ","
+        yield sep + ",".join(group) + "]" if group else ("[]" if sep == "[" else "]")
+
+    return RawJSON(pieces())
+
+
+def json_pieces(value: dict[str, Any]) -> Iterator[str]:
+    """``value`` as a JSON object, in pieces; its ``RawJSON`` members as they are."""
+    sep = "{"
+    for key, item in value.items():
+        yield f"{sep}{json.dumps(key)}:"
+        if isinstance(item, RawJSON):
+            yield from item.pieces
+        else:
+            yield json.dumps(item)
+        sep = ","
+    yield "{}" if sep == "{" else "}"
+
+
+async def write_json_pieces(handler: RequestHandler, value: dict[str, Any]) -> None:
+    """Answer with ``value`` (``json_pieces``), flushed every ``FLUSH_CHARS``:
+    the loop joins one small piece at a time, and a slow client holds back
+    the writing rather than piling up the response in memory."""
+    handler.set_header("Content-Type", "application/json")
+    pending = 0
+    try:
+        for piece in json_pieces(value):
+            handler.write(piece)
+            pending += len(piece)
+            if pending >= FLUSH_CHARS:
+                pending = 0
+                await handler.flush()
+        await handler.finish()
+    except StreamClosedError:
+        pass  # the client left
 
 
 async def load_only(

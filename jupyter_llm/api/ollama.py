@@ -35,12 +35,15 @@ from jupyter_llm.api.generation import (
     Job,
     Logprobs,
     Thinking,
+    RawJSON,
     ToolCalls,
     complete,
     embed,
     load_only,
+    json_array,
     unload,
 )
+    write_json_pieces,
 from jupyter_llm.api.ps import ps_body
 from jupyter_llm.api.requests import (
     ChatRequest,
@@ -496,14 +499,15 @@ class EmbedHandler(LLMHandler):
             keep_alive=req.keep_alive,
             requester=self.requester,
         )
-        self.write_json(
+        await write_json_pieces(  # the runner's JSON of the vectors, never decoded here
+            self,
             {
                 "model": req.model.display,
-                "embeddings": result.embeddings,
+                "embeddings": json_array(result.vectors),
                 "total_duration": result.total_duration,
                 "load_duration": result.load_duration,
                 "prompt_eval_count": result.prompt_eval_count,
-            }
+            },
         )
 
 
@@ -529,7 +533,7 @@ class EmbeddingsHandler(LLMHandler):
             keep_alive=req.keep_alive,
             requester=self.requester,
         )
-        self.write_json({"embedding": result.embeddings[0]})
+        await write_json_pieces(self, {"embedding": RawJSON(result.vectors[:1])})
 
 
 class ShowHandler(LLMHandler):

@@ -11,9 +11,7 @@ messages by ``jupyter_llm.messages`` (formerly ``chat_messages`` here).
 
 from __future__ import annotations
 
-import base64
 import json
-import struct
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -31,6 +29,8 @@ from jupyter_llm.api.generation import (
     ToolCalls,
     complete,
     embed,
+    json_array,
+    write_json_pieces,
 )
 from jupyter_llm.api.requests import (
     logprobs_field,
@@ -365,27 +365,28 @@ class EmbeddingsHandler(OpenAIHandler):
         ):
             raise InvalidRequest("dimensions must be a positive integer")
         result = await embed(
-            self.llm, model, inputs, dimensions=dimensions, requester=self.requester
+            self.llm,
+            model,
+            inputs,
+            dimensions=dimensions,
+            encoding=encoding,  # the runner writes base64 itself
+            requester=self.requester,
         )
-
-        def encode(vector: list[float]) -> Any:
-            if encoding == "float":
-                return vector
-            return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
-
-        self.write_json(
+        data = (  # each vector as the runner wrote it, never decoded here
+            f'{{"object":"embedding","index":{i},"embedding":{vector}}}'
+            for i, vector in enumerate(result.vectors)
+        )
+        await write_json_pieces(
+            self,
             {
                 "object": "list",
-                "data": [
-                    {"object": "embedding", "index": i, "embedding": encode(v)}
-                    for i, v in enumerate(result.embeddings)
-                ],
+                "data": json_array(data),
                 "model": model.display,
                 "usage": {
                     "prompt_tokens": result.prompt_eval_count,
                     "total_tokens": result.prompt_eval_count,
                 },
-            }
+            },
         )
 
 

@@ -21,6 +21,7 @@ from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
 from jupyter_llm.durations import parse_duration
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.images import parse_images
+from jupyter_llm.limits import EMBED_INPUTS
 from jupyter_llm.messages import parse_messages
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.options import OPTION_TYPES as OPTION_TYPES  # re-exported for the fuzz test
@@ -240,10 +241,13 @@ def tool_choice_field(value: Any, tools: list[dict[str, Any]] | None) -> Any:
 
 
 def parse_embed_input(value: Any, field: str = "input") -> list[str]:
-    """A string or a list of strings (an empty list is allowed: it only loads)."""
+    """A string or a list of strings (an empty list is allowed: it only loads),
+    at most ``EMBED_INPUTS`` of them. Their total tokens (``EMBED_TOKENS``)
+    are counted by the runner, where they are tokenized."""
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        checked(EMBED_INPUTS.check, field, len(value))
         return list(value)
     raise InvalidRequest(f"{field} must be a string or a list of strings")
 

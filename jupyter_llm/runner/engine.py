@@ -11,7 +11,9 @@ context and more users cost no more memory. The high-level ``llama_cpp.Llama``
 is not used: it serves one sequence and spends Python time per token.
 With a projector, prompts may hold images (``runner.vision``): each image is
 decoded on its own for its sequence between two steps, one image per step,
-so the other sequences keep streaming around an image prompt.
+so the other sequences keep streaming around an image prompt. Embed requests
+are jobs too, advanced a turn at a time between decode steps within their
+share of the loop (``runner.embedding``), in a second context.
 Runs in the runner process only; everything here blocks.
 """
 
@@ -42,6 +44,7 @@ from jupyter_llm.runner.context_window import (
     swa_reusable,
     truncation,
 )
+from jupyter_llm.runner.embedding import EMBED_SEQS, EmbedJob, FairShare, vector_text
 from jupyter_llm.runner.pooling import (
     POOLING_NAMES,
     embedding_pooling,
@@ -106,6 +109,16 @@ def _init_backend() -> None:
         llama_cpp.llama_log_set(_log_to_stderr, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _backend_ready = True
+
+
+PREFIX_MARGIN = 16  # tokens past the limit where a prefix's cut cannot reach
+
+
+def prefix_end(text: str, size: int) -> int:
+    """Where a prefix of about ``size`` characters ends: before a space in its
+    second half (so no word is cut), else at ``size``."""
+    cut = text.rfind(" ", size // 2, size)
+    return cut if cut > 0 else size
 
 
 class Engine:
@@ -179,6 +192,8 @@ class Engine:
         self._n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
         self._embed_ctx: Any = None
         self._embed_batch: Any = None
+        self.embed_jobs: deque[EmbedJob] = deque()  # advanced a turn at a time (``embed_turn``)
+        self.share = FairShare()
         self.beat: Callable[[], None] = lambda: None  # progress between decode steps
         self.vision: Vision | None = None
         if params.projector:
@@ -305,6 +320,8 @@ class Engine:
     def _embedding_context(self, pooling: int) -> Any:
         cp = llama_cpp.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
+        cp.n_seq_max = EMBED_SEQS  # the inputs of one chunk, one sequence each
+        cp.kv_unified = True  # and any one of them may fill the context
         cp.embeddings = True
         cp.pooling_type = pooling
         cp.n_threads, cp.n_threads_batch = self._n_threads, self._n_threads
@@ -344,71 +361,146 @@ class Engine:
             normalize_embeddings={"true": True, "false": False}.get(flag),
         )
 
-    def embed(
-        self,
-        texts: list[str],
-        truncate: bool,
-        dimensions: int | None,
-        normalize: bool | None,
-        emit: Callable[[list[float]], None],
-        cancelled: Cancelled = lambda: False,
-    ) -> int:
-        """Embeddings pooled as the model declares (``runner.pooling``). Each
-        vector goes to ``emit`` as soon as it is made, so a batch of any size
-        is never held whole; returns the tokens counted. ``normalize`` None:
-        as Ollama's legacy route does for this model. ``EngineError`` if
-        ``cancelled`` between two inputs."""
+    @property
+    def embed_limit(self) -> int:
+        """Tokens of one input: at most the context, and at most what the model
+        was trained on (llama.cpp rounds a context up; a bert model has no
+        positions past it)."""
+        return min(self.n_ctx, self.n_ctx_train or self.n_ctx)
+
+    def submit_embed(self, job: EmbedJob) -> None:
+        """Queue an embed request; the loop advances it between decode steps
+        (``embed_turn``). Embeddings pool as the model declares
+        (``runner.pooling``); ``normalize`` None: as Ollama's legacy route
+        does for this model."""
         if self._embed_ctx is None:
             self._open_embedding()
-        if normalize is None:
-            normalize = self.legacy_normalizes()
-        n_embd = self.n_embd
-        # At most the context, and at most what the model was trained on
-        # (llama.cpp rounds a context up; a bert model has no positions past it).
-        limit = min(self.n_ctx, self.n_ctx_train or self.n_ctx)
-        memory = llama_cpp.llama_get_memory(self._embed_ctx)
-        counted = 0
-        for text in texts:
-            if cancelled():
+        if job.normalize is None:
+            job.normalize = self.legacy_normalizes()
+        self.embed_jobs.append(job)
+
+    def embed_turn(self, step_seconds: float | None) -> None:
+        """After a decode step of the completions (``step_seconds`` long; None
+        when none ran), one turn of the next embed request, if the loop's
+        ``FairShare`` allows: tokenizing some of its inputs, or embedding one
+        chunk of them. Requests take turns; a failure ends its request only."""
+        if step_seconds is not None:
+            self.share.stepped(step_seconds)
+        streams = self.streaming
+        if not self.embed_jobs or not self.share.may_run(streams):
+            return
+        job = self.embed_jobs[0]
+        self.embed_jobs.rotate(-1)
+        started = time.perf_counter()
+        tokens = 0
+        try:
+            if job.cancelled():
                 raise EngineError("cancelled")
-            tokens = self.tokenize(text, add_special=True, parse_special=False) or [
+            if job.tokenized:
+                tokens = self._embed_chunk(job)
+            else:
+                self._tokenize_turn(job, started)
+        except Exception as e:
+            self.embed_jobs.remove(job)
+            job.tokens.clear()
+            job.fail(e)
+        else:
+            if job.tokenized and job.embedded == len(job.texts):
+                self.embed_jobs.remove(job)
+                job.finish(job.counted)
+        self.share.ran(time.perf_counter() - started, tokens, streams)
+        self.beat()
+
+    def _tokenize_turn(self, job: EmbedJob, started: float) -> None:
+        """Tokenize the next inputs until this turn has used its time (at
+        least one input); ``EmbedJob.add_tokens`` checks the total."""
+        target = self.share.turn_seconds
+        budget = self.share.chunk_tokens()
+        done = 0
+        while not job.tokenized:
+            tokens = self.input_tokens(job.texts[len(job.tokens)], job.truncate)
+            job.add_tokens(tokens)
+            done += len(tokens)
+            if done >= budget or (target is not None and time.perf_counter() - started >= target):
+                return
+
+    def input_tokens(self, text: str, truncate: bool) -> list[int]:
+        """One input's tokens within ``embed_limit``: cut as ``fit_tokens`` does,
+        or an ``InputError`` without ``truncate``. A long text is tokenized
+        by growing prefixes (ending at a space) until one has more tokens than
+        the limit, so the work is bounded by the limit, not by the text."""
+        limit = self.embed_limit
+        size = 4 * (limit + PREFIX_MARGIN)
+        while True:
+            whole = len(text) <= size
+            head = text if whole else text[: prefix_end(text, size)]
+            tokens = self.tokenize(head, add_special=True, parse_special=False) or [
                 llama_cpp.llama_vocab_bos(self.vocab)
             ]
-            if len(tokens) > limit:
-                if not truncate:
-                    raise InputError(
-                        f"input length ({len(tokens)} tokens) exceeds the context length ({limit})"
-                    )
-                plain = self.tokenize(text, add_special=False, parse_special=False)
-                tokens = fit_tokens(tokens, plain, limit)
-            counted += len(tokens)
-            if memory:
-                llama_cpp.llama_memory_clear(memory, True)
-            b = self._embed_batch
-            for i, token in enumerate(tokens):
-                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, i, 1, 1
-                b.seq_id[i][0] = 0
-            b.n_tokens = len(tokens)
-            if llama_cpp.llama_decode(self._embed_ctx, b) != 0:
-                raise EngineError("llama_decode failed while embedding")
-            self.beat()
-            pointer = llama_cpp.llama_get_embeddings_seq(self._embed_ctx, 0)
+            if whole or len(tokens) > limit + PREFIX_MARGIN:
+                break
+            size *= 4
+        if len(tokens) > limit:
+            if not truncate:
+                count = f"{len(tokens)}" if whole else f"more than {limit}"
+                raise InputError(
+                    f"input length ({count} tokens) exceeds the context length ({limit})"
+                )
+            plain = self.tokenize(head, add_special=False, parse_special=False)
+            tokens = fit_tokens(tokens, plain, limit)
+        return tokens
+
+    def _embed_chunk(self, job: EmbedJob) -> int:
+        """Embed the next inputs of ``job`` (as many whole ones as the share's
+        chunk allows, each its own sequence) in one ``llama_decode``; their
+        vectors go to ``job.emit``. Returns the tokens decoded."""
+        count = job.next_chunk(min(self.share.chunk_tokens(), self.n_ctx))
+        if count == 0:
+            return 0
+        memory = llama_cpp.llama_get_memory(self._embed_ctx)
+        if memory:
+            llama_cpp.llama_memory_clear(memory, True)
+        first = job.embedded
+        b = self._embed_batch
+        n = 0
+        for seq in range(count):
+            for i, token in enumerate(job.tokens[first + seq]):
+                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = token, i, 1, 1
+                b.seq_id[n][0] = seq
+                n += 1
+        b.n_tokens = n
+        if llama_cpp.llama_decode(self._embed_ctx, b) != 0:
+            raise EngineError("llama_decode failed while embedding")
+        n_embd = self.n_embd
+        vectors = []
+        for seq in range(count):
+            pointer = llama_cpp.llama_get_embeddings_seq(self._embed_ctx, seq)
             if not pointer:
                 raise EngineError("the model produced no embedding")
-            emit(finish_vector(list(pointer[:n_embd]), dimensions, normalize))
-        return counted
+            vector = finish_vector(list(pointer[:n_embd]), job.dimensions, bool(job.normalize))
+            vectors.append(vector_text(vector, job.encoding))
+            job.tokens[first + seq] = job.tokens[first + seq][:0]  # done with them
+        job.embedded += count
+        job.emit(vectors)
+        return n
 
     # -- continuous batching -----------------------------------------------------------
     @property
     def busy(self) -> bool:
-        """Anything to decode or waiting for a slot?"""
+        """Anything to decode, waiting for a slot, or to embed?"""
+        return self.streaming or bool(self.embed_jobs)
+
+    @property
+    def streaming(self) -> bool:
+        """Any completion decoding or waiting for a slot?"""
         return bool(self.waiting) or any(s.seq is not None for s in self.slots)
 
     @property
     def active_ids(self) -> list[int]:
-        """Request ids in slots or waiting (read by the health thread)."""
+        """Request ids in slots, waiting, or embedding (read by the health thread)."""
         ids = [s.seq.job.rid for s in list(self.slots) if s.seq is not None]
-        return ids + [q.job.rid for q in list(self.waiting)]
+        ids += [q.job.rid for q in list(self.waiting)]
+        return ids + [j.rid for j in list(self.embed_jobs)]
 
     def prompt_tokens(
         self, prompt: str, context: list[int] | None = None, suffix: str | None = None

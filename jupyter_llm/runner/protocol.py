@@ -5,8 +5,9 @@ Requests:  {"id": int, "op": "info"|"load"|"complete"|"embed"|"tokenize"|"health
 Replies:   {"id": int, "type": "result"|"token"|"done"|"embedding"|"progress"|"error", ...}
 
 ``complete`` streams ``token`` messages then one ``done``; ``embed`` streams
-``embedding`` messages (a part of the vectors, in order, each line at most the
-request's ``part_bytes``) then one ``result``; every other op answers with one
+``embedding`` messages (``vectors``: a part of the vectors in order, each the
+JSON text of one response element, each line at most the request's
+``part_bytes``) then one ``result``; every other op answers with one
 ``result`` (or ``error``). ``cancel`` names the id of a running request.
 """
 

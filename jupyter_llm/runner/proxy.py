@@ -27,9 +27,9 @@ from jupyter_llm.runner.progress import report_load_progress
 log = logging.getLogger(__name__)
 
 HEALTH_POLL_MAX = 5.0  # seconds between the watchdog's health checks, at most
-# Numbers one embedding request may return: the server holds them as Python
-# floats (32 bytes each, 256 MiB here) and writes them as JSON (~170 MiB).
-MAX_EMBED_VALUES = 8 << 20
+# JSON of one embedding message from the runner: the event loop decodes each
+# (a list of strings, one per vector) in about a millisecond.
+EMBED_PART_BYTES = 256 << 10
 
 
 class RunnerProxy:
@@ -121,21 +121,19 @@ class RunnerProxy:
                 await stream.aclose()
 
     async def embed(self, **request: Any) -> dict[str, Any]:
-        """``embeddings`` assembled from the runner's parts, each a quarter of
-        the channel's line limit, so a batch of any size gets through; more
-        than ``MAX_EMBED_VALUES`` numbers is a 400 (the server holds them all)."""
-        request = {
-            **request,
-            "part_bytes": self.process.limit // 4,
-            "max_values": MAX_EMBED_VALUES,
-        }
-        embeddings: list[list[float]] = []
+        """The runner's result with ``vectors``: each vector as the JSON text
+        the response holds for it, gathered from the runner's small parts and
+        never decoded here (the handler writes them as they are). What is
+        held is bounded by ``EMBED_INPUTS`` vectors of at most the model's
+        size; the runner refuses more than ``EMBED_TOKENS`` before any work."""
+        request = {**request, "part_bytes": min(self.process.limit // 4, EMBED_PART_BYTES)}
+        vectors: list[str] = []
         async with self._watched():
             async for message in self.process.stream("embed", **request):
                 if message.get("type") == "embedding":
-                    embeddings.extend(message["embeddings"])
+                    vectors.extend(message["vectors"])
                 else:
-                    return {**message, "embeddings": embeddings}
+                    return {**message, "vectors": vectors}
         raise RunnerFailed("the runner ended an embedding without an answer")
 
     async def health(self, timeout: float = 5.0) -> bool:
@@ -147,8 +145,8 @@ class RunnerProxy:
         stuck = reply.get("busy") is not None and reply.get("stalled_for", 0) >= self.stall_timeout
         return reply.get("status") == "ok" and not stuck
 
-    async def close(self) -> None:
-        await self.process.close()
+    async def close(self, reason: RunnerFailed | None = None) -> None:
+        await self.process.close(reason=reason)
 
     def kill(self) -> None:
         self.process.kill()

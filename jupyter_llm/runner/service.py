@@ -42,6 +42,7 @@ from jupyter_llm.chat_formats.tool_grammar import (
     tool_names,
 )
 from jupyter_llm.runner.context_window import fit_history, num_keep
+from jupyter_llm.runner.embedding import EmbedJob
 from jupyter_llm.runner.protocol import (
     ALLOCATION,
     INVALID,
@@ -60,13 +61,7 @@ from jupyter_llm.runner.vision import (
     split_plain,
 )
 
-DEFAULT_PART_BYTES = 4 << 20  # JSON of one embedding message, unless the server says
-
-
-def json_size(dims: int) -> int:
-    """The most bytes a vector of ``dims`` floats takes as JSON: a float's
-    repr is at most 24 characters ("-1.2345678901234567e-308"), plus a comma."""
-    return 25 * dims + 2
+DEFAULT_PART_BYTES = 256 << 10  # JSON of one embedding message, unless the server says
 
 
 class TokenStream:
@@ -180,7 +175,11 @@ class RunnerService:
                     break
                 self.handle(message)
                 continue  # everything that arrived goes in before the next step
+            streams = self.engine.streaming
+            started = time.perf_counter()
             self.step()
+            # then embedding work, within its share of the loop (``runner.embedding``)
+            self.engine.embed_turn(time.perf_counter() - started if streams else None)
         if self.engine is not None:
             self.engine.close()
 
@@ -352,46 +351,65 @@ class RunnerService:
             raise
         return None
 
-    def op_embed(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Vectors go out as ``embedding`` messages of at most ``part_bytes``
-        of JSON each (the server's channel refuses longer lines), then one
-        ``result`` with the count. More than ``max_values`` numbers in all is
-        refused before any work."""
+    def op_embed(self, message: dict[str, Any]) -> None:
+        """Start an embed request: the engine tokenizes and embeds its inputs
+        a turn at a time between decode steps. Vectors go out as
+        ``embedding`` messages of at most ``part_bytes`` of JSON each, every
+        vector already the JSON text the response holds (the server writes
+        it as it is), then one ``result`` with the count."""
         engine = self._engine()
         rid = message["id"]
-        inputs = [str(t) for t in message.get("inputs", [])]
-        dimensions = message.get("dimensions")
-        dims = min(dimensions or engine.n_embd, engine.n_embd)
-        max_values = int(message.get("max_values") or 0)
-        if max_values and len(inputs) * dims > max_values:
-            raise InputError(
-                f"too many inputs: {len(inputs)} inputs of {dims} dimensions are more than the "
-                f"{max_values:,} values one request may return; send at most "
-                f"{max_values // dims} inputs per request"
-            )
-        per_part = max(1, int(message.get("part_bytes") or DEFAULT_PART_BYTES) // json_size(dims))
-        part: list[list[float]] = []
+        encoding = message.get("encoding") or "float"
+        if encoding not in ("float", "base64"):
+            raise InputError('encoding must be "float" or "base64"')
+        texts = [str(t) for t in message.get("inputs", [])]
+        part_bytes = int(message.get("part_bytes") or DEFAULT_PART_BYTES)
+        part: list[str] = []
+        size = [0]
 
         def flush() -> None:
             if part:
-                self.send({"id": rid, "type": "embedding", "embeddings": part})
+                self.send({"id": rid, "type": "embedding", "vectors": part[:]})
                 part.clear()
+                size[0] = 0
 
-        def emit(vector: list[float]) -> None:
-            part.append(vector)
-            if len(part) >= per_part:
-                flush()
+        def emit(vectors: list[str]) -> None:
+            for vector in vectors:
+                if part and size[0] + len(vector) > part_bytes:
+                    flush()
+                part.append(vector)
+                size[0] += len(vector) + 3
 
-        count = engine.embed(
-            inputs,
-            truncate=bool(message.get("truncate", True)),
-            dimensions=dimensions,
-            normalize=_normalize_flag(message.get("normalize", True)),
-            emit=emit,
-            cancelled=lambda: rid in self.cancelled,
+        def finish(count: int) -> None:
+            flush()
+            self.cancelled.discard(rid)
+            self.send(
+                {"id": rid, "type": "result", "prompt_eval_count": count, "count": len(texts)}
+            )
+
+        def fail(error: Exception) -> None:
+            if rid in self.cancelled:  # nobody waits for it: no traceback either
+                reply: dict[str, Any] = {"type": "error", "error": "cancelled"}
+            else:
+                reply = error_reply("embed", error)
+            self.cancelled.discard(rid)
+            self.send({"id": rid, **reply})
+
+        engine.submit_embed(
+            EmbedJob(
+                rid=rid,
+                texts=texts,
+                truncate=bool(message.get("truncate", True)),
+                dimensions=message.get("dimensions"),
+                normalize=_normalize_flag(message.get("normalize", True)),
+                encoding=encoding,
+                emit=emit,
+                finish=finish,
+                fail=fail,
+                cancelled=lambda: rid in self.cancelled,
+            )
         )
-        flush()
-        return {"prompt_eval_count": count, "count": len(inputs)}
+        return None
 
     def op_tokenize(self, message: dict[str, Any]) -> dict[str, Any]:
         return {"tokens": self._engine().tokenize(str(message.get("text", "")))}
