@@ -34,16 +34,16 @@ from jupyter_llm.api.generation import (
     Finished,
     Job,
     Logprobs,
-    Thinking,
     RawJSON,
+    Thinking,
     ToolCalls,
     complete,
     embed,
-    load_only,
     json_array,
+    load_only,
     unload,
-)
     write_json_pieces,
+)
 from jupyter_llm.api.ps import ps_body
 from jupyter_llm.api.requests import (
     ChatRequest,
