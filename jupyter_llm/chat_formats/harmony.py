@@ -71,9 +71,13 @@ class HarmonyReader:
         self._buffer = ""
         self._state: Literal["between", "header", "body"] = "between"
         self._header = Header()
+        self._searched = 0  # in a header: where ``MESSAGE`` may still start
 
     def feed(self, text: str) -> list[Event]:
+        blank = not self._buffer or self._buffer[-1].isspace()  # "between": all of it is
         self._buffer += text
+        if self._state == "between" and blank and text.isspace():
+            return []  # still undecided: not stripped again (quadratic in blanks)
         events: list[Event] = []
         while self._step(events, final=False):
             pass
@@ -89,7 +93,7 @@ class HarmonyReader:
             if self._buffer:
                 events.append(Event("text", self._header, self._buffer))
             events.append(Event("end", self._header))
-        self._buffer, self._state = "", "between"
+        self._buffer, self._state, self._searched = "", "between", 0
         return events
 
     def _step(self, events: list[Event], final: bool) -> bool:
@@ -112,9 +116,11 @@ class HarmonyReader:
             events.append(Event("header", self._header))
             return True
         if self._state == "header":
-            at = buf.find(MESSAGE)
-            if at < 0:
+            at = buf.find(MESSAGE, self._searched)
+            if at < 0:  # next time, only what is new (and a marker across the join)
+                self._searched = max(0, len(buf) - len(MESSAGE) + 1)
                 return False
+            self._searched = 0
             self._header = parse_header(buf[:at])
             self._buffer, self._state = buf[at + len(MESSAGE) :], "body"
             events.append(Event("header", self._header))

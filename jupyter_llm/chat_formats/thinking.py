@@ -60,6 +60,7 @@ class ThinkingStream:
             "lead" if starts_in_thinking and fmt.thinking == "tags" else "start"
         )
         self._harmony = harmony.HarmonyReader() if fmt.thinking == "harmony" else None
+        self._blank = False  # all that is held back is blanks (before or in thinking)
 
     def feed(self, text: str) -> ThinkingDelta:
         if self._harmony is not None:
@@ -67,7 +68,14 @@ class ThinkingStream:
         if self._fmt.thinking != "tags":
             return ThinkingDelta(content=text)
         self._buffer += text
-        return self._advance(final=False)
+        if self._blank and text.isspace():
+            # blanks held back stay held: not stripped again (quadratic in blanks)
+            return ThinkingDelta()
+        out = self._advance(final=False)
+        self._blank = self._state in ("start", "thinking") and (
+            not self._buffer or self._buffer.isspace()
+        )
+        return out
 
     def finish(self) -> ThinkingDelta:
         if self._harmony is not None:

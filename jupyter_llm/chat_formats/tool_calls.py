@@ -16,7 +16,12 @@ call and a reader for the text from such a marker on:
 - ``json``, the fallback: an answer that is a JSON call object (or a list of
   them, or fenced), or Hermes tags.
 
-A call that does not parse comes back as content, never as an exception.
+A call that does not parse comes back as content, never as an exception:
+the model's output is untrusted (a prompt injection writes it), so JSON is
+nested at most ``MAX_NESTING`` deep before a decoder sees it (CPython's
+decoder recurses, and ``[`` a thousand times raised RecursionError in the
+runner's decode loop), and a call whose values cannot be sent as UTF-8 JSON
+(a lone surrogate written as ``\\ud800``, NaN) is content too.
 Arguments given as a JSON string are decoded. Text that may be the start of
 a marker is held back in a stream until the next piece decides it, as stop
 strings are.
@@ -42,8 +47,86 @@ from jupyter_llm.chat_formats.detect import (
     ChatFormat,
 )
 from jupyter_llm.chat_formats.markers import find_first, held_back
+from jupyter_llm.limits import SCHEMA_DEPTH, TOOLS
 
 _DECODER = json.JSONDecoder()
+
+# Levels of ``[``/``{`` a call read from the model's output may nest: the
+# bound a request's tool-call arguments have (limits.py), far below CPython's
+# recursion limit.
+MAX_NESTING = SCHEMA_DEPTH.value
+# Calls one bare-JSON answer may hold (as many as a request may offer tools);
+# past it the answer is text. Such an answer is read again each time a value
+# closes, so its calls are bounded to keep that linear in what was written.
+MAX_CALLS = TOOLS.value
+
+
+class TooDeep(ValueError):
+    """JSON nested deeper than ``MAX_NESTING``: not decoded, so not a call."""
+
+
+# a JSON string (closed or not, escapes skipped) or one bracket
+_JSON_PART = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.S)
+
+
+def json_depth(text: str, start: int = 0, limit: int = MAX_NESTING) -> int:
+    """How deep the arrays and objects of the JSON value at ``start`` nest,
+    counted no further than ``limit + 1``. A linear scan that follows
+    strings as a decoder does, so that a decoder is only given what it can
+    read without deep recursion. A scalar, or no value, is 0."""
+    if start >= len(text) or text[start] not in "[{":
+        return 0
+    depth = deepest = 0
+    for part in _JSON_PART.finditer(text, start):
+        bracket = part.group()
+        if bracket in ("[", "{"):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif bracket in ("]", "}"):
+            depth -= 1
+            if depth <= 0:
+                break  # the value ends here (or is broken here)
+    return deepest
+
+
+def _check_depth(text: str, at: int) -> None:
+    if json_depth(text, at) > MAX_NESTING:
+        raise TooDeep(f"nested deeper than {MAX_NESTING} levels")
+
+
+def raw_decode(text: str, at: int) -> tuple[Any, int]:
+    """``JSONDecoder.raw_decode`` of the value at ``at``; ``ValueError`` (or
+    ``TooDeep``) when it is not one, however the model wrote it."""
+    _check_depth(text, at)
+    try:
+        return _DECODER.raw_decode(text, at)
+    except RecursionError as e:  # not expected past the depth check
+        raise TooDeep(str(e)) from None
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` within ``MAX_NESTING``: ``ValueError`` as for any text
+    that is not JSON."""
+    _check_depth(text, len(text) - len(text.lstrip(" \t\n\r")))
+    try:
+        return json.loads(text)
+    except RecursionError as e:
+        raise TooDeep(str(e)) from None
+
+
+def sendable(*values: Any) -> bool:
+    """Can these values go out as JSON in UTF-8 (the runner's replies, the
+    API's answers)? Not with a lone surrogate (``"\\ud800"`` decodes to one),
+    NaN/Infinity, which JSON does not have, or a Python literal JSON has no
+    form for (bytes, a set)."""
+    try:
+        json.dumps(values, ensure_ascii=False, allow_nan=False).encode()
+    except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
+        return False
+    return True
 
 
 def new_call_id() -> str:
@@ -121,6 +204,8 @@ def call_from_object(obj: Any, call_id: str | None = None) -> ToolCall | None:
     given_id = obj.get("id")
     if isinstance(given_id, str) and given_id:
         call_id = given_id
+    if not sendable(name, arguments, call_id):
+        return None
     return ToolCall(name=name, arguments=arguments, id=call_id or new_call_id())
 
 
@@ -131,7 +216,7 @@ def decode_arguments(arguments: Any) -> dict[str, Any] | None:
         return {}
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            arguments = loads(arguments)
         except ValueError:
             return None
     return arguments if isinstance(arguments, dict) else None
@@ -182,13 +267,17 @@ def _json_values(text: str, at: int, final: bool, separators: str = ";") -> Take
     pos = at
     while True:
         try:
-            value, end = _DECODER.raw_decode(text, pos)
+            value, end = raw_decode(text, pos)
+        except TooDeep:
+            return Take([], len(text))  # never a call, however it goes on
         except ValueError:
             return None if not final else Take([], len(text))
         found = _calls_from_json(value, bare=True)
         if found is None:
             return Take([], end)
         calls += found
+        if len(calls) > MAX_CALLS:
+            return Take([], len(text))
         pos = end
         while pos < len(text) and (text[pos].isspace() or text[pos] in separators):
             pos += 1
@@ -208,19 +297,26 @@ def _xml_call(body: str) -> ToolCall | None:
     match = _FUNCTION_XML.match(body)
     if not match:
         return None
+    params = match.group(2)
+    # up to the last closing tag: an opening tag after it would make the
+    # search run to the end once per opening (quadratic in what the model wrote)
+    last = params.rfind("</parameter>")
+    params = params[: last + len("</parameter>")] if last >= 0 else ""
     arguments: dict[str, Any] = {}
-    for key, raw in _PARAMETER_XML.findall(match.group(2)):
+    for key, raw in _PARAMETER_XML.findall(params):
         try:
-            arguments[key] = json.loads(raw)
+            arguments[key] = loads(raw)
         except ValueError:
             arguments[key] = raw
+    if not sendable(match.group(1), arguments):
+        return None
     return ToolCall(name=match.group(1), arguments=arguments)
 
 
 def _tagged_body(body: str) -> list[ToolCall] | None:
     body = body.strip()
     try:
-        return _calls_from_json(json.loads(body))
+        return _calls_from_json(loads(body))
     except ValueError:
         call = _xml_call(body)
         return [call] if call else None
@@ -251,9 +347,9 @@ def _python_call(text: str) -> ToolCall | None:
         call = ast.parse(f"f({match.group(2)})", mode="eval").body
         assert isinstance(call, ast.Call) and not call.args
         arguments = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-    except (SyntaxError, ValueError, AssertionError, TypeError):
-        return None
-    if None in arguments:  # **kwargs
+    except (SyntaxError, ValueError, AssertionError, TypeError, RecursionError, MemoryError):
+        return None  # MemoryError: CPython's parser refusing deep nesting, not the machine's
+    if None in arguments or not sendable(arguments):  # **kwargs; bytes, sets
         return None
     return ToolCall(name=match.group(1), arguments=arguments)
 
@@ -285,7 +381,9 @@ def read_mistral(text: str, final: bool) -> Take | None:
         return Take([], len(text)) if final else None
     if text[at] in "[{":
         try:
-            value, end = _DECODER.raw_decode(text, at)
+            value, end = raw_decode(text, at)
+        except TooDeep:
+            return Take([], len(text))
         except ValueError:
             return None if not final else Take([], len(text))
         return Take(_calls_from_json(value) or [], end)
@@ -296,7 +394,9 @@ def read_mistral(text: str, final: bool) -> Take | None:
     while args_at < len(text) and text[args_at].isspace():
         args_at += 1
     try:
-        value, end = _DECODER.raw_decode(text, args_at)
+        value, end = raw_decode(text, args_at)
+    except TooDeep:
+        return Take([], len(text))
     except ValueError:
         return None if not final else Take([], len(text))
     call = call_from_object({"name": named.group(1), "arguments": value, "id": named.group(2)})
@@ -306,7 +406,21 @@ def read_mistral(text: str, final: bool) -> Take | None:
 _DEEPSEEK_CALL = re.compile(
     re.escape(DEEPSEEK_CALL_BEGIN) + "(.*?)" + re.escape(DEEPSEEK_CALL_END), re.S
 )
-_FENCED = re.compile(r"\s*([^\n]+?)\s*\n```(?:json)?\s*\n?(.*?)\s*```\s*$", re.S)
+
+
+def _fenced(text: str) -> tuple[str, str] | None:
+    """``name`` on one line, then a fenced block (R1's call): the name and
+    the block's text. Read by hand: the regular expression this replaces
+    took time cubic in a run of spaces (4,000 spaces, a minute)."""
+    text = text.strip()
+    fence = text.find("\n```")
+    if fence < 0 or len(text) < fence + 7 or not text.endswith("```"):
+        return None
+    name = text[:fence].strip()
+    if not name or "\n" in name:
+        return None
+    body = text[fence + 4 : -3]
+    return name, body.removeprefix("json").strip()
 
 
 def _deepseek_call(segment: str) -> ToolCall | None:
@@ -315,9 +429,9 @@ def _deepseek_call(segment: str) -> ToolCall | None:
     left, sep, right = segment.partition(DEEPSEEK_SEP)
     if not sep:
         return None
-    fenced = _FENCED.match(right)
+    fenced = _fenced(right)
     if fenced:
-        name, arguments = fenced.groups()
+        name, arguments = fenced
     else:
         name, arguments = left.strip(), right.strip()
     return call_from_object({"name": name, "arguments": arguments})
@@ -328,7 +442,9 @@ def read_deepseek(text: str, final: bool) -> Take | None:
     if end < 0 and not final:
         return None
     used = len(text) if end < 0 else end + len(DEEPSEEK_CALLS_END)
-    calls = [_deepseek_call(segment) for segment in _DEEPSEEK_CALL.findall(text[:used])]
+    last = text.rfind(DEEPSEEK_CALL_END, 0, used)  # as in _xml_call: no opening past it
+    segments = _DEEPSEEK_CALL.findall(text[: last + len(DEEPSEEK_CALL_END)]) if last >= 0 else []
+    calls = [_deepseek_call(segment) for segment in segments]
     if not calls or None in calls:
         return Take([], used)
     return Take([c for c in calls if c is not None], used)
@@ -349,7 +465,7 @@ def read_json(text: str, final: bool) -> Take | None:
 
 def _calls_from_json_text(text: str) -> list[ToolCall] | None:
     try:
-        return _calls_from_json(json.loads(text), bare=True)
+        return _calls_from_json(loads(text), bare=True)
     except ValueError:
         return None
 
@@ -361,14 +477,24 @@ class _Grammar:
     read: Reader
     ends: str  # a call can only have ended in a piece holding one of these...
     nested: bool  # ...outside strings, back at the top level (JSON, a python call)
+    # not nested: the reader only ends a call once one of these is in the text
+    # (looked for in what is new, so a long call is not searched again and again)
+    closers: tuple[str, ...] = ()
 
 
 _GRAMMARS: dict[str, _Grammar] = {
-    "hermes": _Grammar(("<tool_call>",), (), read_hermes, ">", nested=False),
+    "hermes": _Grammar(
+        ("<tool_call>",), (), read_hermes, ">", nested=False, closers=("</tool_call>",)
+    ),
     "llama3": _Grammar(("<|python_tag|>",), ("{", "["), read_llama3, "}])", nested=True),
     "mistral": _Grammar(("[TOOL_CALLS]",), (), read_mistral, "}]", nested=True),
     "deepseek_r1": _Grammar(
-        (DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALL_BEGIN), (), read_deepseek, ">", nested=False
+        (DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALL_BEGIN),
+        (),
+        read_deepseek,
+        ">",
+        nested=False,
+        closers=(DEEPSEEK_CALLS_END,),
     ),
     "json": _Grammar(("<tool_call>",), ("{", "[", "```"), read_json, "}])>`", nested=True),
 }
@@ -398,6 +524,9 @@ class _TopLevel:
                 self.in_string = True
             elif ch in "{[(":
                 self.depth += 1
+                # past the bound the reader decides at once (content), rather
+                # than the whole rest of the output being held back
+                closed = closed or self.depth > MAX_NESTING
             elif ch in "}])":
                 self.depth = max(self.depth - 1, 0)
                 closed = closed or (self.depth == 0 and ch in ends)
@@ -427,19 +556,31 @@ class ToolCallStream:
         self._harmony = harmony.HarmonyReader() if fmt.tool_calls == "gpt_oss" else None
         self._harmony_body: list[str] = []
         self._top = _TopLevel()
+        self._blank = True  # all that is held back is blanks, before a call or in content
 
     def feed(self, text: str) -> ToolCallDelta:
         if self._harmony is not None:
             return self._from_harmony(self._harmony.feed(text))
         self._buffer += text
+        if self._blank and text.isspace():
+            # blanks held back stay held: not stripped again (quadratic in blanks)
+            return ToolCallDelta()
         if self._state == "call" and not self._may_close(text):
             return ToolCallDelta()
-        return self._advance(final=False)
+        out = self._advance(final=False)
+        self._blank = self._state in ("start", "content") and (
+            not self._buffer or self._buffer.isspace()
+        )
+        return out
 
     def _may_close(self, text: str) -> bool:
         grammar = self._grammar
         if grammar.nested:
             return self._top.closes(text, grammar.ends)
+        if grammar.closers:
+            width = len(text) + max(map(len, grammar.closers)) - 1
+            tail = self._buffer[-width:]
+            return any(c in tail for c in grammar.closers)
         return any(c in text for c in grammar.ends)
 
     def finish(self) -> ToolCallDelta:

@@ -1,0 +1,255 @@
+"""The tool-call reader on output no real model writes but any model can be
+made to (a ``format``, a prompt injection): nesting past the bound, values
+JSON cannot carry, markers that never close. Each is read as content or a
+call, never an exception (issue 23, attack 2: ``<tool_call>`` and 1000 ``[``
+raised RecursionError inside the runner's decode step and killed it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jupyter_llm.chat_formats import (
+    OutputStream,
+    detect_format,
+    parse_output,
+    parse_tool_calls,
+    read_template,
+)
+from jupyter_llm.chat_formats.detect import (
+    DEEPSEEK_CALL_BEGIN,
+    DEEPSEEK_CALL_END,
+    DEEPSEEK_CALLS_BEGIN,
+    DEEPSEEK_CALLS_END,
+    DEEPSEEK_SEP,
+)
+from jupyter_llm.chat_formats.tool_calls import (
+    MAX_CALLS,
+    MAX_NESTING,
+    TooDeep,
+    json_depth,
+    loads,
+    raw_decode,
+    sendable,
+)
+from jupyter_llm.limits import SCHEMA_DEPTH
+
+N = MAX_NESTING
+TEMPLATES = {
+    "hermes": "Qwen-Qwen2.5-7B-Instruct",
+    "qwen3": "Qwen-Qwen3-0.6B",
+    "llama3": "meta-llama-Llama-3.1-8B-Instruct",
+    "mistral": "mistralai-Mistral-Nemo-Instruct-2407",
+    "r1": "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
+    "gpt_oss": "openai-gpt-oss-120b",
+    "qwq": "Qwen-QwQ-32B",
+}
+
+
+def fmt(name: str):
+    return detect_format(read_template(TEMPLATES[name]))
+
+
+def nested(depth: int, inner: str = "1") -> str:
+    return "[" * depth + inner + "]" * depth
+
+
+def test_the_bound_is_the_shared_one():
+    assert MAX_NESTING == SCHEMA_DEPTH.value == 64
+
+
+@pytest.mark.parametrize(
+    ("text", "start", "depth"),
+    [
+        ("", 0, 0),
+        ("1", 0, 0),
+        ('"[[[["', 0, 0),  # a string, not nesting
+        ("[]", 0, 1),
+        ('{"a": [1, {"b": []}]}', 0, 4),
+        ('["]]]]", [[]]]', 0, 3),  # brackets inside strings do not count
+        ('["\\"]", [[]]]', 0, 3),  # nor an escaped quote's
+        ('["\\\\", [[]]]', 0, 3),  # an escaped backslash ends before the quote
+        ("[[]] [[[[[[]]]]]]", 0, 2),  # the first value only
+        ("x [[[]]]", 2, 3),  # from ``start``
+        ("[" * 1000, 0, N + 1),  # counted no further than the bound
+        (nested(N), 0, N),
+        (nested(N + 1), 0, N + 1),
+        ('["' + "[" * 1000, 0, 1),  # an unclosed string swallows the rest
+        ("[}" + "[" * 1000, 0, 1),  # broken where a decoder stops
+    ],
+)
+def test_json_depth(text, start, depth):
+    assert json_depth(text, start) == depth
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        (nested(N), json.loads(nested(N))),
+        ('  {"a": ' + nested(N - 1) + "}\n", {"a": json.loads(nested(N - 1))}),
+        ('"' + "[" * 5000 + '"', "[" * 5000),
+    ],
+)
+def test_loads_within_the_bound(text, value):
+    assert loads(text) == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [nested(N + 1), "[" * 1000, "[" * 100_000, '{"a":' * 1000, " \n" + "[" * 3000 + "]" * 3000],
+)
+def test_loads_past_the_bound_is_a_value_error(text):
+    with pytest.raises(TooDeep, match=f"deeper than {N}"):
+        loads(text)
+    with pytest.raises(ValueError):
+        raw_decode(text.strip(), 0)
+
+
+@pytest.mark.parametrize(
+    ("values", "ok"),
+    [
+        (("f", {"a": [1, "x", None]}), True),
+        (("f", {"a": "\ud800"}), False),  # a lone surrogate: not UTF-8
+        (("\udfff", {}), False),
+        (("f", {"a": float("nan")}), False),  # not JSON
+        (("f", {"a": b"x"}), False),  # a Python literal JSON has no form for
+        (("f", {"a": {1, 2}}), False),
+        (("f", {"a": "é😀"}), True),
+    ],
+)
+def test_sendable(values, ok):
+    assert sendable(*values) is ok
+
+
+DEEP = nested(1000)
+# (format, output, the calls' names, content kept): every one is read, none raises
+CASES = [
+    ("hermes", "<tool_call>" + "[" * 1000, [], "<tool_call>" + "[" * 1000),
+    ("hermes", "<tool_call>" + "[" * 1000 + "</tool_call>", [], None),
+    ("hermes", '<tool_call>{"name": "f", "arguments": ' + DEEP + "}</tool_call>", [], None),
+    ("hermes", '<tool_call>{"name": "f", "arguments": "' + DEEP + '"}</tool_call>', [], None),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": "\\ud800"}}</tool_call>', [], None),
+    ("hermes", '<tool_call>{"name": "\\udc00", "arguments": {}}</tool_call>', [], None),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>', [], None),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', ["f"], ""),
+    # Qwen3-Coder's form: a value past the bound is kept as its text
+    (
+        "hermes",
+        "<tool_call><function=f><parameter=p>" + DEEP + "</parameter></function></tool_call>",
+        ["f"],
+        "",
+    ),
+    # parameters that never close: none (and each is not searched to the end)
+    ("hermes", "<tool_call><function=f>" + "<parameter=p>" * 500 + "</function>", ["f"], ""),
+    ("hermes", '<tool_call><function=f><parameter=p>"\\ud800"</parameter></function>', [], None),
+    ("llama3", DEEP, [], DEEP),
+    ("llama3", "<|python_tag|>" + DEEP, [], None),
+    ("llama3", "<|python_tag|>f.call(a=" + "(" * 1000 + "1" + ")" * 1000 + ")", [], None),
+    ("llama3", "<|python_tag|>f.call(a=" + "-" * 100_000 + "1)", [], None),
+    ("llama3", "<|python_tag|>f.call(a=" + "1+" * 100_000 + "1)", [], None),
+    ("llama3", '<|python_tag|>f.call(a=b"x")', [], None),
+    ("llama3", "<|python_tag|>f.call(a=1)", ["f"], ""),
+    ("llama3", '{"name": "f", "arguments": {}}' * (MAX_CALLS + 1), [], None),
+    ("llama3", '{"name": "f", "arguments": {}};' * 3, ["f", "f", "f"], ""),
+    ("mistral", "[TOOL_CALLS]" + DEEP, [], None),
+    ("mistral", "[TOOL_CALLS]" + "[" * 1000, [], None),
+    ("mistral", "[TOOL_CALLS]f[ARGS]" + DEEP, [], None),
+    ("mistral", "[TOOL_CALLS]f[ARGS]" + "{" * 1000, [], None),
+    ("mistral", '[TOOL_CALLS]f[ARGS]{"a": 1}', ["f"], ""),
+    (
+        "r1",
+        DEEPSEEK_CALLS_BEGIN
+        + DEEPSEEK_CALL_BEGIN
+        + "function"
+        + DEEPSEEK_SEP
+        + "f\n```json\n"
+        + DEEP
+        + "\n```"
+        + DEEPSEEK_CALL_END
+        + DEEPSEEK_CALLS_END,
+        [],
+        None,
+    ),
+    (
+        "r1",
+        DEEPSEEK_CALLS_BEGIN
+        + DEEPSEEK_CALL_BEGIN
+        + "function"
+        + DEEPSEEK_SEP
+        + "f\n```json\n"
+        + " " * 5000
+        + "x",
+        [],
+        None,
+    ),
+    ("r1", DEEPSEEK_CALLS_BEGIN + DEEPSEEK_CALL_BEGIN * 3000, [], None),
+    (
+        "r1",
+        DEEPSEEK_CALLS_BEGIN
+        + DEEPSEEK_CALL_BEGIN
+        + "function"
+        + DEEPSEEK_SEP
+        + 'f\n```json\n{"a": 1}\n```'
+        + DEEPSEEK_CALL_END
+        + DEEPSEEK_CALLS_END,
+        ["f"],
+        "",
+    ),
+    (
+        "gpt_oss",
+        "<|channel|>commentary to=functions.f <|constrain|>json<|message|>" + DEEP + "<|call|>",
+        [],
+        None,
+    ),
+    ("gpt_oss", "<|start|>assistant" + " " * 5000 + "x", [], None),
+    ("qwq", "[" * 1000 + "</think><tool_call>" + "[" * 1000, [], None),
+    ("qwq", "<think>" + "unterminated thinking " * 500, [], ""),
+]
+
+
+@pytest.mark.parametrize(("family", "text", "names", "content"), CASES)
+def test_pathological_output_is_read_whole_and_streamed(family, text, names, content):
+    f = fmt(family)
+    whole = parse_output(text, f, tools=True, split_thinking=f.can_think, tool_names=["f"])
+    assert [c.name for c in whole.tool_calls] == names
+    if content is not None:
+        assert whole.content == content
+    for call in whole.tool_calls:
+        assert sendable(call.name, call.arguments, call.id)
+    # the same output streamed in pieces reads the same
+    stream = OutputStream(f, tools=True, split_thinking=f.can_think, tool_names=["f"])
+    got = [stream.feed(text[i : i + 3]) for i in range(0, len(text), 3)] + [stream.finish()]
+    assert [c.name for d in got for c in d.tool_calls] == names
+    assert "".join(d.content for d in got) == whole.content
+    assert "".join(d.thinking for d in got) == whole.thinking
+
+
+def test_nesting_past_the_bound_is_content_at_once_not_at_the_end():
+    """A call nested past the bound cannot become one: its text goes out as
+    content as soon as the bound is passed, not held to the end."""
+    stream = OutputStream(fmt("llama3"), tools=True, split_thinking=False)
+    shown = ""
+    for _ in range(N + 1):
+        shown += stream.feed("[").content
+    assert shown == "[" * (N + 1)
+    assert stream.feed("[[").content == "[["
+
+
+@pytest.mark.parametrize("family", sorted(TEMPLATES))
+@pytest.mark.parametrize("blank", [" ", "\n", " \n\t"])
+def test_blanks_held_back_come_out_as_before(family, blank):
+    """Blanks are held back (before a marker they are dropped) without being
+    stripped again for each piece; what comes out is what the whole text gives."""
+    f = fmt(family)
+    for text in (blank * 300 + "answer", "a" + blank * 300, "<think>" + blank * 300 + "x"):
+        whole = parse_output(text, f, tools=True, split_thinking=f.can_think)
+        stream = OutputStream(f, tools=True, split_thinking=f.can_think)
+        got = [stream.feed(ch) for ch in text] + [stream.finish()]
+        assert "".join(d.content for d in got) == whole.content
+        assert "".join(d.thinking for d in got) == whole.thinking
+
+
+def test_parse_tool_calls_takes_the_same_bound():
+    parsed = parse_tool_calls('{"name": "f", "arguments": ' + DEEP + "}", fmt("llama3"), ["f"])
+    assert parsed.tool_calls == [] and parsed.content.startswith('{"name"')
