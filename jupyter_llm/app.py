@@ -13,6 +13,7 @@ otherwise log a warning and run on without jupyter-llm.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 from pathlib import Path
@@ -26,6 +27,7 @@ from jupyter_llm.config import Settings
 from jupyter_llm.durations import parse_duration
 from jupyter_llm.errors import ConfigError
 from jupyter_llm.services import LLMServices, build_services
+from jupyter_llm.untrusted_json import stop_checker
 
 SETTINGS_TRAITS = (
     "keep_alive",
@@ -166,6 +168,7 @@ class LLMExtension(ExtensionApp):
         self.handlers.extend((f"/llm/{path}", handler) for path, handler in routes)
 
     async def stop_extension(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, stop_checker)
         if self.engine is not None:
             await self.engine.close()
         if self.services is not None:

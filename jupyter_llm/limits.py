@@ -62,11 +62,12 @@ BODY_DEPTH = Limit(
 JSON_VALUES = Limit(
     "json_values",
     "values (strings, numbers, objects, arrays) in a request body",
-    1 << 20,
+    1 << 18,
     "values",
-    "the largest real bodies are token lists (a context of up to num_ctx ids); a "
-    "body of millions of tiny values costs seconds of CPU to decode",
-    shown="1 Mi (1,048,576) values",
+    "chats of thousands of messages and 2,048 embedding inputs hold tens of thousands; "
+    "Ollama's old context (token ids) fits up to 256k tokens. Decoding a body in the "
+    "server holds its GIL, about 25 ms at this limit",
+    shown="256 Ki (262,144) values",
 )
 DECODE_ON_LOOP_BYTES = 64 << 10  # bodies above this are parsed off the event loop
 

@@ -7,27 +7,33 @@ most ``JSON_VALUES`` values, and no lone UTF-16 surrogate in any string or
 key (``"\\ud800"`` is valid JSON but not text: it cannot be encoded for the
 model, and it used to surface as a 500 deep inside a handler).
 
-Time on the event loop: the C decoder holds the GIL for its whole call, about
-0.1 s per million values, so running it in a thread would still freeze the
-server for a body of many small values. A body that may hold many values
-(counted from its commas, colons and brackets, which bound them) is decoded
-by the pure-Python scanner instead, which lets other threads run every few
-milliseconds and stops as soon as the count passes ``JSON_VALUES``. Callers
-run this off the loop for any body larger than a few KiB.
+Time on the event loop: the C decoder holds the GIL for its whole call,
+about 0.1 s per million values, so running it in a thread still freezes the
+server for a body of many small values; a pure-Python decoder shares the GIL
+but slows every other request while it runs. So the commas, colons and
+brackets of a body are counted first (a bound on its values, at C speed).
+Within ``FAST_VALUES`` it is decoded here. Beyond, it is first checked in a
+helper process (``_check_elsewhere``, at the lowest CPU priority), which
+shares no GIL with the server:
+only a body found within the bounds is then decoded here, at most
+``JSON_VALUES`` values, a few tens of milliseconds. Callers run this off the
+loop for any body larger than a few KiB.
 """
 
 from __future__ import annotations
 
 import json
-import json.scanner
+import multiprocessing
+import os
 import re
-import time
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from jupyter_llm.limits import BODY_DEPTH, JSON_VALUES
 
-FAST_VALUES = 1 << 16  # values the C decoder may take at once (a few ms of GIL)
-YIELD_EVERY = 256  # values the counting decoder builds between two GIL hand-overs
+FAST_VALUES = 1 << 16  # values decoded here without a check first (a few ms of GIL)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -48,12 +54,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     ``BodyError`` naming what is wrong and where."""
     if not body.strip():
         raise BodyError("request body is empty; expected a JSON object")
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BodyError(f"invalid JSON in request body: not UTF-8 ({e.reason})") from None
-    value = _decode(text)
-    check_tree(value, "request body")
+    value = _bounded(body, "request body", BODY_DEPTH.value)
     if not isinstance(value, dict):
         raise BodyError("request body must be a JSON object")
     return value
@@ -62,20 +63,37 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 def parse_json_text(text: str, where: str, depth_limit: int = BODY_DEPTH.value) -> Any:
     """JSON text found inside a body (``where`` names its field) as a value
     within the same bounds, nested at most ``depth_limit`` deep."""
-    try:
-        value = _decode(text, where)
-    except BodyError as e:
-        raise type(e)(str(e).replace("request body", where)) from None
+    return _bounded(text.encode("utf-8", "surrogatepass"), where, depth_limit)
+
+
+def _bounded(data: bytes, where: str, depth_limit: int) -> Any:
+    many = len(data) > 2 * FAST_VALUES and _value_bound(data) > FAST_VALUES
+    if many:  # raises unless within the bounds; nothing decoded here until then
+        _check_elsewhere(data, where, depth_limit)
+    text = _text(data, where)
+    if many:
+        return json.loads(text)
+    value = _decode(text, where)
     check_tree(value, where, depth_limit)
     return value
 
 
-def _decode(text: str, where: str = "request body") -> Any:
-    bound = text.count(",") + text.count(":") + text.count("[") + 1
+def _value_bound(data: bytes) -> int:
+    """At least the number of values in ``data``: every value but the first
+    follows a comma, a colon or an opening bracket."""
+    return data.count(b",") + data.count(b":") + data.count(b"[") + 1
+
+
+def _text(data: bytes, where: str) -> str:
     try:
-        if bound <= FAST_VALUES:
-            return json.loads(text, parse_constant=_Constant)
-        return _CountingDecoder().decode(text)
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BodyError(f"invalid JSON in {where}: not UTF-8 ({e.reason})") from None
+
+
+def _decode(text: str, where: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_Constant)
     except RecursionError:
         raise Refused(
             f"invalid JSON in {where}: nested more than {BODY_DEPTH.value} levels; "
@@ -85,39 +103,21 @@ def _decode(text: str, where: str = "request body") -> Any:
         raise BodyError(f"invalid JSON in {where}: {e}") from None
 
 
-class _CountingDecoder(json.JSONDecoder):
-    """The pure-Python scanner, counting the values it builds."""
-
-    def __init__(self) -> None:
-        super().__init__(parse_constant=_Constant)
-        self.values = 0
-        for name in ("parse_object", "parse_array", "parse_string", "parse_int", "parse_float"):
-            setattr(self, name, self._counted(getattr(self, name)))
-        self.scan_once = json.scanner.py_make_scanner(self)
-
-    def _counted(self, parse: Any) -> Any:
-        def counted(*args: Any) -> Any:
-            self.values += 1
-            if not self.values % YIELD_EVERY:
-                time.sleep(0)  # hand the GIL to the event loop if it waits
-            if self.values > JSON_VALUES.value:
-                raise Refused(
-                    str(JSON_VALUES.exceeded("request body", self.values)).replace(
-                        f"has {self.values:,}", "has more than"
-                    )
-                )
-            return parse(*args)
-
-        return counted
-
-
 def check_tree(value: Any, where: str, depth_limit: int = BODY_DEPTH.value) -> None:
     """Walk ``value`` once, iteratively: a ``BodyError`` for nesting past
-    ``depth_limit``, a NaN/Infinity constant, or a lone surrogate, naming the
-    field that holds it (``messages[0].content``)."""
+    ``depth_limit``, more than ``JSON_VALUES`` values, a NaN/Infinity
+    constant, or a lone surrogate, naming the field that holds it
+    (``messages[0].content``)."""
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    seen = 0
     while stack:
         item, path, depth = stack.pop()
+        seen += 1
+        if seen > JSON_VALUES.value:
+            raise Refused(
+                f"{where} has more than {JSON_VALUES.value:,} values; the limit is "
+                f"{JSON_VALUES.value:,} values ({JSON_VALUES.key})"
+            )
         if isinstance(item, _Constant):
             raise BodyError(
                 f"invalid JSON in {where}: {path or where}: {item} is not a JSON number"
@@ -148,3 +148,59 @@ def _surrogate(where: str, path: str, key: str | None = None) -> str:
         f"invalid JSON in {where}: {place} holds a lone UTF-16 surrogate (\\ud800-\\udfff "
         "without its pair), which is not text"
     )
+
+
+# -- the checking process ----------------------------------------------------------------------
+_checker: ProcessPoolExecutor | None = None
+_checker_lock = threading.Lock()
+
+
+def _check_elsewhere(data: bytes, where: str, depth_limit: int) -> None:
+    """``_check`` in the helper process (started on first use, once; a dead
+    one is replaced), raising here what it found."""
+    global _checker
+    for attempt in (1, 2):
+        with _checker_lock:
+            if _checker is None:
+                _checker = ProcessPoolExecutor(
+                    1, mp_context=multiprocessing.get_context("spawn"), initializer=_lowly
+                )
+            checker = _checker
+        try:
+            problem = checker.submit(_check, data, where, depth_limit).result()
+            break
+        except BrokenProcessPool:
+            with _checker_lock:
+                if _checker is checker:
+                    _checker = None
+            if attempt == 2:
+                raise
+    if problem is not None:
+        kind, message = problem
+        raise (Refused if kind == "refused" else BodyError)(message)
+
+
+def stop_checker() -> None:
+    """End the helper process (the server's shutdown; it also ends by itself
+    when the server's process does)."""
+    global _checker
+    with _checker_lock:
+        checker, _checker = _checker, None
+    if checker is not None:
+        checker.shutdown(wait=True, cancel_futures=True)
+
+
+def _lowly() -> None:
+    """The helper process yields the CPU to the server and the runners."""
+    os.nice(19)
+
+
+def _check(data: bytes, where: str, depth_limit: int) -> tuple[str, str] | None:
+    """In the helper process: what is wrong with ``data``, or None."""
+    try:
+        check_tree(_decode(_text(data, where), where), where, depth_limit)
+    except Refused as e:
+        return "refused", str(e)
+    except BodyError as e:
+        return "invalid", str(e)
+    return None

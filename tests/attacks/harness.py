@@ -24,7 +24,17 @@ import pytest
 MAX_SLOWDOWN = 2.0  # the issue's bound: another user's request at most 2x its baseline
 MAX_RSS_GROWTH = 100 << 20  # and a runner grows by less than 100 MiB per attack
 BASELINE_RUNS = 5
-MAX_DURING = 20  # victim runs while one attack lasts
+MAX_DURING = 500  # victim runs while one attack lasts (it is timed until the attack ends)
+MIN_DURING = 5
+
+
+# What each test measured, for the table benchmarks/attacks.py prints.
+MEASURED: list[tuple[str, str]] = []
+current_test = ""  # set by the conftest for each test
+
+
+def record(text: str) -> None:
+    MEASURED.append((current_test, text))
 
 
 @dataclass
@@ -60,8 +70,8 @@ async def slowdown(
 ) -> tuple[Slowdown, Any]:
     """Time ``victim`` alone, then while ``attack`` runs: ``attack`` sets the
     event it is given once it is observed running (its first chunk, a 400),
-    and the victim is timed from then until the attack ends (at least once,
-    at most ``MAX_DURING`` times). Returns the medians and the attack's result."""
+    and the victim is timed from then until the attack ends (at least
+    ``MIN_DURING``, at most ``MAX_DURING`` times). Returns the medians and the attack's result."""
     await victim()  # warm: a first request may load a model
     baseline = statistics.median([await timed(victim) for _ in range(runs)])
     running = asyncio.Event()
@@ -70,10 +80,12 @@ async def slowdown(
     await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()
     during: list[float] = []
-    while len(during) < MAX_DURING and (not during or not task.done()):
+    while len(during) < MAX_DURING and (len(during) < MIN_DURING or not task.done()):
         during.append(await timed(victim))
     result = await task
-    return Slowdown(baseline, statistics.median(during), len(during)), result
+    measured = Slowdown(baseline, statistics.median(during), len(during))
+    record(f"victim {measured}")
+    return measured, result
 
 
 def runner_pids(serverapp: Any) -> list[int]:
@@ -84,6 +96,13 @@ def runner_pids(serverapp: Any) -> list[int]:
 
 def rss(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
+
+
+def rss_growth(pid: int, before: int) -> int:
+    """How much runner ``pid`` grew since ``before`` (recorded for the table)."""
+    grown = rss(pid) - before
+    record(f"runner RSS {before / 2**20:.0f} MiB -> {(before + grown) / 2**20:.0f} MiB")
+    return grown
 
 
 @dataclass

@@ -13,7 +13,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from harness import MAX_RSS_GROWTH, rss, runner_pids
+from harness import MAX_RSS_GROWTH, rss, rss_growth, runner_pids
 from PIL import Image
 
 from jupyter_llm.images import image_size
@@ -141,4 +141,4 @@ async def test_an_image_at_the_pixel_limit_leaves_the_runner_its_memory(
     status, answer = await attacker.json("api/chat", chat(largest, model="seer"))
     assert status == 200, answer
     assert runner_pids(jp_serverapp) == [pid]
-    assert rss(pid) - before < MAX_RSS_GROWTH
+    assert rss_growth(pid, before) < MAX_RSS_GROWTH

@@ -9,7 +9,15 @@ import asyncio
 import json
 
 import pytest
-from harness import MAX_RSS_GROWTH, MAX_SLOWDOWN, rss, runner_pids, slowdown, tiny_generate
+from harness import (
+    MAX_RSS_GROWTH,
+    MAX_SLOWDOWN,
+    rss,
+    rss_growth,
+    runner_pids,
+    slowdown,
+    tiny_generate,
+)
 
 from jupyter_llm.limits import STOP_CHARS, STOP_STRINGS
 
@@ -62,7 +70,7 @@ async def test_a_penalty_window_of_the_whole_context_costs_the_runner_little(
         )
         assert status == 200, answer
     assert runner_pids(jp_serverapp) == [pid]
-    assert rss(pid) - before < MAX_RSS_GROWTH
+    assert rss_growth(pid, before) < MAX_RSS_GROWTH
 
 
 async def test_stops_at_their_limits_leave_another_users_answer_within_2x(users, installed_model):
