@@ -43,6 +43,18 @@ class AllocationFailed(ModelLoadFailed):
     the runner from llama.cpp's own log; the scheduler may retry smaller)."""
 
 
+class ModelUnloaded(RunnerFailed):
+    """An administrator unloaded the model while this request ran on it (the
+    scheduler closes the runner with this as the reason, so the requests it
+    cuts off end with it rather than with the runner's exit status)."""
+
+    status = 503  # the next request loads the model again
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"model '{name}' was unloaded by an administrator while this request ran")
+        self.name = name
+
+
 class NodeLost(RunnerFailed):
     """The cluster node (or the Ray actor) serving a model went away: its
     requests fail with this, and the next request loads the model elsewhere."""

@@ -35,7 +35,14 @@ from jupyter_llm.devices import (
     on_node,
     serving_gpus,
 )
-from jupyter_llm.errors import AllocationFailed, InsufficientMemory, ModelLoadFailed, ServerBusy
+from jupyter_llm.errors import (
+    AllocationFailed,
+    InsufficientMemory,
+    ModelLoadFailed,
+    ModelUnloaded,
+    RunnerFailed,
+    ServerBusy,
+)
 from jupyter_llm.fair_queue import FairQueue, Waiter, unload_now
 from jupyter_llm.identity import LOCAL, Requester
 from jupyter_llm.memory import (
@@ -84,7 +91,8 @@ class Runner(Protocol):
     async def embed(self, **request: Any) -> dict[str, Any]: ...
     async def health(self, timeout: float = 5.0) -> bool: ...
     async def device_info(self) -> list[dict[str, Any]]: ...
-    async def close(self) -> None: ...
+    # ``reason``: what the requests still running end with (default: the runner's exit)
+    async def close(self, reason: RunnerFailed | None = None) -> None: ...
     def kill(self) -> None: ...
 
 
@@ -368,9 +376,11 @@ class Scheduler:
                 if self._loaded.get(name) is loaded and unload_now(
                     loaded.users, requester.name, requester.admin
                 ):
-                    if loaded.refcount:
+                    reason = None
+                    if loaded.refcount:  # others' requests: they end saying why
                         log.info("%s unloads %s in use by others", requester.name, name)
-                    await self._unload(loaded)
+                        reason = ModelUnloaded(loaded.key)
+                    await self._unload(loaded, reason)
         return True
 
     async def shutdown(self) -> None:
@@ -700,7 +710,9 @@ class Scheduler:
         async with self._changed:
             await self._changed.wait_for(condition)
 
-    async def _unload(self, loaded: Loaded) -> None:
+    async def _unload(self, loaded: Loaded, reason: RunnerFailed | None = None) -> None:
+        """Stop ``loaded``'s runner; requests still running on it end with
+        ``reason`` (an admin's unload) or else the runner's own exit."""
         self._stop_timer(loaded)
         held = {a.device: a.total for a in loaded.allocations if a.device != CPU and a.total}
         before = {d.id: d.free_memory for d in await self.current_devices()} if held else {}
@@ -708,7 +720,7 @@ class Scheduler:
             del self._loaded[loaded.key]
         self._requeue(loaded)
         log.info("unloading %s", loaded.key)
-        await loaded.runner.close()
+        await (loaded.runner.close(reason) if reason else loaded.runner.close())
         await self._wait_for_vram_recovery(before, held)
         await self._notify()
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jupyter_llm.errors import AllocationFailed
+from jupyter_llm.errors import AllocationFailed, RunnerFailed
 from jupyter_llm.memory import ModelInfo
 from jupyter_llm.runner.launch import LoadRequest, LoadSpec, launch_spec
 
@@ -35,6 +35,7 @@ class FakeRunner:
         self.measured = measured or {}
         self.latency = latency
         self.info_calls = 0
+        self.close_reason: RunnerFailed | None = None  # what ``close`` was told
         self._alive = True
 
     @property
@@ -64,7 +65,8 @@ class FakeRunner:
         self.info_calls += 1
         return self.gpus
 
-    async def close(self) -> None:
+    async def close(self, reason: RunnerFailed | None = None) -> None:
+        self.close_reason = reason
         self._alive = False
 
     def kill(self) -> None:

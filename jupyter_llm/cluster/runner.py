@@ -52,6 +52,7 @@ class RayRunner:
         self.load_duration_ns = 0
         self._pid: int | None = None
         self._gone: LLMError | None = None
+        self._stopped: RunnerFailed | None = None  # why the scheduler closed it, if said
         self._watch: asyncio.Future[None] | None = None
 
     # -- what the scheduler reads ------------------------------------------------------
@@ -84,6 +85,8 @@ class RayRunner:
             raise self._failed(e) from None
 
     def _failed(self, e: RayError) -> LLMError:
+        if self._stopped is not None:  # closed on purpose: that is what failed it
+            return self._stopped
         error = _cause(e, self.node)
         if isinstance(error, NodeLost):
             self._gone = error
@@ -179,8 +182,10 @@ class RayRunner:
     async def device_info(self) -> list[dict[str, Any]]:
         return list(await asyncio.wait_for(self._call(self.actor.device_info.remote()), 5.0))
 
-    async def close(self) -> None:
-        """Close the runner on its node, then the actor."""
+    async def close(self, reason: RunnerFailed | None = None) -> None:
+        """Close the runner on its node, then the actor; requests still
+        running end with ``reason`` if given (an admin's unload)."""
+        self._stopped = self._stopped or reason
         if self._gone is None:
             with contextlib.suppress(LLMError, TimeoutError):
                 await asyncio.wait_for(self._call(self.actor.close.remote()), 10.0)

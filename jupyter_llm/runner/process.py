@@ -53,6 +53,7 @@ class RunnerProcess:
         self._exited = asyncio.Event()
         self._closing = False
         self._kill_reason = ""
+        self._stop_reason: RunnerFailed | None = None  # why ``close`` was asked, if said
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -94,11 +95,15 @@ class RunnerProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._dead is None and self._proc.returncode is None
 
-    async def close(self, timeout: float = 5.0) -> None:
-        """Ask the runner to exit; kill it if it does not within ``timeout``."""
+    async def close(self, timeout: float = 5.0, reason: RunnerFailed | None = None) -> None:
+        """Ask the runner to exit; kill it if it does not within ``timeout``.
+        Requests still in flight end with ``reason`` if given (an admin's
+        unload), else with how the process ended."""
         if self._proc is None:
             return
         self._closing = True
+        if self._dead is None:
+            self._stop_reason = self._stop_reason or reason
         if self.alive:
             with contextlib.suppress(Exception):
                 self._send({"id": 0, "op": "close"})
@@ -225,7 +230,9 @@ class RunnerProcess:
         # let the stderr reader catch the last lines before we quote them
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._tasks[1]), 1.0)
-        if self._kill_reason:
+        if self._stop_reason is not None:
+            self._dead = self._stop_reason  # closed on purpose, and told why
+        elif self._kill_reason:
             self._dead = RunnerFailed(f"{self.label} process {self._kill_reason} and was killed")
         else:
             self._dead = RunnerFailed(self._explain(f"{self.label} process {describe_exit(code)}"))
