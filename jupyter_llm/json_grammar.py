@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation, localcontext
@@ -175,24 +176,21 @@ def ignored(keyword: str, where: str, why: str = "not enforced by the grammar") 
 
 
 # -- grammar text ------------------------------------------------------------------------------
+# what a GBNF literal writes escaped: quote, backslash, controls and DEL
+_LITERAL_ESCAPES = {
+    **{cp: f"\\x{cp:02X}" for cp in (*range(0x20), 0x7F)},
+    ord('"'): '\\"',
+    ord("\\"): "\\\\",
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+}
+
+
 def literal(text: str) -> str:
-    """A GBNF string literal matching ``text`` exactly."""
-    out = ['"']
-    for ch in text:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02X}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
+    """A GBNF string literal matching ``text`` exactly (one ``translate``:
+    enums put thousands of these in a grammar)."""
+    return '"' + text.translate(_LITERAL_ESCAPES) + '"'
 
 
 def json_literal(value: Any) -> str:
@@ -247,7 +245,7 @@ def seq(*parts: str) -> str:
 
 
 # -- enum values as a prefix tree ------------------------------------------------------------
-_END = ""  # the key of a trie node that marks "a value ends here" (no character is "")
+_Node = tuple[int, int, int]  # texts[lo:hi], all sharing their first ``depth`` characters
 
 
 def enum_expr(values: Iterable[Any]) -> str | None:
@@ -256,43 +254,64 @@ def enum_expr(values: Iterable[Any]) -> str | None:
     prefix share its states, so the grammar sampler follows one stack
     through it rather than one per value. None for no values.
 
-    Edges are whole runs of characters (a radix tree); the text is built
-    without recursion, so any number of values nests safely."""
-    root: dict[str, Any] = {}
-    for value in values:
-        node = root
-        for ch in json.dumps(value, ensure_ascii=False, separators=(",", ":")):
-            node = node.setdefault(ch, {})
-        node[_END] = {}
-    if not root:
+    Edges are whole runs of characters (a radix tree). The tree is read off
+    the sorted texts: a node is a run of them sharing a prefix, its children
+    found by bisection and their common prefixes by comparing slices,
+    so the work is per node, not per character; and the text is built
+    without recursion, so any nesting is safe."""
+    texts = sorted({json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in values})
+    if not texts:
         return None
-    exprs: dict[int, str] = {}
-    stack: list[tuple[dict[str, Any], list[tuple[str, dict[str, Any]]] | None]] = [(root, None)]
+    exprs: dict[_Node, str] = {}
+    root: _Node = (0, len(texts), 0)
+    stack: list[tuple[_Node, list[tuple[str, _Node]] | None]] = [(root, None)]
     while stack:
         node, edges = stack.pop()
         if edges is None:
-            edges = [_edge(ch, node[ch]) for ch in sorted(node) if ch != _END]
+            edges = _edges(texts, node)
             stack.append((node, edges))
-            stack.extend((child, None) for _, child in edges if id(child) not in exprs)
+            stack.extend((child, None) for _, child in edges)
             continue
-        options = [seq(literal(label), exprs[id(child)]) for label, child in edges]
+        options = [seq(literal(label), exprs[child]) for label, child in edges]
+        lo, _, depth = node
         if not options:
-            exprs[id(node)] = ""
-        elif _END in node:  # a value ends here and others go on (1 and 12)
-            exprs[id(node)] = f"({' | '.join(options)})?"
+            exprs[node] = ""
+        elif len(texts[lo]) == depth:  # a value ends here and others go on (1 and 12)
+            exprs[node] = f"({' | '.join(options)})?"
         else:
-            exprs[id(node)] = options[0] if len(options) == 1 else f"({' | '.join(options)})"
-    return exprs[id(root)]
+            exprs[node] = options[0] if len(options) == 1 else f"({' | '.join(options)})"
+    return exprs[root]
 
 
-def _edge(ch: str, node: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The run of characters from ``ch`` down to the next branch or end."""
-    label = [ch]
-    while len(node) == 1 and _END not in node:
-        (ch,) = node
-        label.append(ch)
-        node = node[ch]
-    return "".join(label), node
+def _common(a: str, b: str, known: int) -> int:
+    """The length of the common prefix of ``a`` and ``b``, at least ``known``:
+    by bisection on slices (compared in C), not character by character."""
+    low, high = known, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _edges(texts: list[str], node: _Node) -> list[tuple[str, _Node]]:
+    """The runs of characters from ``node`` to each of its children."""
+    lo, hi, depth = node
+    out = []
+    i = lo + 1 if len(texts[lo]) == depth else lo  # the value that ends here sorts first
+    while i < hi:
+        ch = texts[i][depth]
+        j = (
+            hi
+            if ord(ch) == 0x10FFFF
+            else bisect_left(texts, texts[i][:depth] + chr(ord(ch) + 1), i, hi)
+        )
+        common = _common(texts[i], texts[j - 1], depth + 1)
+        out.append((texts[i][depth:common], (i, j, common)))
+        i = j
+    return out
 
 
 def enum_values(schema: dict[str, Any]) -> list[Any] | None:
