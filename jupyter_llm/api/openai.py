@@ -175,6 +175,22 @@ def response_format(body: dict[str, Any]) -> Any:
     return parse_format(spec["schema"])
 
 
+def chat_job(body: dict[str, Any]) -> Job:
+    """A chat completion request as the job ``complete`` runs."""
+    tools = tools_field(body.get("tools"))
+    return Job(
+        model=parse_model_name(body.get("model")),
+        options=openai_options_field(body),
+        messages=messages_field(body.get("messages"), openai=True),
+        tools=tools,
+        tool_choice=tool_choice_field(body.get("tool_choice"), tools),
+        parallel_tool_calls=parallel_field(body),
+        logprobs=logprobs_field(body.get("logprobs"), body.get("top_logprobs")),
+        think=reasoning_field(body),
+        format=response_format(body),
+    )
+
+
 class ChatCompletionsHandler(OpenAIHandler):
     auth_resource = LLM
 
@@ -182,19 +198,9 @@ class ChatCompletionsHandler(OpenAIHandler):
     @authorized("execute")
     async def post(self) -> None:
         body = await self.body_json()
-        model = parse_model_name(body.get("model"))
-        tools = tools_field(body.get("tools"))
-        job = Job(
-            model=model,
-            options=openai_options_field(body),
-            messages=messages_field(body.get("messages"), openai=True),
-            tools=tools,
-            tool_choice=tool_choice_field(body.get("tool_choice"), tools),
-            parallel_tool_calls=parallel_field(body),
-            logprobs=logprobs_field(body.get("logprobs"), body.get("top_logprobs")),
-            think=reasoning_field(body),
-            format=await self.blocking(response_format, body),
-        )
+        # images, tool schemas and the grammar are CPU work: off the event loop
+        job = await self.blocking(chat_job, body)
+        model = job.model
         stream, with_usage = stream_flag(body), include_usage(body)
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         base = {
