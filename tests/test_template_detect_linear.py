@@ -4,14 +4,19 @@ server for seconds through a quadratic comment-stripping regex)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import random
+import re
 import time
 
 import pytest
 
-from jupyter_llm.api.ollama import model_capabilities
+from jupyter_llm.api.ollama import JSON_PIECE, json_fairly, model_capabilities
 from jupyter_llm.chat_formats import detect
 from jupyter_llm.chat_formats.detect import (
     CACHE_SIZE,
+    WINDOW,
     clear_template_cache,
     detect_format,
     strip_comments,
@@ -52,8 +57,9 @@ class Counted(str):
     scanned = 0
 
     def find(self, sub, start=0, end=None):  # type: ignore[override]
-        found = str.find(self, sub, start)
-        self.scanned += (found + len(sub) if found >= 0 else len(self)) - start
+        end = len(self) if end is None else min(end, len(self))
+        found = str.find(self, sub, start, end)
+        self.scanned += (found + len(sub) if found >= 0 else end) - start
         return found
 
 
@@ -72,7 +78,8 @@ def test_the_strip_looks_at_each_character_once(template):
     """Counted work, not time: the searches cover disjoint stretches."""
     counted = Counted(template)
     assert strip_comments(counted) == strip_comments(template)
-    assert counted.scanned <= len(template)
+    # windows overlap by a character: at most one more per window
+    assert counted.scanned <= len(template) + len(template) // WINDOW + 1
 
 
 def best_time(fn, *args, repeats=3):
@@ -163,3 +170,69 @@ def test_the_cache_is_bounded_least_recently_used_first(counted_detects):
 
 def test_a_lone_surrogate_has_a_digest(counted_detects):
     assert template_format("\ud800<think>").thinking == "tags"
+
+
+WORDS = [
+    "tools",
+    ".Tools",
+    "Tools",
+    "xtools",
+    "tools_",
+    "_tools",
+    "tools.",
+    " ",
+    "é",
+    "t",
+    ".",
+    "s",
+]
+
+
+def test_the_tools_scan_agrees_with_the_regex_it_replaced():
+    reference = re.compile(r"\btools\b|\.Tools\b")
+    rng = random.Random(23)
+    for _ in range(3000):
+        text = "".join(rng.choice(WORDS) for _ in range(rng.randint(0, 6)))
+        assert detect._mentions_tools(text) == bool(reference.search(text)), text
+
+
+BIG = JSON_PIECE * 3 + 7
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {},
+        [],
+        {"a": 1, "b": [1, 2.5, None, True], "c": {"d": "e"}},
+        {"template": "{#" * BIG},
+        {"template": ('é"\\\n\t\x00\ud800😀' * BIG)[:BIG]},  # escapes, a lone surrogate
+        {"model_info": {"tokenizer.ggml.tokens": [f"<t{i}>" for i in range(BIG // 8)]}},
+        {"list": [{"x": i} for i in range(5000)], "empty": {}, "n": 0},
+        ["a" * BIG, ("b" * 3, 4)],
+        {1: "non-string key"},
+    ],
+    ids=["{}", "[]", "small", "4x piece", "escapes", "vocabulary", "objects", "list", "int key"],
+)
+def test_fair_json_is_what_json_dumps_writes(value):
+    chunks = json_fairly(value)
+    assert b"".join(chunks) == json.dumps(value).encode()
+    assert all(len(chunk) <= 6 * JSON_PIECE + 64 for chunk in chunks)  # \uXXXX is 6
+
+
+NOISE = "".join(random.Random(23).choice("{#}toolsx<|") for _ in range(3 * WINDOW))
+
+
+@pytest.mark.parametrize("needle", ["#}", "{#", "tools", "x", "<|channel|>"])
+@pytest.mark.parametrize("start", [0, 1, WINDOW - 3, WINDOW, 2 * WINDOW + 5, 10**9])
+def test_the_windowed_find_is_str_find(needle, start):
+    blank = NOISE.replace(needle, "_" * len(needle))
+    for at in [None, 0, WINDOW - 1, WINDOW - len(needle) + 1, WINDOW, 3 * WINDOW - 2]:
+        text = blank if at is None else blank[:at] + needle + blank[at + len(needle) :]
+        assert detect._find(text, needle, start) == text.find(needle, start), (at, start)
+
+
+def test_the_digest_is_the_utf8_sha256():
+    text = ("é😀\ud800x" * WINDOW)[: 2 * WINDOW + 3]
+    expected = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    assert detect.template_digest(text) == expected

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import asdict
@@ -18,6 +19,7 @@ from typing import Any
 from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
+from tornado.iostream import StreamClosedError
 
 from jupyter_llm import __version__
 from jupyter_llm.api.base import (
@@ -58,7 +60,7 @@ from jupyter_llm.chat_formats.detect import template_format
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.gguf_info import read_metadata
 from jupyter_llm.models.names import parse_model_name
-from jupyter_llm.models.store import ModelEntry, parse_digest
+from jupyter_llm.models.store import MAX_TEXT_LAYER, ModelEntry, parse_digest
 
 log = logging.getLogger(__name__)
 MAX_BLOB_SIZE = 1 << 40  # 1 TiB: blobs stream to disk, so only the disk bounds them
@@ -247,8 +249,16 @@ class CreateHandler(LLMHandler):
         if not isinstance(stream, bool):
             raise InvalidRequest("stream must be a boolean")
         store = self.llm.store
-        await self.blocking(
-            lambda: store.create(
+
+        def create() -> None:
+            texts = {"template": body.get("template"), "system": body.get("system")}
+            if isinstance(license_, str):
+                texts["license"] = license_
+            else:
+                texts.update((f"license[{i}]", text) for i, text in enumerate(license_ or []))
+            for key, text in texts.items():
+                check_text_layer(key, text)
+            store.create(
                 name,
                 body.get("files"),
                 body.get("template"),
@@ -258,7 +268,8 @@ class CreateHandler(LLMHandler):
                 messages=messages,
                 license=license_,
             )
-        )
+
+        await self.blocking(create)
         if stream:
 
             async def statuses() -> AsyncGenerator[list[Any], None]:
@@ -267,6 +278,19 @@ class CreateHandler(LLMHandler):
             await self.stream(statuses(), NDJSON)
         else:
             self.write_json({"status": "success"})
+
+
+def check_text_layer(field: str, text: str | None) -> None:
+    """``InvalidRequest`` for a text the store would refuse to read back (a
+    layer over ``MAX_TEXT_LAYER`` bytes), before anything is written."""
+    if text is None or len(text) * 4 <= MAX_TEXT_LAYER:
+        return
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_TEXT_LAYER:
+        raise InvalidRequest(
+            f"{field} has {size:,} bytes; the limit is {MAX_TEXT_LAYER:,} bytes "
+            "(the store's largest text layer)"
+        )
 
 
 class PullHandler(LLMHandler):
@@ -574,9 +598,16 @@ class ShowHandler(LLMHandler):
             **extra,
         }
         # a 4 MiB template, or a verbose vocabulary, takes a while to encode
-        text = await self.blocking(json.dumps, reply)
+        chunks = await self.blocking(json_fairly, reply)
         self.set_header("Content-Type", "application/json")
-        self.finish(text)
+        self.set_header("Content-Length", sum(map(len, chunks)))
+        try:
+            for chunk in chunks:  # a piece at a time: no 4 MiB copy on the loop
+                self.write(chunk)
+                await self.flush()
+        except StreamClosedError:
+            return  # the client left
+        self.finish()
 
 
 def model_capabilities(info: dict[str, Any], template: str) -> list[str]:
@@ -596,6 +627,58 @@ def model_capabilities(info: dict[str, Any], template: str) -> list[str]:
     if fmt.can_think:
         capabilities.append("thinking")
     return capabilities
+
+
+JSON_PIECE = 1 << 16  # characters, or list items, the C encoder takes in one call
+
+
+def json_fairly(value: Any) -> list[bytes]:
+    """``value`` as JSON (what ``json.dumps`` writes), in chunks of about
+    ``JSON_PIECE`` characters, encoded a piece at a time with the GIL handed
+    over between pieces. ``json.dumps`` holds the GIL for its whole call,
+    10-40 ms for a 4 MiB template or a verbose vocabulary, which stalls the
+    event loop even from an executor thread; so does touching a fresh 4 MiB
+    buffer, which chunks avoid."""
+    pieces: list[str] = []
+    _encode_fairly(value, pieces)
+    chunks: list[bytes] = []
+    group: list[str] = []
+    size = 0
+    for piece in pieces:
+        group.append(piece)
+        size += len(piece)
+        if size >= JSON_PIECE:
+            chunks.append("".join(group).encode())
+            group, size = [], 0
+    if group or not chunks:
+        chunks.append("".join(group).encode())
+    return chunks
+
+
+def _encode_fairly(value: Any, out: list[str]) -> None:
+    if isinstance(value, str) and len(value) > JSON_PIECE:
+        out.append('"')
+        for i in range(0, len(value), JSON_PIECE):  # escapes are per character
+            out.append(json.dumps(value[i : i + JSON_PIECE])[1:-1])
+            time.sleep(0)  # hand the GIL to the event loop if it waits
+        out.append('"')
+    elif isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+        sep = "{"
+        for key, item in value.items():
+            out.append(f"{sep}{json.dumps(key)}: ")
+            _encode_fairly(item, out)
+            sep = ", "
+        out.append("}")
+    elif isinstance(value, list | tuple) and len(value) > JSON_PIECE // 16:
+        step = JSON_PIECE // 16
+        sep = "["
+        for i in range(0, len(value), step):
+            out.append(sep + json.dumps(list(value[i : i + step]))[1:-1])
+            sep = ", "
+            time.sleep(0)
+        out.append("]")
+    else:
+        out.append(json.dumps(value))
 
 
 def format_parameters(params: dict[str, Any]) -> str:

@@ -8,17 +8,21 @@ recognise still gets tools (as a JSON-object fallback) when it renders them.
 
 Templates can be hostile (a GGUF's own, or one sent to ``/api/create``, up
 to the store's 4 MiB), so everything here reads a template in time linear in
-its length; ``template_format`` caches the answer by the template's digest,
-and the server calls it off the event loop.
+its length, with ``str.find`` and ``in`` only (no regex: one C call over
+4 MiB holds the GIL for up to 0.2 s, which stalls a server's event loop even
+from another thread). Loops over many matches hand the GIL over every
+``YIELD_EVERY`` matches. ``template_format`` caches the answer by the
+template's digest, and the server calls it off the event loop.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 ToolCallFormat = Literal["hermes", "llama3", "mistral", "gpt_oss", "deepseek_r1", "json"]
@@ -76,18 +80,31 @@ class ChatFormat:
 
 FALLBACK = ChatFormat()
 
-# Jinja's ``tools`` variable, or Ollama's Go-template ``.Tools`` (``/api/create``);
-# one position at a time, never backtracking
-_TOOLS_VARIABLE = re.compile(r"\btools\b|\.Tools\b")
 COMMENT_OPEN, COMMENT_CLOSE = "{#", "#}"
 CACHE_SIZE = 256  # distinct templates remembered: far more than a server holds models
+YIELD_EVERY = 256  # matches (about 0.1 ms) between two GIL hand-overs
+WINDOW = 1 << 16  # characters one C search (or encode) takes at once: well under a ms
 
 _cache: OrderedDict[bytes, ChatFormat] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
+def _find(text: str, needle: str, start: int = 0) -> int:
+    """``text.find(needle, start)``, a window at a time with the GIL handed
+    over between windows (one search over 4 MiB holds it for up to 5 ms)."""
+    overlap = len(needle) - 1  # a match that starts in a window may end past it
+    while start < len(text):
+        stop = start + WINDOW
+        found = text.find(needle, start, stop + overlap)
+        if found >= 0 or stop >= len(text):
+            return found
+        start = stop
+        time.sleep(0)  # hand the GIL to the event loop if it waits
+    return text.find(needle, start)  # past the end: what str.find answers there
+
+
 def _uses(template: str, *markers: str) -> bool:
-    return any(m in template for m in markers)
+    return any(_find(template, m) >= 0 for m in markers)
 
 
 def strip_comments(template: str) -> str:
@@ -101,25 +118,61 @@ def strip_comments(template: str) -> str:
     """
     kept: list[str] = []
     pos = 0
-    while (start := template.find(COMMENT_OPEN, pos)) >= 0:
-        kept.append(template[pos:start])
-        end = template.find(COMMENT_CLOSE, start + len(COMMENT_OPEN))
-        if end < 0:
-            return "".join(kept)
-        pos = end + len(COMMENT_CLOSE)
-    kept.append(template[pos:])
-    return "".join(kept)
+    find = partial(_find, template)
+    while True:
+        for _ in range(YIELD_EVERY):
+            start = find(COMMENT_OPEN, pos)
+            if start < 0:
+                if not pos:  # no comment: no copy
+                    return template
+                kept.append(template[pos:])
+                return "".join(kept)
+            if start > pos:
+                kept.append(template[pos:start])
+            end = find(COMMENT_CLOSE, start + len(COMMENT_OPEN))
+            if end < 0:
+                return "".join(kept)
+            pos = end + len(COMMENT_CLOSE)
+        time.sleep(0)  # hand the GIL to the event loop if it waits
+
+
+def _is_word(text: str, i: int) -> bool:
+    """Whether ``text[i]`` is a word character as regex ``\\w`` has it."""
+    return 0 <= i < len(text) and (text[i].isalnum() or text[i] == "_")
+
+
+def _has_word(text: str, word: str) -> bool:
+    """Whether ``word`` occurs in ``text`` as a whole word (regex ``\\b`` on
+    each side that borders a word character), in one forward scan."""
+    pos = 0
+    while True:
+        for _ in range(YIELD_EVERY):
+            start = _find(text, word, pos)
+            if start < 0:
+                return False
+            end = start + len(word)
+            bounded_before = not (_is_word(text, start) and _is_word(text, start - 1))
+            if bounded_before and not _is_word(text, end):
+                return True
+            pos = start + 1
+        time.sleep(0)  # hand the GIL to the event loop if it waits
+
+
+def _mentions_tools(text: str) -> bool:
+    """Jinja's ``tools`` variable, or Ollama's Go-template ``.Tools`` (a
+    template given to ``/api/create``)."""
+    return _has_word(text, "tools") or _has_word(text, ".Tools")
 
 
 def detect_format(chat_template: str) -> ChatFormat:
     """The format of the model whose chat template is ``chat_template``."""
     text = strip_comments(chat_template or "")
-    accepts_tools = bool(_TOOLS_VARIABLE.search(text))
+    accepts_tools = _mentions_tools(text)
     tools = _tool_format(text)
     thinking = _thinking(text)
     return ChatFormat(
         accepts_tools=accepts_tools,
-        tool_call_id_length=9 if "length != 9" in text or "length 9" in text else 0,
+        tool_call_id_length=9 if _uses(text, "length != 9", "length 9") else 0,
         **tools,
         **thinking,
     )
@@ -128,7 +181,10 @@ def detect_format(chat_template: str) -> ChatFormat:
 def template_digest(chat_template: str) -> bytes:
     """The sha256 of the template's UTF-8 text (a lone surrogate, which a
     GGUF string may decode to, passes through rather than failing)."""
-    return hashlib.sha256(chat_template.encode("utf-8", "surrogatepass")).digest()
+    digest = hashlib.sha256()
+    for i in range(0, len(chat_template), WINDOW):  # hashlib lets go of the GIL
+        digest.update(chat_template[i : i + WINDOW].encode("utf-8", "surrogatepass"))
+    return digest.digest()
 
 
 def template_format(chat_template: str) -> ChatFormat:
@@ -190,7 +246,7 @@ def _thinking(text: str) -> dict[str, str]:
             "thinking": "harmony",
             "think_open": "<|channel|>analysis<|message|>",
             "think_close": "<|end|>",
-            "effort_variable": "reasoning_effort" if "reasoning_effort" in text else "",
+            "effort_variable": "reasoning_effort" if _uses(text, "reasoning_effort") else "",
         }
     if _uses(text, "[THINK]") and _uses(text, "[/THINK]"):  # Mistral's reasoning models
         return {"thinking": "tags", "think_open": "[THINK]", "think_close": "[/THINK]"}
@@ -199,7 +255,7 @@ def _thinking(text: str) -> dict[str, str]:
             "thinking": "tags",
             "think_open": "<think>",
             "think_close": "</think>",
-            "thinking_variable": "enable_thinking" if "enable_thinking" in text else "",
+            "thinking_variable": "enable_thinking" if _uses(text, "enable_thinking") else "",
         }
     return {}
 
