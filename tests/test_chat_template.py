@@ -11,7 +11,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from jupyter_llm.demo import CHAT_TEMPLATE
 from jupyter_llm.runner import chat_template
-from jupyter_llm.runner.chat_template import ChatTemplate
+from jupyter_llm.runner.chat_template import ChatTemplate, _asks_huge_width
 from jupyter_llm.runner.protocol import InputError
 
 CHAT = [
@@ -119,3 +119,27 @@ def test_the_budget_grows_with_what_the_request_brought(monkeypatch):
     monkeypatch.setattr(chat_template, "MAX_CHARS", 1 << 20)
     big = [{"role": "user", "content": "y" * (4 << 20)}]  # 4 MiB of input: 33 MiB to build
     assert len(render(CHAT_TEMPLATE, big)) > 4 << 20
+
+
+@pytest.mark.parametrize(
+    ("text", "huge"),
+    [
+        ("%123456789d", True),
+        ("%.123456789f", True),
+        ("%-+ 0999999999s", True),
+        ("{:123456789}", True),
+        ("{0:>999999999}", True),
+        ("%5d and {:5}", False),
+        ("%0000000001d", False),  # zeros are the zero-pad flag: width 1
+        ("{x} {y!r}", False),
+        # hostile shapes that made the old regex backtrack (quadratic or worse);
+        # they must finish well inside the test's timeout
+        ("{" + ":" * 40_000, False),
+        ("{" + ":1" * 40_000, False),
+        ("%" + "0" * 40_000, False),
+        ("%" * 40_000, False),
+        ("{" * 40_000 + ":" + "1" * 9 + "}", True),
+    ],
+)
+def test_huge_format_widths_are_found_in_linear_time(text, huge):
+    assert _asks_huge_width(text) is huge

@@ -45,8 +45,12 @@ MAX_STEPS = 10_000_000  # Python lines; a 10,000-message chat takes about 200,00
 TIME_LIMIT = 5.0  # seconds
 MAX_CHARS = 64 << 20  # characters built, on top of 8 x what the request brought
 MAX_INT_BITS = 4096  # integers a template computes with (``**``, ``*``)
-# a width or precision of 9+ digits in a %-format or a {}-format spec
-_HUGE_WIDTH = re.compile(r"%[-+ #0]*\d{9,}|%[-+ #0]*\d*\.\d{9,}|\{[^{}]*:[^{}]*\d{9,}[^{}]*\}")
+# a %-format's flags, width and precision, possessive: no backtracking, so the
+# search is linear however the template repeats "%" and digits
+_PERCENT_SPEC = re.compile(r"%[-+ #0]*+(\d*+)(?:\.(\d*+))?")
+_BRACE_FIELD = re.compile(r"\{[^{}]*+\}")  # a {}-format field without nested braces
+_NINE_DIGITS = re.compile(r"\d{9}")
+HUGE_DIGITS = 9  # a width or precision of 9+ digits is refused
 _SIZED = (str, bytes, list, tuple, dict, set, frozenset)
 
 
@@ -96,8 +100,22 @@ def _check_sizes(budget: Budget, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 def _check_format(text: Any) -> None:
     """A format string may not ask for a huge width or precision."""
-    if isinstance(text, str) and _HUGE_WIDTH.search(text):
+    if isinstance(text, str) and _asks_huge_width(text):
         raise RenderLimit("chat template asked for a format width that is too large")
+
+
+def _asks_huge_width(text: str) -> bool:
+    """A width or precision of ``HUGE_DIGITS`` digits or more, in a
+    %-format or after the colon of a {}-format field; linear in ``text``."""
+    for spec in _PERCENT_SPEC.finditer(text):
+        width, precision = spec.group(1), spec.group(2) or ""
+        if len(width) >= HUGE_DIGITS or len(precision) >= HUGE_DIGITS:
+            return True
+    for field in _BRACE_FIELD.finditer(text):
+        colon = field.group().find(":")
+        if colon >= 0 and _NINE_DIGITS.search(field.group(), colon):
+            return True
+    return False
 
 
 def _check_call(budget: Budget, obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
