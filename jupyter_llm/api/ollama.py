@@ -451,8 +451,10 @@ class GenerateHandler(CompletionHandler):
         if req.raw or req.suffix is not None:
             job.prompt, job.images = req.prompt, req.images
         elif req.template is not None:
-            values = {"System": req.system or "", "Prompt": req.prompt}
-            job.prompt, job.images = render_go_template(req.template, values), req.images
+            values = {"System": req.system or "", "Prompt": req.prompt}  # a request's
+            # template may be as long as the body: rendered off the event loop
+            job.prompt = await self.blocking(render_go_template, req.template, values)
+            job.images = req.images
         else:
             job.messages = []
             if req.system:
