@@ -71,6 +71,15 @@ JSON_VALUES = Limit(
 )
 DECODE_ON_LOOP_BYTES = 64 << 10  # bodies above this are parsed off the event loop
 
+TEXT_LAYER = Limit(
+    "text_layer",
+    "template, system, license (/api/create; each, as UTF-8)",
+    4 * MiB,
+    "bytes",
+    "Ollama's store keeps each as a layer; real chat templates are under 20 KiB",
+    shown="4 MiB",
+)
+
 # -- sampling -------------------------------------------------------------------------------
 STOP_STRINGS = Limit(
     "stop_strings",
@@ -245,6 +254,7 @@ TABLE: tuple[Limit, ...] = (
     BODY_BYTES,
     BODY_DEPTH,
     JSON_VALUES,
+    TEXT_LAYER,
     STOP_STRINGS,
     STOP_CHARS,
     REPEAT_LAST_N,

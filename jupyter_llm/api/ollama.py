@@ -52,15 +52,17 @@ from jupyter_llm.api.requests import (
     CompletionRequest,
     EmbedRequest,
     GenerateRequest,
+    checked,
     messages_field,
     options_field,
 )
 from jupyter_llm.api.templates import render_go_template
 from jupyter_llm.chat_formats.detect import template_format
 from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.limits import TEXT_LAYER
 from jupyter_llm.models.gguf_info import read_metadata
 from jupyter_llm.models.names import parse_model_name
-from jupyter_llm.models.store import MAX_TEXT_LAYER, ModelEntry, parse_digest
+from jupyter_llm.models.store import ModelEntry, parse_digest
 
 log = logging.getLogger(__name__)
 MAX_BLOB_SIZE = 1 << 40  # 1 TiB: blobs stream to disk, so only the disk bounds them
@@ -282,15 +284,10 @@ class CreateHandler(LLMHandler):
 
 def check_text_layer(field: str, text: str | None) -> None:
     """``InvalidRequest`` for a text the store would refuse to read back (a
-    layer over ``MAX_TEXT_LAYER`` bytes), before anything is written."""
-    if text is None or len(text) * 4 <= MAX_TEXT_LAYER:
+    layer over ``TEXT_LAYER`` bytes), before anything is written."""
+    if text is None or len(text) * 4 <= TEXT_LAYER.value:
         return
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > MAX_TEXT_LAYER:
-        raise InvalidRequest(
-            f"{field} has {size:,} bytes; the limit is {MAX_TEXT_LAYER:,} bytes "
-            "(the store's largest text layer)"
-        )
+    checked(TEXT_LAYER.check, field, len(text.encode("utf-8", "surrogatepass")))
 
 
 class PullHandler(LLMHandler):

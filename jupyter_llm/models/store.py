@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from jupyter_llm.errors import InvalidRequest, ModelNotFound
+from jupyter_llm.limits import TEXT_LAYER
 from jupyter_llm.models.gguf_info import GGUFInfo, read_gguf_info
 from jupyter_llm.models.holds import BlobHolds, Hold, HoldUnreadable
 from jupyter_llm.models.names import ModelName, parse_model_name
@@ -57,7 +58,7 @@ CHUNK = 1 << 20
 STATE_DIR = ".jupyter-llm"  # the lock and the holds; Ollama ignores it
 # text and JSON layers (and the config) are read whole by every get(): a larger
 # one is refused unread (and a pull refuses it before downloading)
-MAX_TEXT_LAYER = 4 << 20
+MAX_TEXT_LAYER = TEXT_LAYER.value
 UPLOAD_HOLD = 3600.0  # seconds an uploaded blob waits for its /api/create
 MAX_UPLOAD_HOLDS = 1024  # uploads held at once (each rewrite of the hold is this long)
 
