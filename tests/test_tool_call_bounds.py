@@ -25,6 +25,7 @@ from jupyter_llm.chat_formats.detect import (
     DEEPSEEK_SEP,
 )
 from jupyter_llm.chat_formats.tool_calls import (
+    MAX_CALL_CHARS,
     MAX_CALLS,
     MAX_NESTING,
     TooDeep,
@@ -253,3 +254,18 @@ def test_blanks_held_back_come_out_as_before(family, blank):
 def test_parse_tool_calls_takes_the_same_bound():
     parsed = parse_tool_calls('{"name": "f", "arguments": ' + DEEP + "}", fmt("llama3"), ["f"])
     assert parsed.tool_calls == [] and parsed.content.startswith('{"name"')
+
+
+def test_a_call_that_never_closes_is_content_past_its_bound():
+    """Held back whole, an unclosed call would be sent as one line at the end
+    (and a line over the server's limit ends the runner): past
+    ``MAX_CALL_CHARS`` it goes out as content, and later calls are still read."""
+    stream = OutputStream(fmt("hermes"), tools=True, split_thinking=False)
+    piece = "x" * 4096
+    shown = stream.feed("<tool_call>").content
+    while len(shown) < MAX_CALL_CHARS:
+        shown += stream.feed(piece).content
+    assert shown.startswith("<tool_call>xxx") and len(shown) <= MAX_CALL_CHARS + 2 * len(piece)
+    after = stream.feed(' <tool_call>{"name": "f", "arguments": {}}</tool_call>')
+    after += stream.finish()
+    assert [c.name for c in after.tool_calls] == ["f"]

@@ -59,6 +59,9 @@ MAX_NESTING = SCHEMA_DEPTH.value
 # past it the answer is text. Such an answer is read again each time a value
 # closes, so its calls are bounded to keep that linear in what was written.
 MAX_CALLS = TOOLS.value
+# Characters of one call, held back until it closes: past them it is content
+# (a call that never closes would otherwise be held, and sent, whole).
+MAX_CALL_CHARS = 1 << 20
 
 
 class TooDeep(ValueError):
@@ -565,6 +568,10 @@ class ToolCallStream:
         if self._blank and text.isspace():
             # blanks held back stay held: not stripped again (quadratic in blanks)
             return ToolCallDelta()
+        if self._state == "call" and len(self._buffer) > MAX_CALL_CHARS:
+            # no call is this long: what was held goes out, and reading goes on after it
+            held, self._buffer, self._state, self._blank = self._buffer, "", "content", True
+            return ToolCallDelta(content=held)
         if self._state == "call" and not self._may_close(text):
             return ToolCallDelta()
         out = self._advance(final=False)

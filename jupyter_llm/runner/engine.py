@@ -591,7 +591,11 @@ class Engine:
         except ValueError as e:
             raise InputError(str(e)) from None
         chain = build_sampler(self.vocab, self.n_vocab, self.n_ctx, opts, job.grammar, job.triggers)
-        seq = Sequence(job, opts, chain)
+        try:
+            seq = Sequence(job, opts, chain)
+        except Exception:
+            llama_cpp.llama_sampler_free(chain)
+            raise
         if seq.limit == -2:  # fill the context, then stop (Ollama)
             seq.limit, job.shift = -1, False
         self.waiting.append(seq)
@@ -670,7 +674,7 @@ class Engine:
 
     def _finish_unstarted(self, seq: Sequence) -> None:
         seq.free()
-        seq.job.finish(seq.result("cancel", 0))
+        _report(seq, lambda: seq.job.finish(seq.result("cancel", 0)))
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         """Free the slot at once (its cache stays for a later prefix match),
@@ -679,7 +683,7 @@ class Engine:
         slot.seq = None
         slot.last_used = time.monotonic()
         seq.free()
-        seq.job.finish(seq.result(reason, seq.fed))
+        _report(seq, lambda: seq.job.finish(seq.result(reason, seq.fed)))
         self._assign()  # a waiting request takes the slot before the next step
 
     def _fail(self, seq: Sequence, error: Exception) -> None:
@@ -688,7 +692,27 @@ class Engine:
         llama_cpp.llama_memory_seq_rm(self.memory, slot.index, -1, -1)
         slot.truncate(0)
         seq.free()
-        seq.job.fail(error)
+        _tell_failure(seq, error)
+
+    def _drop(self, seq: Sequence, error: Exception) -> None:
+        """``seq``'s own work (reading its output, sending it) raised: it ends
+        with ``error``, its slot and KV cells freed; the others go on."""
+        if seq.slot >= 0 and self.slots[seq.slot].seq is seq:
+            self._fail(seq, error)
+        else:  # already reported (``_report`` told it)
+            print(f"runner: request {seq.job.rid} failed after its end: {error!r}", file=sys.stderr)
+
+    def fail_all(self, error: Exception) -> None:
+        """End every completion with ``error`` (the loop's last resort after
+        a failure no sequence owns): slots and KV cells freed, nothing left
+        half-done for the next step."""
+        for slot in self.slots:
+            if slot.seq is not None:
+                self._fail(slot.seq, error)
+        while self.waiting:
+            seq = self.waiting.popleft()
+            seq.free()
+            _tell_failure(seq, error)
 
     def _shift(self, slot: Slot, num_keep: int) -> bool:
         """Make room in ``slot``'s sequence: keep its head and the most recent
@@ -826,18 +850,27 @@ class Engine:
             seq.fed += count
             seq.prompt_ns += elapsed
         for seq, index in outputs:
-            if not seq.generating_since:
-                seq.generating_since = time.perf_counter_ns()
-                if seq.limit == 0:
-                    self._finish(seq, "length")
-                    continue
-            token = llama_cpp.llama_sampler_sample(seq.chain, self.ctx, index)
-            eog = llama_cpp.llama_vocab_is_eog(self.vocab, token)
-            if seq.job.logprobs >= 0 and not eog:
-                seq.job.on_logprob(self._logprob(index, token, seq.job.logprobs))
-            piece = b"" if eog else self._piece_bytes(token, token in seq.job.preserve)
-            if not seq.accept(token, piece, eog):
-                self._finish(seq, seq.reason)
+            try:
+                self._next_token(seq, index)
+            except Exception as e:  # its output could not be read or sent: it alone ends
+                self._drop(seq, e)
+
+    def _next_token(self, seq: Sequence, index: int) -> None:
+        """Sample ``seq``'s next token at batch position ``index`` and hand
+        it on (stop strings, text, the request's readers), ending it there if
+        it is done."""
+        if not seq.generating_since:
+            seq.generating_since = time.perf_counter_ns()
+            if seq.limit == 0:
+                self._finish(seq, "length")
+                return
+        token = llama_cpp.llama_sampler_sample(seq.chain, self.ctx, index)
+        eog = llama_cpp.llama_vocab_is_eog(self.vocab, token)
+        if seq.job.logprobs >= 0 and not eog:
+            seq.job.on_logprob(self._logprob(index, token, seq.job.logprobs))
+        piece = b"" if eog else self._piece_bytes(token, token in seq.job.preserve)
+        if not seq.accept(token, piece, eog):
+            self._finish(seq, seq.reason)
 
     def _feed_image(self, prompting: list[Sequence], used: int, n_generating: int) -> bool:
         """Decode the next image of the oldest prompt that stands at one and
@@ -885,6 +918,22 @@ class Engine:
             "logprob": logprob,
             "bytes": list(raw),
         }
+
+
+def _report(seq: Sequence, report: Callable[[], None]) -> None:
+    """Run ``seq``'s own reporting (its output readers, its replies): an
+    exception there ends that request alone, with the error, never the loop."""
+    try:
+        report()
+    except Exception as e:
+        _tell_failure(seq, e)
+
+
+def _tell_failure(seq: Sequence, error: Exception) -> None:
+    try:
+        seq.job.fail(error)
+    except Exception as e:  # it cannot even be told: the loop goes on
+        print(f"runner: request {seq.job.rid} could not be told {error!r}: {e!r}", file=sys.stderr)
 
 
 @dataclass

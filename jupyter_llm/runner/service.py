@@ -12,6 +12,7 @@ never leaves a runner behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import socket
@@ -64,6 +65,11 @@ from jupyter_llm.runner.vision import (
 DEFAULT_PART_BYTES = 256 << 10  # JSON of one embedding message, unless the server says
 
 
+# Characters of one token message: even escaped (6 bytes a character at most)
+# its line stays far below the server's limit on a reply line (64 MiB).
+PART_CHARS = 1 << 20
+
+
 class TokenStream:
     """Sends generated text at most every ``interval`` seconds (the first piece
     at once). A slow model's tokens go out one by one; a fast model's are
@@ -96,12 +102,17 @@ class TokenStream:
             self.flush()
 
     def flush(self) -> None:
-        if self._thinking:
-            self._send("".join(self._parts), "".join(self._thinking))
-        elif self._parts:
-            self._send("".join(self._parts))
-        self._parts.clear()
+        text, thinking = "".join(self._parts), "".join(self._thinking)
+        self._parts.clear()  # first: text that cannot be sent is not tried again
         self._thinking.clear()
+        # text held back long (an unclosed call read as content at the end) goes in
+        # parts: one reply line over the server's limit would end the whole runner
+        for at in range(0, max(len(text), len(thinking)), PART_CHARS):
+            part, more = text[at : at + PART_CHARS], thinking[at : at + PART_CHARS]
+            if more:
+                self._send(part, more)
+            else:
+                self._send(part)
 
 
 class RunnerService:
@@ -204,13 +215,13 @@ class RunnerService:
             self.send({"id": rid, **reply})
 
     def step(self) -> None:
+        """One decode step. A sequence whose own output work fails ends alone
+        inside the engine; a failure no sequence owns (a bug) ends the
+        completions in flight with it, and the runner goes on serving."""
         try:
             self.engine.step()
-        except Exception as e:  # the engine failed its own sequences; this is a bug
-            reply = error_reply("step", e)  # logs the traceback once
-            for rid in self.engine.active_ids:
-                self.send({"id": rid, **reply})
-            raise
+        except Exception as e:
+            self.engine.fail_all(e)
 
     def op_info(self, message: dict[str, Any]) -> dict[str, Any]:
         from jupyter_llm.runner.ggml_devices import list_ggml_devices
@@ -311,11 +322,11 @@ class RunnerService:
                 )
 
         reader = plan.reader
-        emit = out.add if reader is None else (lambda text: deliver(reader.feed(text)))
+        emit = out.add if reader is None else (lambda text: deliver(read_output(reader.feed, text)))
 
         def finish(result: Any) -> None:
             if reader is not None:
-                deliver(reader.finish())
+                deliver(read_output(reader.finish))
             out.flush()
             if logprobs:  # tokens whose text never went out (a stop string)
                 send_tokens("")
@@ -323,7 +334,8 @@ class RunnerService:
             self.send({"id": rid, **result.__dict__, "type": "done", "tool_calls_count": calls[0]})
 
         def fail(error: Exception) -> None:
-            out.flush()
+            with contextlib.suppress(Exception):  # the text before, unless it is what failed
+                out.flush()
             self.cancelled.discard(rid)
             self.send({"id": rid, **error_reply("complete", error)})
 
@@ -581,15 +593,37 @@ def logprobs_count(message: dict[str, Any]) -> int:
     return max(0, min(int(message.get("top_logprobs") or 0), 20))
 
 
+class UnreadableOutput(EngineError):
+    """The model's output could not be read as its chat format says: that
+    request ends with this error; the runner and the other requests go on."""
+
+
+def read_output(read: Callable[..., OutputDelta], *text: str) -> OutputDelta:
+    """A reader's next delta; any failure in it is ``UnreadableOutput``. The
+    readers turn what they cannot parse into content, so this is for a bug,
+    not for a model: it names what failed rather than killing the runner."""
+    try:
+        return read(*text)
+    except Exception as e:
+        trace = "".join(traceback.format_exception(e))
+        print(f"runner: a reader failed on the model's output: {trace}", file=sys.stderr)
+        raise UnreadableOutput(
+            f"the model's output could not be read ({type(e).__name__}: {e})"
+        ) from None
+
+
 def error_reply(op: Any, e: Exception) -> dict[str, Any]:
     """The protocol's error message for ``e``: typed where the server acts on it."""
     if isinstance(e, InputError):
         return {"type": "error", "kind": INVALID, "error": str(e)}
     if isinstance(e, AllocationError):
         return {"type": "error", "kind": ALLOCATION, "error": str(e)}
-    trace = "".join(traceback.format_exception(e))
-    print(f"runner error in {op}: {trace}", file=sys.stderr)
-    return {"type": "error", "error": str(e) or type(e).__name__}
+    if not isinstance(e, UnreadableOutput):  # its reader's failure is logged already
+        trace = "".join(traceback.format_exception(e))
+        print(f"runner error in {op}: {trace}", file=sys.stderr)
+    # whatever the text, it goes out: a lone surrogate would fail the reply's encoding
+    text = (str(e) or type(e).__name__).encode("utf-8", "backslashreplace").decode()
+    return {"type": "error", "error": text}
 
 
 def _normalize_flag(value: Any) -> bool | None:
