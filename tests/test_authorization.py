@@ -79,6 +79,19 @@ def test_the_table_covers_every_route():
     assert set(routes()) == set(EXPECTED)
 
 
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
+async def test_the_catch_all_asks_nothing(
+    jp_serverapp, jp_base_url, http_server, http_server_port, method
+):
+    """Not in the table: an unknown path reads nothing there is to authorize,
+    so a user refused everything still learns the path is wrong."""
+    RecordingAuthorizer.refused = {(a, r) for a in (READ, WRITE, EXECUTE) for r in (LLM, MODELS)}
+    with pytest.raises(HTTPClientError) as info:
+        await fetch(jp_serverapp, jp_base_url, http_server_port[1], "v1/responses", method)
+    assert info.value.code == 404
+    assert RecordingAuthorizer.asked == []
+
+
 @pytest.mark.parametrize(("path", "method"), sorted(EXPECTED))
 async def test_every_route_asks_for_its_action_and_resource(
     jp_serverapp, jp_base_url, http_server, http_server_port, path, method

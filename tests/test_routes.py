@@ -7,18 +7,24 @@ import re
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-from jupyter_llm.api import handlers
+from jupyter_llm.api import NotFoundHandler, handlers
 from jupyter_llm.api.ollama import RootHandler
 
 METHODS = ("get", "head", "post", "put", "delete", "patch")
 PUBLIC = {RootHandler}  # the only handlers without a token
+# The catch-all 404 is no route of its own but every path the others leave:
+# it has no methods (it answers in ``prepare``), no (action, resource) and no
+# body, so the tables built from ``routes()`` leave it out. Its token refusal
+# is tested below, its 404s in test_unknown_routes.py, and that it asks the
+# Authorizer nothing in test_authorization.py.
+CATCH_ALL = {NotFoundHandler}
 
 
 def routes(public: bool = False):
     """(path, METHOD) of every route, the authenticated ones or the public ones."""
     out = []
     for pattern, handler in handlers():
-        if (handler in PUBLIC) != public:
+        if handler in CATCH_ALL or (handler in PUBLIC) != public:
             continue
         path = "" if pattern == "?" else pattern
         path = re.sub(r"\(\?P<(\w+)>[^)]*\)", "sha256:" + "0" * 64, path)
@@ -67,12 +73,25 @@ async def test_refused_without_valid_token(
     assert info.value.code == 403
 
 
+@pytest.mark.parametrize("path", ["v1/responses", "api/nothing", "nothing", "api/chat/"])
+@pytest.mark.parametrize("method", [m.upper() for m in METHODS])
+@pytest.mark.parametrize("auth", [None, "token wrong", "Bearer wrong"])
+async def test_the_catch_all_refuses_without_valid_token(
+    jp_base_url, http_server, http_server_port, path, method, auth
+):
+    """An unknown path is a 403 without a token, as a known one is: the
+    catch-all tells nobody which paths exist."""
+    await test_refused_without_valid_token(
+        jp_base_url, http_server, http_server_port, path, method, auth
+    )
+
+
 def test_every_route_names_its_authorization_resource():
     from jupyter_llm.api.base import LLMHandler
 
     assert not hasattr(LLMHandler, "auth_resource")  # each route chooses, none inherits it
     for pattern, handler in handlers():
-        if handler not in PUBLIC:
+        if handler not in PUBLIC | CATCH_ALL:  # the catch-all reads nothing to authorize
             assert getattr(handler, "auth_resource", None) in ("llm", "llm.models"), pattern
 
 

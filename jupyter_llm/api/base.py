@@ -78,6 +78,22 @@ def action_of(handler: type, method: str) -> str:
     return getattr(handler, method.lower()).llm_action
 
 
+TOKEN_NEEDED = (
+    "this request needs a valid token: send the header 'Authorization: token <token>' "
+    "(or 'Bearer <token>', as OpenAI clients send their api_key), or add '?token=<token>' "
+    "to the URL. The token is the Jupyter server's (`jupyter server list` shows it; behind "
+    "JupyterHub, an API token). See 'Using it over HTTP' in jupyter-llm's README."
+)
+HTTP_METHODS = ("GET", "HEAD", "POST", "DELETE")  # those a route may answer
+
+
+def token_needed() -> web.HTTPError:
+    """The 403 of a request without a (valid) token, saying how to send one:
+    jupyter_server's own is a bare 403, or ``'_xsrf' argument missing`` on a
+    POST, which tells an Ollama or OpenAI client nothing."""
+    return web.HTTPError(403, TOKEN_NEEDED)
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
@@ -120,6 +136,22 @@ class LLMHandler(APIHandler):
     def on_connection_close(self) -> None:
         self._client_gone = True
         super().on_connection_close()
+
+    def check_xsrf_cookie(self) -> None:
+        """A request that is not a GET and has no valid token is refused with
+        ``token_needed``: jupyter_server would ask it for an ``_xsrf`` cookie,
+        which only a browser session has. One that came with a login cookie
+        (a browser) keeps jupyter_server's check."""
+        if getattr(self, "_jupyter_current_user", True) is None:  # resolved: nobody
+            raise token_needed()
+        super().check_xsrf_cookie()
+
+    def get_login_url(self) -> str:
+        """A GET or HEAD without a valid token: ``@web.authenticated`` asks for
+        a login page, which an API answers with ``token_needed`` (same 403)."""
+        if not self.current_user:
+            raise token_needed()
+        return super().get_login_url()
 
     async def authorize(self, action: str) -> None:
         """What ``@authorized`` checks, for a handler that must know before its
@@ -262,8 +294,20 @@ class LLMHandler(APIHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         _, message = self._error_of(exc, status_code)
+        if status_code == 405:  # say which methods the route has (tornado's is bare)
+            allowed = self.allowed_methods()
+            self.set_header("Allow", ", ".join(allowed))
+            message = (
+                f"{self.request.method} is not a method of {self.request.path}; "
+                f"it answers {', '.join(allowed) or 'none'}"
+            )
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": self.error_body(status_code, message)}))
+
+    def allowed_methods(self) -> list[str]:
+        """The methods this route answers (a forwarded route: its engine's)."""
+        handler = getattr(self, "stands_for", type(self))
+        return [m for m in HTTP_METHODS if hasattr(getattr(handler, m.lower(), None), "llm_action")]
 
     def _error_of(self, exc: BaseException | None, status: int = 500) -> tuple[int, str]:
         """The status and the message a client reads for ``exc``, never a traceback."""

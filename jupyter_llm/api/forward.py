@@ -37,6 +37,7 @@ import httpx
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from jupyter_llm.api import NotFoundHandler
 from jupyter_llm.api.base import NDJSON, SSE, Framing, LLMHandler, action_of
 from jupyter_llm.api.ollama import RootHandler
 from jupyter_llm.config import Settings
@@ -52,6 +53,7 @@ BODY_QUEUE = 4  # chunks in flight between the client and the engine (back-press
 MAX_DECODES = 5
 _SEPARATORS = re.compile(r"[/\\]")
 _PARAMETER = re.compile(r"\(\?P<(\w+)>([^)]*)\)")  # a route's named group
+LOCAL = (RootHandler, NotFoundHandler)  # routes this server answers itself
 
 
 @dataclass
@@ -293,9 +295,10 @@ def forwarding(handler: type[LLMHandler], route: str) -> type[ForwardHandler]:
 
 def handlers(routes: list[tuple[str, type]]) -> list[tuple[str, type]]:
     """``routes`` (the engine's, ``api.handlers()``) with each handler forwarded;
-    the heartbeat answers here."""
+    the heartbeat and the catch-all 404 answer here (an unknown path has
+    nothing to ask the engine, and is never sent anywhere)."""
     return [
-        (pattern, handler if handler is RootHandler else forwarding(handler, pattern))
+        (pattern, handler if handler in LOCAL else forwarding(handler, pattern))
         for pattern, handler in routes
     ]
 
