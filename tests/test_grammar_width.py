@@ -16,7 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jupyter_llm.api.requests import tools_field
-from jupyter_llm.api.structured import LIMITS, SchemaLimits, check_tools, parse_format
+from jupyter_llm.api.structured import (
+    LIMITS,
+    SchemaLimits,
+    check_output,
+    check_tools,
+    parse_format,
+)
 from jupyter_llm.chat_formats import detect_format, read_template
 from jupyter_llm.chat_formats.tool_grammar import tool_grammar
 from jupyter_llm.errors import InvalidRequest
@@ -340,6 +346,20 @@ def test_the_runners_tool_grammar_is_one_budget():
     tool_grammar(fmt, [tool("f", each), tool("g", each)], "required")
     with pytest.raises(GrammarTooLarge, match="schema_alternatives"):
         tool_grammar(fmt, [tool(f"f{j}", each) for j in range(3)], "required")
+
+
+def test_a_schema_sent_again_is_built_once_and_refusals_are_not_kept():
+    schema = {"type": "object", "properties": {"c": {"enum": looks(50)}}}
+    first = parse_format(schema)
+    again = parse_format(json.loads(json.dumps(schema)))
+    assert again is first  # the same JSON: the format built the first time
+    assert parse_format({**schema, "required": ["c"]}) is not first
+    too_wide = {"enum": looks(ENUM_VALUES.value + 1)}
+    for _ in range(2):
+        with pytest.raises(InvalidRequest, match="enum_values"):
+            parse_format(too_wide)
+    assert check_output(first, json.dumps({"c": looks(50)[7]})) is None
+    assert "does not match" in check_output(first, '{"c": "value-999999-xxxxx"}')
 
 
 def test_limits_come_from_the_table():

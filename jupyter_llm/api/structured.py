@@ -25,6 +25,7 @@ off the event loop.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, replace
@@ -89,6 +90,9 @@ class SchemaLimits:
 
 
 LIMITS = SchemaLimits()
+# formats kept built, by their schema's JSON; at most this many times a schema
+# at SCHEMA_BYTES and its grammar (about 2 MiB each) stay in memory
+FORMATS_CACHED = 16
 COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
 
 
@@ -117,6 +121,15 @@ def parse_format(value: object, field: str = "format") -> OutputFormat | None:
     if not isinstance(value, dict):
         raise invalid_format(value)
     check_size(value, field=field)
+    return _schema_format(json.dumps(value), field)
+
+
+@functools.lru_cache(maxsize=FORMATS_CACHED)
+def _schema_format(text: str, field: str) -> OutputFormat:
+    """The format for a schema (as JSON ``text``, already within its size
+    limits): built once for a schema sent again, as a client that reuses
+    one schema for every request does. Refusals are not kept."""
+    value = json.loads(text)
     validator = schema_dialect(value)
     bounded = bounded_schema(value, field=field)
     try:
@@ -471,10 +484,10 @@ def check_output(fmt: OutputFormat, text: str) -> str | None:
         return f"output is not JSON: {e}"
     if fmt.schema is None:
         return None if isinstance(value, dict) else "output is not a JSON object"
-    import jsonschema
+    from jsonschema.exceptions import best_match
 
-    try:
-        jsonschema.validate(value, fmt.schema, cls=fmt.validator)
-    except jsonschema.ValidationError as e:
-        return f"output does not match the schema: {e.message}"
+    # as jsonschema.validate, without checking the schema again: parse_format did
+    error = best_match(fmt.validator(fmt.schema).iter_errors(value))
+    if error is not None:
+        return f"output does not match the schema: {error.message}"
     return None
