@@ -172,7 +172,7 @@ def response_format(body: dict[str, Any]) -> Any:
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
         raise invalid_format(spec)
-    return parse_format(spec["schema"])
+    return parse_format(spec["schema"], "response_format.json_schema.schema")
 
 
 def chat_job(body: dict[str, Any]) -> Job:
