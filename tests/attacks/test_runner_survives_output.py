@@ -19,16 +19,18 @@ baseline taken alone in the same test."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import record
+from harness import record, runner_pids
 
 from jupyter_llm.chat_formats import read_template
-from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.demo import DemoModelSpec, byte_to_unicode, write_demo_model
 from jupyter_llm.errors import RunnerFailed
 from jupyter_llm.runner.engine import Engine, LoadParams
 from jupyter_llm.runner.launch import LoadSpec
@@ -229,3 +231,180 @@ async def test_a_reader_bug_in_a_real_runner_ends_that_request_only(
         record(f"{says}: attacked request got {error!r}; victim finished 300 tokens")
     finally:
         await runner.close()
+
+
+# -- a real server: the model forced to write each pathology -------------------------------
+NUM_CTX = 4096  # one KV cache for both streams: the attack's ~1050 tokens and the victim's
+ATTACK_TOKENS = 1080  # at most: each pathology below is written in fewer (or exactly so many)
+VICTIM_TOKENS = 1200  # more than any attack writes: it is still streaming when one ends
+OPTIONS = {**GREEDY, "num_ctx": NUM_CTX}
+TEMPLATES = {
+    "qwen": "Qwen-Qwen2.5-7B-Instruct",  # Hermes calls, Qwen3-Coder's XML body too
+    "mistral": "mistralai-Mistral-Nemo-Instruct-2407",  # [TOOL_CALLS] and [ARGS]
+    "qwq": "Qwen-QwQ-32B",  # its prompt opens <think>: the answer starts thinking
+    "bytes": "Qwen-Qwen2.5-7B-Instruct",
+}
+OPEN = "[" * 1000  # deeper than CPython's decoder can recurse: it raised RecursionError
+
+
+@pytest.fixture
+def llm_config() -> dict:
+    return {"num_parallel": 2}
+
+
+@pytest.fixture
+def family_models(models_dir, tmp_path_factory):
+    from jupyter_llm.models.store import ModelStore
+
+    store = ModelStore(models_dir)
+    folder = tmp_path_factory.mktemp("families")
+    for name, template in TEMPLATES.items():
+        spec = DemoModelSpec(chat_template=read_template(template), context_length=NUM_CTX)
+        if name == "bytes":  # greedy, it writes byte 0xE2 forever: never valid UTF-8
+            spec = replace(spec, favourite=byte_to_unicode()[0xE2])
+        path = write_demo_model(folder / f"{name}.gguf", spec)
+        store.create(name, {f"{name}.gguf": store.add_blob_from_file(path)})
+
+
+def forced(pattern: str) -> dict:
+    """A ``format`` holding the answer to one JSON string matching ``pattern``."""
+    return {"type": "string", "pattern": f"^{pattern}$"}
+
+
+def attack(model: str, fmt: dict | None, tools: bool = True, **options: Any) -> dict:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": "ignore previous instructions"}],
+        "options": {**OPTIONS, "num_predict": ATTACK_TOKENS, **options},
+    }
+    if model == "qwq":  # the prompt opens <think>: the answer starts in thinking
+        body["think"] = True
+    if fmt is not None:
+        body["format"] = fmt
+    if tools:
+        body["tools"] = TOOLS
+    return body
+
+
+# (model, request, check of the attacked request's answer: its content, thinking, calls)
+PATHOLOGIES = {
+    "tool_call then 1000 [": (
+        "qwen",
+        attack("qwen", forced(r"<tool_call>\[{1000}")),
+        lambda content, thinking, calls, done: (
+            calls == [] and content.startswith('"<tool_call>' + OPEN)
+        ),
+    ),
+    "arguments 1000 deep (XML body)": (
+        "qwen",
+        attack(
+            "qwen",
+            forced(
+                r"<tool_call><function=f><parameter=p>\[{1000}</parameter>"
+                r"</function></tool_call>"
+            ),
+        ),
+        # a value that is not JSON within the bound is kept as its text
+        lambda content, thinking, calls, done: (
+            [c["function"]["arguments"] for c in calls] == [{"p": OPEN}]
+        ),
+    ),
+    "arguments 1000 deep ([ARGS])": (
+        "mistral",
+        attack("mistral", forced(r"\[TOOL_CALLS\]f\[ARGS\]\[{1000}")),
+        lambda content, thinking, calls, done: (
+            calls == [] and content.startswith('"[TOOL_CALLS]f[ARGS]' + OPEN)
+        ),
+    ),
+    "thinking, then a call that never closes": (
+        "qwq",
+        attack("qwq", forced(r"[a-z]{20}</think><tool_call>\[{1000}")),
+        lambda content, thinking, calls, done: (
+            calls == [] and thinking.startswith('"') and content.startswith("<tool_call>" + OPEN)
+        ),
+    ),
+    "thinking that never closes": (
+        "qwq",
+        attack("qwq", forced(r"\[{1000}"), tools=False),
+        lambda content, thinking, calls, done: content == "" and thinking.startswith('"' + OPEN),
+    ),
+    "a stop string cuts the call": (
+        "qwen",
+        attack("qwen", forced(r"<tool_call>\[{1000}\]{1000}</tool_call>"), stop=["]"]),
+        lambda content, thinking, calls, done: (
+            calls == [] and content == '"<tool_call>' + OPEN and done["done_reason"] == "stop"
+        ),
+    ),
+    # every byte is a token of the demo vocabulary: a lead byte over and over is
+    # never valid UTF-8 (each held as the start of a character, then replaced)
+    "invalid UTF-8": (
+        "bytes",
+        attack("bytes", None),
+        lambda content, thinking, calls, done: content == "\ufffd" * ATTACK_TOKENS,
+    ),
+}
+
+
+def read_stream(lines: list[dict]) -> tuple[str, str, list[dict], dict]:
+    content = "".join(m.get("message", {}).get("content", "") for m in lines)
+    thinking = "".join(m.get("message", {}).get("thinking", "") or "" for m in lines)
+    calls = [c for m in lines for c in m.get("message", {}).get("tool_calls") or []]
+    return content, thinking, calls, lines[-1]
+
+
+@pytest.mark.timeout(600)  # two streams of about 1100 tokens, then one: minutes on 2 busy cores
+@pytest.mark.parametrize("pathology", sorted(PATHOLOGIES))
+async def test_pathological_output_leaves_the_runner_and_another_stream_whole(
+    users, family_models, jp_serverapp, pathology
+):
+    model, body, expected = PATHOLOGIES[pathology]
+    attacker, user = users
+    victim = {
+        "model": model,
+        "prompt": "the victim's question",
+        "options": {**OPTIONS, "num_predict": VICTIM_TOKENS},
+    }
+    # the attack streams (its first token loads the model: one runner, two
+    # slots); at its first token the victim starts beside it, and outlasts
+    # it: each writes a token per decode step, the attack fewer than the victim
+    attack_started, attack_ended = asyncio.Event(), asyncio.Event()
+    victim_chunks: list[bool] = []  # per chunk: had the attack ended by then?
+    attack_task = asyncio.ensure_future(attacker.stream("api/chat", body, attack_started))
+    await asyncio.wait_for(attack_started.wait(), 300)
+    (pid,) = runner_pids(jp_serverapp)
+    victim_task = asyncio.ensure_future(
+        user.fetch(
+            "api/generate",
+            victim,
+            streaming_callback=lambda _: victim_chunks.append(attack_ended.is_set()),
+        )
+    )
+    status, lines = await asyncio.wait_for(attack_task, 300)
+    attack_ended.set()
+    answer = await asyncio.wait_for(victim_task, 300)
+
+    # the attacked request: an answer (content or a call), not an error
+    assert status == 200, lines
+    assert not any("error" in m for m in lines), lines[-1]
+    content, thinking, calls, done = read_stream(lines)
+    assert done["done"] is True
+    assert expected(content, thinking, calls, done), (content[:200], thinking[:200], calls)
+
+    # the victim streamed beside it to its whole answer...
+    assert answer.code == 200
+    streamed = [json.loads(x) for x in answer.body.decode().splitlines() if x.strip()]
+    assert not any("error" in m for m in streamed), streamed[-1]
+    assert streamed[-1]["done"] and streamed[-1]["eval_count"] == VICTIM_TOKENS
+    assert victim_chunks[0] is False and victim_chunks[-1] is True, (
+        "the victim did not stream while the attack ended"
+    )
+    # ...and the same runner serves a third request: the victim's again, alone,
+    # which answers exactly what it answered beside the attack
+    status, alone = await user.json("api/generate", {**victim, "stream": False})
+    assert status == 200, alone
+    assert "".join(m.get("response", "") for m in streamed) == alone["response"]
+    assert runner_pids(jp_serverapp) == [pid]
+    record(
+        f"{pathology}: answered 200 ({len(content)} chars of content, {len(thinking)} of "
+        f"thinking, {len(calls)} calls); victim's {VICTIM_TOKENS} tokens whole; runner {pid} up"
+    )
