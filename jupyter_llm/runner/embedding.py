@@ -24,13 +24,16 @@ from jupyter_llm.runner.protocol import InputError
 
 # Time the embeddings may take from the loop while completions run, as a
 # fraction of the time of their decode steps: 0.5 keeps a stream at 2/3 of its
-# speed alone (1.5x its gaps), under the issue's bound of 2x with room for a
-# busy machine's noise, and gives a large embedding a third of the loop.
+# speed alone (1.5x its time per token), under the issue's bound of 2x with
+# room for a busy machine's noise, and gives a large embedding a third of the loop.
 EMBED_SHARE = 0.5
 # Inputs embedded together in one batch (the embedding context's sequences).
 EMBED_SEQS = 64
 SMOOTHING = 0.2  # weight of the newest measurement in the running averages
-FIRST_CHUNK_TOKENS = 32  # tokens of the first chunk, before any cost is measured
+# The smallest chunk: below this a decode's fixed cost (building the graph,
+# starting the threads or kernels) outweighs its tokens, and an embedding
+# sized to a fast model's step would crawl (1-token chunks: 70x slower).
+MIN_CHUNK_TOKENS = 64
 
 
 @dataclass(eq=False)
@@ -50,6 +53,7 @@ class EmbedJob:
     tokens: list[array] = field(default_factory=list)  # each input's tokens, once tokenized
     counted: int = 0  # tokens of the inputs tokenized so far
     embedded: int = 0  # inputs embedded (and emitted) so far
+    fed: int = 0  # tokens of the next input already decoded, when it is split over chunks
 
     @property
     def tokenized(self) -> bool:
@@ -91,16 +95,16 @@ def vector_text(vector: list[float], encoding: str) -> str:
 class FairShare:
     """How much of the loop embeddings get: measured, not assumed.
 
-    While completions run, each decode step earns the embeddings
-    ``EMBED_SHARE`` of its time as credit, and a turn (tokenizing or one
-    chunk) runs only with credit left, paying its own time back; so over any
-    stretch the embeddings take at most that share of the loop, even when one
-    input alone costs more than a step. A turn aims at that share of one
-    step's time, so a stream waits about half a step more at a time, never
-    more than one turn. Its size in tokens follows the measured cost per
-    token, up to ``EMBED_CHUNK_TOKENS``. With no completion running the
-    embeddings take every turn; a turn still aims at the same time, so a
-    completion that arrives waits one short turn.
+    A chunk aims at the time of one decode step of the completions (their
+    running average), so a stream waits about one step more at a time, and
+    never more than one chunk; its size in tokens follows the measured cost
+    per token, from ``MIN_CHUNK_TOKENS`` up to ``EMBED_CHUNK_TOKENS``. While
+    completions run, each step earns the embeddings ``EMBED_SHARE`` of its
+    time as credit, and a turn (tokenizing or one chunk) runs only with
+    credit left, paying its time back: over any stretch the embeddings take
+    at most that share of the loop, even where a chunk costs more than a
+    step. With no completion running they take every turn, in chunks of the
+    same size, so a completion that arrives waits one short chunk.
     """
 
     def __init__(self, share: float = EMBED_SHARE, max_tokens: int = EMBED_CHUNK_TOKENS) -> None:
@@ -109,12 +113,12 @@ class FairShare:
         self.step_seconds: float | None = None  # running average of a decode step
         self.token_seconds: float | None = None  # running average per embedded token
         self.credit = 0.0
-        self.last_tokens = FIRST_CHUNK_TOKENS
+        self.last_tokens = MIN_CHUNK_TOKENS
 
     def stepped(self, seconds: float) -> None:
         """A decode step of the completions took ``seconds``."""
         self.step_seconds = average(self.step_seconds, seconds)
-        self.credit = min(self.credit + self.share * seconds, self.turn_seconds or 0.0)
+        self.credit = min(self.credit + self.share * seconds, self.step_seconds)
 
     def may_run(self, completions: bool) -> bool:
         """May an embedding turn run now? Always when no completion runs."""
@@ -124,19 +128,20 @@ class FairShare:
         return self.credit > 0.0
 
     @property
-    def turn_seconds(self) -> float | None:
-        """The time a turn aims at (None before any decode step was timed)."""
-        return None if self.step_seconds is None else self.share * self.step_seconds
+    def chunk_seconds(self) -> float | None:
+        """The time a turn aims at: one decode step (None before any was timed)."""
+        return self.step_seconds
 
     def chunk_tokens(self) -> int:
         """Tokens the next chunk may take (whole inputs: at least one)."""
-        target = self.turn_seconds
+        target = self.chunk_seconds
         if target is None:  # no decode step yet: nothing to share with
             return self.max_tokens
+        least = min(MIN_CHUNK_TOKENS, self.max_tokens)
         if self.token_seconds is None:
-            return FIRST_CHUNK_TOKENS
+            return least
         tokens = int(target / self.token_seconds)
-        return max(1, min(tokens, 2 * self.last_tokens, self.max_tokens))
+        return max(least, min(tokens, 2 * self.last_tokens, self.max_tokens))
 
     def ran(self, seconds: float, tokens: int, completions: bool) -> None:
         """A turn took ``seconds`` (``tokens``: embedded in it, 0 for tokenizing)."""

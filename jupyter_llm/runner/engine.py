@@ -192,6 +192,7 @@ class Engine:
         self._n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
         self._embed_ctx: Any = None
         self._embed_batch: Any = None
+        self._embed_splits = False  # may a long input be decoded in pieces?
         self.embed_jobs: deque[EmbedJob] = deque()  # advanced a turn at a time (``embed_turn``)
         self.share = FairShare()
         self.beat: Callable[[], None] = lambda: None  # progress between decode steps
@@ -346,6 +347,15 @@ class Engine:
             ctx = self._embedding_context(pooling)
         self._embed_ctx = ctx
         self._embed_batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
+        # An input longer than a chunk may be decoded in pieces only where the
+        # vector is the last token's state under causal attention (a cache
+        # carries the earlier pieces); mean or CLS pooling, or an encoder
+        # that attends both ways, needs the whole input in one batch.
+        self._embed_splits = (
+            pooling == llama_cpp.LLAMA_POOLING_TYPE_LAST
+            and bool(llama_cpp.llama_get_memory(ctx))
+            and bool(llama_cpp.llama_get_causal_attn(ctx))
+        )
         name = POOLING_NAMES.get(pooling, str(pooling))
         declares = POOLING_NAMES.get(declared, "none")
         sys.stderr.write(f"embeddings pool by {name} (the model declares {declares})\n")
@@ -390,7 +400,6 @@ class Engine:
         if not self.embed_jobs or not self.share.may_run(streams):
             return
         job = self.embed_jobs[0]
-        self.embed_jobs.rotate(-1)
         started = time.perf_counter()
         tokens = 0
         try:
@@ -408,13 +417,15 @@ class Engine:
             if job.tokenized and job.embedded == len(job.texts):
                 self.embed_jobs.remove(job)
                 job.finish(job.counted)
+            elif not job.fed:  # an input split over chunks keeps the context to itself
+                self.embed_jobs.rotate(-1)
         self.share.ran(time.perf_counter() - started, tokens, streams)
         self.beat()
 
     def _tokenize_turn(self, job: EmbedJob, started: float) -> None:
         """Tokenize the next inputs until this turn has used its time (at
         least one input); ``EmbedJob.add_tokens`` checks the total."""
-        target = self.share.turn_seconds
+        target = self.share.chunk_seconds
         budget = self.share.chunk_tokens()
         done = 0
         while not job.tokenized:
@@ -454,12 +465,19 @@ class Engine:
         """Embed the next inputs of ``job`` (as many whole ones as the share's
         chunk allows, each its own sequence) in one ``llama_decode``; their
         vectors go to ``job.emit``. Returns the tokens decoded."""
-        count = job.next_chunk(min(self.share.chunk_tokens(), self.n_ctx))
+        budget = min(self.share.chunk_tokens(), self.n_ctx)
+        if job.fed or (
+            self._embed_splits
+            and job.embedded < len(job.tokens)
+            and len(job.tokens[job.embedded]) > budget
+        ):
+            return self._embed_piece(job, budget)
+        count = job.next_chunk(budget)
         if count == 0:
             return 0
         memory = llama_cpp.llama_get_memory(self._embed_ctx)
         if memory:
-            llama_cpp.llama_memory_clear(memory, True)
+            llama_cpp.llama_memory_clear(memory, False)  # the cells; zeroing the buffers is waste
         first = job.embedded
         b = self._embed_batch
         n = 0
@@ -483,6 +501,38 @@ class Engine:
         job.embedded += count
         job.emit(vectors)
         return n
+
+    def _embed_piece(self, job: EmbedJob, budget: int) -> int:
+        """The next ``budget`` tokens of an input longer than a chunk, into the
+        context's cache (causal attention: the later pieces see the earlier
+        ones); after its last piece, its vector (the last token's state, as
+        decoding it whole gives). Returns the tokens decoded."""
+        tokens = job.tokens[job.embedded]
+        start = job.fed
+        end = min(len(tokens), start + budget)
+        memory = llama_cpp.llama_get_memory(self._embed_ctx)
+        if start == 0:
+            llama_cpp.llama_memory_clear(memory, False)  # the cells; zeroing the buffers is waste
+        b = self._embed_batch
+        for i in range(end - start):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tokens[start + i], start + i, 1, 1
+            b.seq_id[i][0] = 0
+        b.n_tokens = end - start
+        if llama_cpp.llama_decode(self._embed_ctx, b) != 0:
+            raise EngineError("llama_decode failed while embedding")
+        job.fed = end
+        if end == len(tokens):
+            pointer = llama_cpp.llama_get_embeddings_seq(self._embed_ctx, 0)
+            if not pointer:
+                raise EngineError("the model produced no embedding")
+            vector = finish_vector(
+                list(pointer[: self.n_embd]), job.dimensions, bool(job.normalize)
+            )
+            job.tokens[job.embedded] = tokens[:0]
+            job.embedded += 1
+            job.fed = 0
+            job.emit([vector_text(vector, job.encoding)])
+        return end - start
 
     # -- continuous batching -----------------------------------------------------------
     @property

@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 HEALTH_POLL_MAX = 5.0  # seconds between the watchdog's health checks, at most
 # JSON of one embedding message from the runner: the event loop decodes each
-# (a list of strings, one per vector) in about a millisecond.
-EMBED_PART_BYTES = 256 << 10
+# (a list of strings, one per vector) in well under a millisecond.
+EMBED_PART_BYTES = 64 << 10
 
 
 class RunnerProxy:

@@ -62,7 +62,7 @@ from jupyter_llm.runner.vision import (
     split_plain,
 )
 
-DEFAULT_PART_BYTES = 256 << 10  # JSON of one embedding message, unless the server says
+DEFAULT_PART_BYTES = 64 << 10  # JSON of one embedding message, unless the server says
 
 
 # Characters of one token message: even escaped (6 bytes a character at most)
