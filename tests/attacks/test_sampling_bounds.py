@@ -29,7 +29,9 @@ def generate(**options) -> dict:
 @pytest.mark.parametrize(
     ("path", "body", "limit"),
     [
-        ("api/generate", generate(stop=[f"s{i}" for i in range(1_000_000)]), "stop_strings"),
+        # the million: refused before its options are read, by the body's values
+        ("api/generate", generate(stop=[f"s{i}" for i in range(1_000_000)]), "json_values"),
+        ("api/generate", generate(stop=[f"s{i}" for i in range(100_000)]), "stop_strings"),
         ("api/generate", generate(stop=["x" * (STOP_CHARS.value + 1)]), "stop_chars"),
         (
             "v1/chat/completions",
@@ -45,7 +47,15 @@ def generate(**options) -> dict:
         # within the option's range, past this load's context: the runner refuses it
         ("api/generate", generate(repeat_last_n=8192, num_ctx=256), "repeat_last_n"),
     ],
-    ids=["a million stops", "a long stop", "openai stops", "2^28", "2^31-1", "past num_ctx"],
+    ids=[
+        "a million stops",
+        "100k stops",
+        "a long stop",
+        "openai stops",
+        "2^28",
+        "2^31-1",
+        "past num_ctx",
+    ],
 )
 async def test_beyond_a_sampling_bound_is_a_400_naming_it(
     users, installed_model, path, body, limit
