@@ -65,6 +65,10 @@ class DemoModelSpec:
     # a direction every embedding shares. For tests of what a model chooses
     # to write, such as the lazy tool-call grammar's trigger. "": none
     favourite: str = ""
+    # every byte about as likely as any other, ASCII or not: at temperature 1
+    # the model writes random bytes, most of them not UTF-8 by themselves
+    # (for tests of what a grammar lets through)
+    uniform_bytes: bool = False
 
 
 ARCHS = ("llama", "qwen3", "bert")
@@ -200,13 +204,13 @@ def _decoder_tensors(writer: Any, spec: DemoModelSpec, tokens: list[str], weight
         writer.add_tensor(f"blk.{i}.ffn_up.weight", weights(spec.n_ff, spec.n_embd))
         writer.add_tensor(f"blk.{i}.ffn_down.weight", weights(spec.n_embd, spec.n_ff))
     writer.add_tensor("output_norm.weight", np.ones(spec.n_embd, dtype=np.float32))
-    output = weights(n_vocab, spec.n_embd, scale=1.0)
+    output = weights(n_vocab, spec.n_embd, scale=0.1 if spec.uniform_bytes else 1.0)
     # Only printable ASCII (and the merged tokens) get large logits, so the
     # nonsense is at least readable; the end-of-generation tokens stay unlikely
     # so that greedy decoding runs long.
     b2u = byte_to_unicode()
     for b in range(256):
-        if not (32 <= b < 127 or b == 10):
+        if not (32 <= b < 127 or b == 10 or spec.uniform_bytes):
             output[tokens.index(b2u[b])] = 0.0
     for special in (*SPECIALS, *spec.extra_tokens):
         output[tokens.index(special)] = 0.0

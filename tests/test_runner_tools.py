@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import llama_cpp
 import pytest
 
 from jupyter_llm.chat_formats import detect_format, read_template
@@ -23,11 +22,12 @@ from jupyter_llm.chat_formats.tool_grammar import (
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.json_grammar import literal
 from jupyter_llm.options import DEFAULT_SAMPLING
+from jupyter_llm.runner.constrained import Triggers
 from jupyter_llm.runner.engine import Engine, LoadParams
 from jupyter_llm.runner.launch import LoadSpec
 from jupyter_llm.runner.process import InvalidRequest
 from jupyter_llm.runner.proxy import start_runner_with
-from jupyter_llm.runner.sequence import Completion, Job, Triggers, build_sampler
+from jupyter_llm.runner.sequence import Completion, Job, make_sampler
 from jupyter_llm.runner.service import TokenStream
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 300}
@@ -278,8 +278,8 @@ GRAMMAR_TEMPLATES = [
 
 @pytest.mark.parametrize("template", GRAMMAR_TEMPLATES)
 def test_every_tool_grammar_and_trigger_loads_in_llama_cpp(engine, template):
-    # llama.cpp parses the grammar and compiles the trigger patterns
-    # (std::regex) here; a bad one would be refused (or abort the process)
+    # llama.cpp parses the grammar and the runner compiles the trigger
+    # patterns here; a bad one would be refused
     source = read_template(template)
     fmt = detect_format(source)
     for choice, opened, parallel in [
@@ -299,15 +299,15 @@ def test_every_tool_grammar_and_trigger_loads_in_llama_cpp(engine, template):
         )
         assert built is not None
         triggers = Triggers(patterns=built.trigger_patterns) if built.lazy else None
-        chain = build_sampler(
-            engine.vocab,
-            engine.n_vocab,
+        sampler = make_sampler(
+            engine.tokens,
+            engine.candidates,
             engine.n_ctx,
             dict(DEFAULT_SAMPLING),
             built.grammar,
             triggers,
         )
-        llama_cpp.llama_sampler_free(chain)
+        sampler.free()
 
 
 def test_control_tokens_are_rendered_only_when_preserved(engine):

@@ -34,6 +34,7 @@ from jupyter_llm.limits import repeat_window
 from jupyter_llm.memory.measured import AllocationLog
 from jupyter_llm.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
 from jupyter_llm.runner.chat_template import ChatTemplate
+from jupyter_llm.runner.constrained import Candidates, TokenTable
 from jupyter_llm.runner.context_window import (
     SlotView,
     Span,
@@ -53,7 +54,7 @@ from jupyter_llm.runner.pooling import (
     legacy_normalizes,
 )
 from jupyter_llm.runner.protocol import EngineError, InputError
-from jupyter_llm.runner.sequence import Completion, Job, Sequence, build_sampler
+from jupyter_llm.runner.sequence import Completion, Job, Sequence, make_sampler
 from jupyter_llm.runner.vision import ImagePrompt, Part, Vision, split_plain
 
 Emit = Callable[[str], None]
@@ -186,6 +187,13 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self._can_shift = bool(llama_cpp.llama_memory_can_shift(self.memory))
         self._piece = ctypes.create_string_buffer(256)
+        self.tokens = TokenTable(
+            self.vocab,
+            self.n_vocab,
+            self._piece_bytes,
+            lambda text: self.tokenize(text, add_special=False, parse_special=False),
+        )
+        self.candidates = Candidates(self.n_vocab)  # shared: sequences sample one by one
         self.chat_template = self.metadata("tokenizer.chat_template")
         self._chat: ChatTemplate | None = None
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
@@ -253,9 +261,9 @@ class Engine:
         return frozenset(found)
 
     def tokenize(
-        self, text: str, add_special: bool = True, parse_special: bool = True
+        self, text: str | bytes, add_special: bool = True, parse_special: bool = True
     ) -> list[int]:
-        data = text.encode()
+        data = text.encode() if isinstance(text, str) else text
         cap = len(data) + 8
         buf = (llama_cpp.llama_token * cap)()
         n = llama_cpp.llama_tokenize(
@@ -640,11 +648,13 @@ class Engine:
             opts["repeat_last_n"] = repeat_window(int(opts["repeat_last_n"]), self.n_ctx)
         except ValueError as e:
             raise InputError(str(e)) from None
-        chain = build_sampler(self.vocab, self.n_vocab, self.n_ctx, opts, job.grammar, job.triggers)
+        sampler = make_sampler(
+            self.tokens, self.candidates, self.n_ctx, opts, job.grammar, job.triggers, job.preserve
+        )
         try:
-            seq = Sequence(job, opts, chain)
+            seq = Sequence(job, opts, sampler)
         except Exception:
-            llama_cpp.llama_sampler_free(chain)
+            sampler.free()
             raise
         if seq.limit == -2:  # fill the context, then stop (Ollama)
             seq.limit, job.shift = -1, False
@@ -914,7 +924,7 @@ class Engine:
             if seq.limit == 0:
                 self._finish(seq, "length")
                 return
-        token = llama_cpp.llama_sampler_sample(seq.chain, self.ctx, index)
+        token = seq.sampler.sample(self.ctx, index)
         eog = llama_cpp.llama_vocab_is_eog(self.vocab, token)
         if seq.job.logprobs >= 0 and not eog:
             seq.job.on_logprob(self._logprob(index, token, seq.job.logprobs))

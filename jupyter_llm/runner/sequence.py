@@ -1,5 +1,6 @@
-"""One request as the batched engine carries it: its own sampler chain (and
-grammar), stop strings, text decoder, cancellation and timings.
+"""One request as the batched engine carries it: its own sampler (a native
+chain, or one held to a grammar: ``constrained``), stop strings, text
+decoder, cancellation and timings.
 
 The engine owns the llama context and the slots; a ``Sequence`` only knows
 what was asked and what has happened to it, so any number of them can share
@@ -9,7 +10,6 @@ one ``llama_decode``. Runs in the runner process only.
 from __future__ import annotations
 
 import codecs
-import ctypes
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +17,7 @@ from typing import Any
 
 import llama_cpp
 
+from jupyter_llm.runner.constrained import Candidates, GrammarSampler, TokenTable, Triggers
 from jupyter_llm.runner.context_window import num_keep
 from jupyter_llm.runner.protocol import EngineError
 from jupyter_llm.runner.stops import StopScanner
@@ -67,55 +68,56 @@ class Job:
         return min((s for s in self.images if s >= position), default=len(self.tokens))
 
 
-@dataclass(frozen=True)
-class Triggers:
-    """What switches a lazy grammar on (llama.cpp's lazy grammar sampler):
-    ECMAScript patterns matched against the output so far (the grammar is
-    fed from the first capture group, or the match), and token ids (fed
-    from the token on)."""
+class NativeSampler:
+    """A request without a grammar: its chain samples and accepts in one
+    native call."""
 
-    patterns: tuple[str, ...] = ()
-    tokens: tuple[int, ...] = ()
+    def __init__(self, chain: Any) -> None:
+        self.chain = chain
 
+    def sample(self, ctx: Any, index: int) -> int:
+        return int(llama_cpp.llama_sampler_sample(self.chain, ctx, index))
 
-def grammar_sampler(vocab: Any, grammar: str, triggers: Triggers | None) -> Any:
-    """A native grammar sampler; a lazy one with ``triggers``. None if the
-    grammar does not parse."""
-    if triggers is None:
-        return llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
-    patterns = (ctypes.c_char_p * max(1, len(triggers.patterns)))(
-        *[p.encode() for p in triggers.patterns]
-    )
-    tokens = (llama_cpp.llama_token * max(1, len(triggers.tokens)))(*triggers.tokens)
-    return llama_cpp.llama_sampler_init_grammar_lazy_patterns(
-        vocab,
-        grammar.encode(),
-        b"root",
-        patterns,
-        len(triggers.patterns),
-        tokens,
-        len(triggers.tokens),
-    )
+    def free(self) -> None:
+        if self.chain is not None:
+            llama_cpp.llama_sampler_free(self.chain)
+            self.chain = None
 
 
-def build_sampler(
-    vocab: Any,
-    n_vocab: int,
+Sampler = NativeSampler | GrammarSampler
+
+
+def make_sampler(
+    table: TokenTable,
+    candidates: Candidates,
     n_ctx: int,
     opts: dict[str, Any],
     grammar: str | None,
     triggers: Triggers | None = None,
-) -> Any:
-    """A native sampler chain for ``opts`` (Ollama's options, defaults filled),
-    with ``grammar`` first (lazy with ``triggers``)."""
+    preserve: frozenset[int] = frozenset(),
+) -> Sampler:
+    """The request's sampler: its chain for ``opts`` (Ollama's options,
+    defaults filled), held to ``grammar`` (lazy with ``triggers``) if any.
+    ``EngineError`` for a grammar or trigger that does not compile."""
+    chain = build_chain(table.n_vocab, n_ctx, opts)
+    if not grammar:
+        return NativeSampler(chain)
+    native = llama_cpp.llama_sampler_init_grammar(table.vocab, grammar.encode(), b"root")
+    if not native:
+        llama_cpp.llama_sampler_free(chain)
+        raise EngineError("invalid grammar")
+    try:
+        return GrammarSampler(table, candidates, chain, native, triggers, preserve)
+    except Exception:
+        llama_cpp.llama_sampler_free(native)
+        llama_cpp.llama_sampler_free(chain)
+        raise
+
+
+def build_chain(n_vocab: int, n_ctx: int, opts: dict[str, Any]) -> Any:
+    """A native sampler chain for ``opts``: penalties, then the pick."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = llama_cpp.llama_sampler_chain_add
-    if grammar:
-        g = grammar_sampler(vocab, grammar, triggers)
-        if not g:
-            llama_cpp.llama_sampler_free(chain)
-            raise EngineError("invalid grammar")
-        add(chain, g)
     repeat, freq, presence = (
         float(opts["repeat_penalty"]),
         float(opts["frequency_penalty"]),
@@ -156,10 +158,10 @@ def build_sampler(
 class Sequence:
     """A job in a slot: prompt feeding, then generation, until it finishes."""
 
-    def __init__(self, job: Job, opts: dict[str, Any], chain: Any) -> None:
+    def __init__(self, job: Job, opts: dict[str, Any], sampler: Sampler) -> None:
         self.job = job
         self.opts = opts
-        self.chain = chain
+        self.sampler = sampler
         self.limit = int(opts["num_predict"])
         self.num_keep = num_keep(opts)
         stop = opts["stop"]
@@ -222,7 +224,5 @@ class Sequence:
         )
 
     def free(self) -> None:
-        if self.chain is not None:
-            llama_cpp.llama_sampler_free(self.chain)
-            self.chain = None
+        self.sampler.free()  # idempotent
         self.job.release()  # its images (idempotent)

@@ -1,0 +1,324 @@
+"""Sampling held to a grammar without ever letting llama.cpp's grammar throw.
+
+llama.cpp's grammar sampler throws a C++ exception when it is made to accept
+a token it does not allow (a lazy trigger completed by a token that runs on
+past it: Gemma's ``></`` after ``<tool_call``). Through ctypes that exception
+aborts the runner, and every stream on the model dies with it. So here no
+token reaches the grammar unchecked:
+
+- the request's chain (penalties, top-k..., the final pick) samples first;
+  the one token picked is checked against the grammar and against UTF-8, and
+  only when it is refused is the grammar applied to every candidate and the
+  chain run again (llama.cpp's common sampler does the same, so a schema costs
+  one check per token, not a pass over the whole vocabulary);
+- a lazy grammar's triggers are watched here, not in llama.cpp: when one
+  fires, the text it is fed from is checked in a copy of the grammar first; a
+  token whose text the grammar refuses is left out and the chain picks again;
+- constrained output is real UTF-8 (``utf8``), so a string's length in code
+  points is what a strict decoder reads back.
+
+A token nothing allows ends that request alone with an ``EngineError``.
+Runs in the runner process only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from jupyter_llm.runner.protocol import EngineError
+from jupyter_llm.runner.utf8 import BOUNDARY, Utf8State, advance
+
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+MAX_REFUSED_TRIGGERS = 16  # tokens left out in one step before the request fails
+TRIGGER_LOOKBACK = 4096  # bytes of output a trigger pattern not anchored at both ends is sought in
+
+
+@dataclass(frozen=True)
+class Triggers:
+    """What switches a lazy grammar on (as llama.cpp's lazy grammar sampler
+    takes them): regular expressions matched against the output so far (the
+    grammar is fed from the first group that matched, or from the match; one
+    written ``^...$`` must match the whole output), and token ids (fed from
+    the token on)."""
+
+    patterns: tuple[str, ...] = ()
+    tokens: tuple[int, ...] = ()
+
+
+def compile_triggers(patterns: tuple[str, ...]) -> list[tuple[re.Pattern[bytes], bool]]:
+    """Each pattern over the output's bytes, and whether it must match all of
+    it. ``EngineError`` for a pattern that does not compile."""
+    compiled = []
+    for pattern in patterns:
+        try:
+            whole = pattern[:1] == "^" and pattern[-1:] == "$"
+            compiled.append((re.compile(pattern.encode()), whole))
+        except re.error as e:
+            raise EngineError(f"invalid trigger pattern {pattern!r}: {e}") from None
+    return compiled
+
+
+def trigger_start(
+    patterns: list[tuple[re.Pattern[bytes], bool]], output: bytes, new: int
+) -> int | None:
+    """Where the grammar is fed from, if a pattern matches ``output`` (whose
+    last ``new`` bytes just came): the first group that matched something,
+    else the match. A pattern not anchored at both ends is sought only near
+    the end, so watching costs the same at any length of output."""
+    for pattern, whole in patterns:
+        base = 0 if whole else max(0, len(output) - new - TRIGGER_LOOKBACK)
+        match = pattern.fullmatch(output) if whole else pattern.search(output, base)
+        if match is None:
+            continue
+        for group in range(1, (match.lastindex or 0) + 1):
+            if match.start(group) >= 0 and match.end(group) > match.start(group):
+                return match.start(group)
+        return match.start()
+    return None
+
+
+@dataclass
+class TokenTable:
+    """What sampling under a grammar needs to know of the vocabulary: each
+    token's text as the grammar sees it, as the output gets it, and the
+    tokens whose output is not whole UTF-8 on its own (byte-fallback tokens,
+    parts of characters; computed once, when first needed)."""
+
+    vocab: Any
+    n_vocab: int
+    piece: Callable[[int, bool], bytes]  # (token, special) -> its bytes
+    tokenize: Callable[[bytes], list[int]]  # plain text, no special tokens
+    _partial: dict[int, bytes] | None = None
+    _broken_at_boundary: np.ndarray | None = None
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def partial(self) -> dict[int, bytes]:
+        """Tokens whose output bytes are not complete UTF-8 by themselves."""
+        if self._partial is None:
+            found: dict[int, bytes] = {}
+            for token in range(self.n_vocab):
+                data = self.piece(token, False)
+                if not data.isascii():
+                    try:
+                        data.decode()
+                    except UnicodeDecodeError:
+                        found[token] = data
+            self._partial = found
+            self._broken_at_boundary = np.array(
+                [t for t, data in found.items() if advance(BOUNDARY, data) is None], dtype=np.int32
+            )
+        return self._partial
+
+    def broken_at_boundary(self) -> np.ndarray:
+        """Tokens that cannot start UTF-8 text (a stray continuation byte...)."""
+        self.partial()
+        assert self._broken_at_boundary is not None
+        return self._broken_at_boundary
+
+    def continuing(self, state: Utf8State) -> np.ndarray:
+        """The tokens that may follow text standing mid-character at ``state``."""
+        ok = [t for t, data in self.partial().items() if advance(state, data) is not None]
+        return np.array(ok, dtype=np.int32)
+
+
+class Candidates:
+    """Every token with its logit, as llama.cpp's samplers take them."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+        self.ids = np.arange(n_vocab, dtype=np.int32)
+        self.data = np.zeros(n_vocab, dtype=TOKEN_DATA)
+        self.array = llama_cpp.llama_token_data_array()
+        self.one = np.zeros(1, dtype=TOKEN_DATA)
+        self.one_array = llama_cpp.llama_token_data_array(
+            data=self.one.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
+            size=1,
+            selected=-1,
+            sorted=False,
+        )
+
+    def fill(self, ctx: Any, index: int) -> None:
+        logits = np.ctypeslib.as_array(
+            llama_cpp.llama_get_logits_ith(ctx, index), shape=(self.n_vocab,)
+        )
+        self.data["id"] = self.ids
+        self.data["logit"] = logits
+        self.data["p"] = 0.0
+        self.array.data = self.data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+        self.array.size = self.n_vocab
+        self.array.selected = -1
+        self.array.sorted = False
+
+    def exclude(self, tokens: Any) -> None:
+        self.data["logit"][tokens] = -np.inf
+
+    def keep_only(self, tokens: np.ndarray) -> None:
+        kept = self.data["logit"][tokens]
+        self.data["logit"] = -np.inf
+        self.data["logit"][tokens] = kept
+
+    def apply(self, sampler: Any) -> None:
+        llama_cpp.llama_sampler_apply(sampler, ctypes.byref(self.array))
+
+    def pick(self, chain: Any) -> int | None:
+        """The chain's choice, or None when no candidate is left."""
+        if not np.isfinite(self.data["logit"]).any():
+            return None
+        self.apply(chain)
+        chosen = self.array.selected
+        if not 0 <= chosen < self.array.size:
+            return None
+        entry = self.array.data[chosen]
+        return int(entry.id) if np.isfinite(entry.logit) else None
+
+    def allows(self, grammar: Any, token: int) -> bool:
+        """Does ``grammar`` (in its present state) take ``token`` next?"""
+        self.one["id"] = token
+        self.one["logit"] = 0.0
+        self.one_array.size, self.one_array.selected, self.one_array.sorted = 1, -1, False
+        llama_cpp.llama_sampler_apply(grammar, ctypes.byref(self.one_array))
+        return bool(np.isfinite(self.one["logit"][0]))
+
+
+@dataclass
+class GrammarSampler:
+    """One request's sampling under a grammar (lazy with ``triggers``).
+    Owns ``chain`` and ``grammar`` (native samplers) until ``free``."""
+
+    table: TokenTable
+    candidates: Candidates
+    chain: Any  # the request's chain, without the grammar
+    grammar: Any  # a native grammar sampler, fresh (lazy: the one copied at a trigger)
+    triggers: Triggers | None = None
+    preserve: frozenset[int] = frozenset()  # control tokens the output renders as text
+    active: Any = None  # the grammar holding the output (lazy: once a trigger fired)
+    utf8: Utf8State = BOUNDARY
+    output: bytearray = field(default_factory=bytearray)  # while awaiting a trigger
+    _patterns: list[tuple[re.Pattern[bytes], bool]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.triggers is None:
+            self.active = self.grammar
+        else:
+            self._patterns = compile_triggers(self.triggers.patterns)
+
+    def sample(self, ctx: Any, index: int) -> int:
+        """The next token, accepted by the chain and any grammar holding."""
+        c = self.candidates
+        c.fill(ctx, index)
+        token = c.pick(self.chain)
+        if token is None:
+            raise EngineError("the sampler left no token to choose")
+        if self.active is None:
+            token = self._watch(ctx, index, token)
+        else:
+            if not self._allowed(token):
+                token = self._constrained(ctx, index)
+                if not self._allowed(token):  # the chain picked outside what was kept
+                    raise EngineError("the grammar allows no token here")
+            self.utf8 = self._utf8_after(token) or BOUNDARY
+            llama_cpp.llama_sampler_accept(self.active, token)
+        llama_cpp.llama_sampler_accept(self.chain, token)
+        return token
+
+    def _output_bytes(self, token: int) -> bytes:
+        return self.table.piece(token, token in self.preserve)
+
+    def _utf8_after(self, token: int) -> Utf8State | None:
+        if self.table.is_eog(token):
+            return self.utf8 if self.utf8 == BOUNDARY else None
+        return advance(self.utf8, self._output_bytes(token))
+
+    def _allowed(self, token: int) -> bool:
+        return self._utf8_after(token) is not None and self.candidates.allows(self.active, token)
+
+    def _constrained(self, ctx: Any, index: int) -> int:
+        """Pick again among only what the grammar and UTF-8 allow."""
+        c = self.candidates
+        c.fill(ctx, index)
+        c.apply(self.active)
+        if self.utf8 == BOUNDARY:
+            c.exclude(self.table.broken_at_boundary())
+        else:
+            c.keep_only(self.table.continuing(self.utf8))
+        token = c.pick(self.chain)
+        if token is None:
+            raise EngineError("the grammar allows no token here")
+        return token
+
+    def _watch(self, ctx: Any, index: int, token: int) -> int:
+        """While the grammar waits for a trigger: a token that fires one is
+        taken only if the grammar takes the text it is fed from (which then
+        holds from the next token on); else it is left out and the chain
+        picks again."""
+        refused: list[int] = []
+        while True:
+            fired = self._fire(token)
+            if fired is not False:
+                if fired is not None:
+                    self.active = fired
+                    self.output.clear()
+                elif not self.table.is_eog(token):
+                    self.output += self.table.piece(token, True)
+                return token
+            refused.append(token)
+            if len(refused) > MAX_REFUSED_TRIGGERS:
+                raise EngineError(
+                    "the model's output opened a tool call the grammar cannot hold "
+                    f"({len(refused)} tokens refused in one step)"
+                )
+            self.candidates.fill(ctx, index)
+            self.candidates.exclude(refused)
+            picked = self.candidates.pick(self.chain)
+            if picked is None:
+                raise EngineError("the sampler left no token to choose")
+            token = picked
+
+    def _fire(self, token: int) -> Any:
+        """None: ``token`` fires no trigger. False: it fires one but the grammar
+        refuses the text. Else the grammar, fed up to and through ``token``."""
+        assert self.triggers is not None
+        if self.table.is_eog(token):
+            return None
+        if token in self.triggers.tokens:
+            return self._feed([token], b"")
+        piece = self.table.piece(token, True)
+        output = bytes(self.output + piece)
+        start = trigger_start(self._patterns, output, len(piece))
+        if start is None:
+            return None
+        text = output[start:]
+        tokens = self.table.tokenize(text)
+        if b"".join(self.table.piece(t, True) for t in tokens) != text:
+            return False  # cannot be fed as tokens: treat as refused
+        return self._feed(tokens, text)
+
+    def _feed(self, tokens: list[int], text: bytes) -> Any:
+        grammar = llama_cpp.llama_sampler_clone(self.grammar)
+        state = advance(BOUNDARY, text)
+        ok = state is not None
+        for t in tokens:
+            if not ok:
+                break
+            ok = self.candidates.allows(grammar, t)
+            if ok:
+                llama_cpp.llama_sampler_accept(grammar, t)
+        if not ok:
+            llama_cpp.llama_sampler_free(grammar)
+            return False
+        self.utf8 = state or BOUNDARY
+        return grammar
+
+    def free(self) -> None:
+        for sampler in {id(s): s for s in (self.chain, self.grammar, self.active) if s}.values():
+            llama_cpp.llama_sampler_free(sampler)
+        self.chain = self.grammar = self.active = None
