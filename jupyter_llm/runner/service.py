@@ -42,6 +42,7 @@ from jupyter_llm.chat_formats.tool_grammar import (
     tool_grammar,
     tool_names,
 )
+from jupyter_llm.runner.constrained import Triggers
 from jupyter_llm.runner.context_window import fit_history, num_keep
 from jupyter_llm.runner.embedding import EmbedJob
 from jupyter_llm.runner.protocol import (
@@ -53,7 +54,7 @@ from jupyter_llm.runner.protocol import (
     decode,
     encode,
 )
-from jupyter_llm.runner.sequence import Job, Triggers
+from jupyter_llm.runner.sequence import Job
 from jupyter_llm.runner.vision import (
     Part,
     chat_markers,
