@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,16 +98,34 @@ class TokenTable:
     tokenize: Callable[[bytes], list[int]]  # plain text, no special tokens
     _partial: dict[int, bytes] | None = None
     _broken_at_boundary: np.ndarray | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def prepare(self) -> threading.Thread:
+        """Read the vocabulary in a thread (a 262k vocabulary takes about a
+        second), so the first request that needs it does not stall every
+        stream. Join it before the model is freed."""
+        thread = threading.Thread(target=self.partial, name="token-table", daemon=True)
+        thread.start()
+        return thread
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
 
     def partial(self) -> dict[int, bytes]:
         """Tokens whose output bytes are not complete UTF-8 by themselves."""
+        with self._lock:
+            return self._read_partial()
+
+    def _read_partial(self) -> dict[int, bytes]:
         if self._partial is None:
             found: dict[int, bytes] = {}
+            buf = ctypes.create_string_buffer(256)  # its own: the loop's is in use
             for token in range(self.n_vocab):
-                data = self.piece(token, False)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+                if n < 0:
+                    buf = ctypes.create_string_buffer(-n)
+                    n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+                data = buf.raw[:n]
                 if not data.isascii():
                     try:
                         data.decode()

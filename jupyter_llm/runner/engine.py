@@ -30,6 +30,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from jupyter_llm.chat_formats.builtin import choose_builtin
 from jupyter_llm.limits import repeat_window
 from jupyter_llm.memory.measured import AllocationLog
 from jupyter_llm.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
@@ -194,7 +195,9 @@ class Engine:
             lambda text: self.tokenize(text, add_special=False, parse_special=False),
         )
         self.candidates = Candidates(self.n_vocab)  # shared: sequences sample one by one
-        self.chat_template = self.metadata("tokenizer.chat_template")
+        self._reading_vocab = self.tokens.prepare()
+        # the GGUF's own template, or its family's built-in one (named here)
+        self.chat_template, self.builtin_template = self._chat_template_source()
         self._chat: ChatTemplate | None = None
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self._n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
@@ -215,6 +218,9 @@ class Engine:
                 raise
 
     def close(self) -> None:
+        if getattr(self, "_reading_vocab", None) is not None:
+            self._reading_vocab.join()  # it reads the vocabulary freed below
+            self._reading_vocab = None
         if self.vision is not None:
             self.vision.close()
             self.vision = None
@@ -278,6 +284,27 @@ class Engine:
         return list(buf[:n])
 
     # -- prompts ---------------------------------------------------------------------
+    def _chat_template_source(self) -> tuple[str, str]:
+        """The chat template and, where the GGUF has none and the model's
+        family is known, the name of the built-in one chosen for it (""
+        where it is the GGUF's own, or where nothing is known)."""
+        own = self.metadata("tokenizer.chat_template")
+        if own:
+            return own, ""
+        builtin = choose_builtin(
+            self.metadata("general.architecture"),
+            self._has_marker,
+            self.metadata("tokenizer.ggml.pre"),
+        )
+        return (builtin.source, builtin.name) if builtin else ("", "")
+
+    def _has_marker(self, text: str) -> bool:
+        """Whether ``text`` is one control or user-defined token (as the
+        server reads a GGUF's token types, ``models.gguf_info.marker_tokens``)."""
+        ids = self.tokenize(text, add_special=False, parse_special=True)
+        marker = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        return len(ids) == 1 and bool(llama_cpp.llama_vocab_get_attr(self.vocab, ids[0]) & marker)
+
     def render_chat(
         self,
         messages: list[dict[str, Any]],
@@ -285,7 +312,8 @@ class Engine:
         variables: dict[str, Any] | None = None,
     ) -> str:
         """The model's chat template (Jinja2, as transformers renders it), with
-        its work bounded (``chat_template``: a hostile template is a 400)."""
+        its work bounded (``chat_template``: a hostile template is a 400); a
+        model without one and of no known family gets ``role: content`` lines."""
         if not self.chat_template:
             lines = [f"{m.get('role', 'user')}: {m.get('content', '')}" for m in messages]
             return "\n".join([*lines, "assistant: "])
