@@ -60,7 +60,7 @@ from jupyter_llm.api.templates import render_go_template
 from jupyter_llm.chat_formats.detect import template_format
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.limits import TEXT_LAYER
-from jupyter_llm.models.gguf_info import read_metadata
+from jupyter_llm.models.gguf_info import builtin_template, read_metadata
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry, parse_digest
 
@@ -572,7 +572,11 @@ class ShowHandler(LLMHandler):
             raise InvalidRequest("verbose must be a boolean")
         entry = await self.blocking(self.llm.store.get, name)
         info = await self.blocking(read_metadata, entry.model_path, verbose)
-        template = entry.template or str(info.get("tokenizer.chat_template") or "")
+        # a GGUF without a template chats in its family's built-in one: named in details
+        builtin = await self.blocking(builtin_template, entry.model_path, info)
+        own = str(info.get("tokenizer.chat_template") or "") or (builtin.source if builtin else "")
+        template = entry.template or own
+        details = {**entry.details, "builtin_template": builtin.name} if builtin else entry.details
         # reading a template (up to 4 MiB, perhaps hostile) is CPU work: off the loop
         capabilities = await self.blocking(model_capabilities, info, template)
         extra: dict[str, Any] = {}
@@ -590,7 +594,7 @@ class ShowHandler(LLMHandler):
             "messages": entry.messages,
             "template": template,
             "system": entry.system or "",
-            "details": entry.details,
+            "details": details,
             "model_info": info,
             "capabilities": capabilities,
             "modified_at": entry.modified_at.isoformat().replace("+00:00", "Z"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from jupyter_llm.chat_formats.builtin import HINT_MARKERS, BuiltinTemplate, choose_builtin
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.gguf_header import (
     MAGIC,
@@ -169,3 +170,46 @@ def read_metadata(path: Path, verbose: bool = False) -> dict[str, object]:
     }
     info["general.parameter_count"] = sum(t.n_elements for t in header.tensors)
     return info
+
+
+TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 3, 4  # gguf's TokenType
+
+
+def marker_tokens(path: Path, texts: tuple[str, ...]) -> frozenset[str]:
+    """Which of ``texts`` are control or user-defined tokens of the GGUF's
+    vocabulary, as the runner's ``Engine._has_marker`` asks llama.cpp.
+    Reads the whole vocabulary; one past the reader's memory cap counts as
+    holding none (what needed only the markers still answers). Blocking."""
+    try:
+        meta = load_header(path, None).metadata
+    except InvalidRequest:
+        return frozenset()
+    tokens, types = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type")
+    if not isinstance(tokens, list) or not isinstance(types, list):
+        return frozenset()
+    wanted = set(texts)
+    return frozenset(
+        token
+        for token, kind in zip(tokens, types, strict=False)
+        if token in wanted and kind in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
+    )
+
+
+def builtin_template(path: Path, metadata: dict[str, object]) -> BuiltinTemplate | None:
+    """The built-in chat template the runner renders this model's chats with
+    (``chat_formats.builtin``): None where the GGUF has its own, or where its
+    family is unknown. The vocabulary is read only if the architecture leaves
+    the family open. Blocking."""
+    if metadata.get("tokenizer.chat_template"):
+        return None
+    markers: list[frozenset[str]] = []
+
+    def has_token(text: str) -> bool:
+        if not markers:
+            markers.append(marker_tokens(path, HINT_MARKERS))
+        return text in markers[0]
+
+    arch, pre = metadata.get("general.architecture"), metadata.get("tokenizer.ggml.pre")
+    return choose_builtin(
+        arch if isinstance(arch, str) else "", has_token, pre if isinstance(pre, str) else ""
+    )
