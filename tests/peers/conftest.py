@@ -16,13 +16,16 @@ Models:
 
 A random-weight model never chooses to call a tool and its text is noise:
 tests whose assertion is about what the model says are marked as model
-failures (``model_xfail``), never the ones about the wire.
+failures (xfail, for the exception that content raises), never the ones
+about the wire. ``gemma-tools`` (``gemma_tools``), the real Gemma 3 270M
+with a tool template, is added for the tests where real text matters.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from live_server import LiveServer
@@ -48,6 +51,7 @@ class Peer:
     url: str  # the Jupyter server, ending in "/"
     token: str
     server: LiveServer
+    models: Path  # the server's store: a model created there is served at once
 
     @property
     def ollama(self) -> str:
@@ -67,6 +71,18 @@ class Peer:
         return len(self.server.runners())
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A standard-suite class with ``ONLY`` (test names) runs just those."""
+    keep, drop = [], []
+    for item in items:
+        only = getattr(getattr(item, "cls", None), "ONLY", None)
+        name = getattr(item, "originalname", item.name)
+        (drop if only is not None and name not in only else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture(scope="package")
 def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peer]:
     root = tmp_path_factory.mktemp("peers")
@@ -77,11 +93,15 @@ def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peer]:
     server = LiveServer(
         root / "models",
         root,
-        env={"JUPYTER_LLM_NUM_PARALLEL": "2", "JUPYTER_LLM_KEEP_ALIVE": "-1"},
+        env={
+            "JUPYTER_LLM_NUM_PARALLEL": "2",
+            "JUPYTER_LLM_KEEP_ALIVE": "-1",
+            "JUPYTER_LLM_MAX_LOADED_MODELS": "8",
+        },
         log=root / "server.log",
     )
     try:
-        yield Peer(server.url, server.token, server)
+        yield Peer(server.url, server.token, server, root / "models")
     finally:
         server.stop()
 
@@ -101,7 +121,11 @@ def _no_runner_dies(request: pytest.FixtureRequest) -> Iterator[None]:
     assert not gone, f"runner processes {sorted(gone)} died during the test"
 
 
-def model_xfail(reason: str) -> pytest.MarkDecorator:
-    """A failure of the model's content, not of the wire: a random-weight
-    model does not choose, or say, what the test asks of it."""
-    return pytest.mark.xfail(reason=f"model: {reason}", strict=False)
+@pytest.fixture(scope="package")
+def gemma_tools(peer: Peer, gemma_tools_gguf: Path) -> str:
+    """The real Gemma 3 270M with a Hermes tool template added (tests/conftest.py),
+    served as ``gemma-tools``: a model that writes language, closes its
+    strings, and chooses (or not) to call."""
+    store = ModelStore(peer.models)
+    store.create("gemma-tools", {"gemma.gguf": store.add_blob_from_file(gemma_tools_gguf)})
+    return "gemma-tools"
