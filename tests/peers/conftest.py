@@ -23,8 +23,9 @@ with a tool template, is added for the tests where real text matters.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,8 @@ MODELS: dict[str, DemoModelSpec] = {
     ),
 }
 
+LOADED = re.compile(r"runner (\d+) loaded the model")
+
 
 @dataclass(frozen=True)
 class Peer:
@@ -52,6 +55,8 @@ class Peer:
     token: str
     server: LiveServer
     models: Path  # the server's store: a model created there is served at once
+    log: Path  # the server's output
+    dead: set[int] = field(default_factory=set)  # runners seen dead so far
 
     @property
     def ollama(self) -> str:
@@ -67,8 +72,10 @@ class Peer:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.token}"}
 
-    def runners_alive(self) -> int:
-        return len(self.server.runners())
+    def loaded_runners(self) -> set[int]:
+        """Every runner the server has loaded a model in, by its log."""
+        text = self.log.read_text(errors="replace")
+        return {int(pid) for pid in LOADED.findall(text)}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -101,7 +108,7 @@ def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peer]:
         log=root / "server.log",
     )
     try:
-        yield Peer(server.url, server.token, server, root / "models")
+        yield Peer(server.url, server.token, server, root / "models", root / "server.log")
     finally:
         server.stop()
 
@@ -109,16 +116,15 @@ def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peer]:
 @pytest.fixture(autouse=True)
 def _no_runner_dies(request: pytest.FixtureRequest) -> Iterator[None]:
     """No peer's request may kill a runner. Models stay loaded (keep_alive -1,
-    fewer models than the server keeps), so a runner that is gone after a test
-    died in it."""
+    more models kept than there are), so every runner the server's log says
+    it loaded lives to the end: one gone died, in the test that just ran."""
+    yield
     if "peer" not in request.fixturenames:
-        yield
         return
     peer: Peer = request.getfixturevalue("peer")
-    before = {p.pid for p in peer.server.runners()}
-    yield
-    gone = before - {p.pid for p in peer.server.runners()}
-    assert not gone, f"runner processes {sorted(gone)} died during the test"
+    dead = peer.loaded_runners() - {p.pid for p in peer.server.runners()} - peer.dead
+    peer.dead.update(dead)
+    assert not dead, f"runner processes {sorted(dead)} died during the test"
 
 
 @pytest.fixture(scope="package")
