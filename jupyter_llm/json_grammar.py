@@ -6,9 +6,10 @@ character (U+0000..U+001F), and their escapes are JSON's own (\\" \\\\ \\/ \\b
 schema accepts, as tight as a context-free grammar allows:
 
 - objects: properties in the schema's order, required ones always present;
-  without ``additionalProperties`` an object that lists properties is closed
-  (as llama.cpp does), otherwise extra keys, none of them a listed one,
-  follow the listed ones;
+  without ``additionalProperties`` an object with ``properties`` is closed
+  (as llama.cpp does), an empty one too (``{}`` only: a tool without
+  arguments, whose caller calls ``f(**args)``), otherwise extra keys, none
+  of them a listed one, follow the listed ones;
 - arrays: ``items``, ``prefixItems`` (or draft-4 list ``items``),
   ``minItems``/``maxItems``;
 - strings: ``minLength``/``maxLength``, ``pattern`` (a regular-expression
@@ -71,7 +72,14 @@ MAX_BOUND_DIGITS = 40  # a bound is rounded outwards to this many digits each si
 # the primitives every grammar may use, and the primitives each one uses
 PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
     "space": ('" "?', ()),
-    "char": (r'[^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})', ()),
+    # a "\u" escape never writes a lone surrogate (json.loads would give one):
+    # a pair is one character, as Python counts it; or the character is raw UTF-8
+    "char": (r'[^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" u-hex)', ("u-hex",)),
+    "u-hex": (
+        r"[0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} "
+        r'| [dD] [89abAB] [0-9a-fA-F]{2} "\\u" [dD] [c-fC-F] [0-9a-fA-F]{2}',
+        (),
+    ),
     "string": (r'"\"" char* "\"" space', ("char", "space")),
     "int-digits": (f'"0" | [1-9] [0-9]{{0,{MAX_DIGITS - 1}}}', ()),
     "integer": ('"-"? int-digits space', ("int-digits", "space")),
@@ -111,7 +119,7 @@ PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("hostname",),
     ),
 }
-_ESCAPE = r'"\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
+_ESCAPE = r'"\\" (["\\/bfnrt] | "u" u-hex)'  # needs the primitive u-hex
 FORMATS = {"date", "time", "date-time", "uuid", "ipv4", "hostname", "email", "uri"}
 FORMAT_ALIASES = {f"uuid{n}": "uuid" for n in range(1, 6)}
 
@@ -1116,7 +1124,12 @@ class Converter:
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         required = [r for r in schema.get("required", []) if isinstance(r, str)]
         extra = schema.get("additionalProperties")
-        if not properties and not required and extra in (None, True, {}):
+        listed = isinstance(schema.get("properties"), dict)  # even empty: a tool without arguments
+        if (
+            not properties
+            and not required
+            and (extra in (True, {}) or (extra is None and not listed))
+        ):
             return self.primitive("object")
         self.primitive("space")
         entries: list[tuple[str, bool]] = []  # (rule, required)
