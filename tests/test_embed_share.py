@@ -14,11 +14,14 @@ from jupyter_llm.limits import EMBED_CHUNK_TOKENS, EMBED_TOKENS
 from jupyter_llm.runner.embedding import (
     EMBED_SHARE,
     MIN_CHUNK_TOKENS,
+    EmbedContextSize,
     EmbedJob,
     FairShare,
+    context_failure,
+    embed_context_size,
     vector_text,
 )
-from jupyter_llm.runner.protocol import InputError
+from jupyter_llm.runner.protocol import EngineError, InputError
 
 
 def job(texts: list[str]) -> EmbedJob:
@@ -141,3 +144,61 @@ def test_without_streams_there_is_no_debt_or_savings():
     assert not share.may_run(completions=True)
     assert share.may_run(completions=False)  # the streams are gone: debt forgiven
     assert share.credit == 0.0
+
+
+# -- the embedding context's size: from the inputs, never from the chat context ------------
+C = EMBED_CHUNK_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("longest", "limit", "pieces", "held", "size"),
+    [
+        # two one-word inputs beside a chat at 32k cells: one chunk's size
+        (1, 32768, True, 0, (C, C)),
+        (1, 32768, False, 0, (C, C)),
+        (C, 32768, False, 0, (C, C)),
+        # a longer input: cells by powers of two; a batch of a chunk where
+        # pieces are decoded one after another, else the whole input at once
+        (C + 1, 32768, True, 0, (2 * C, C)),
+        (C + 1, 32768, False, 0, (2 * C, 2 * C)),
+        (3000, 32768, True, 0, (4096, C)),
+        (3000, 32768, False, 0, (4096, 4096)),
+        (32768, 32768, True, 0, (32768, C)),
+        # never past the limit (the longest an input is kept), even rounded up
+        (3000, 3000, False, 0, (3000, 3000)),
+        (5000, 3000, True, 0, (3000, C)),
+        (1, 128, False, 0, (128, 128)),  # a model trained on fewer tokens than a chunk
+        (1, 128, True, 0, (128, 128)),
+        # a context already made is kept while it holds the input
+        (10, 32768, True, 4096, (4096, C)),
+        (4096, 32768, False, 4096, (4096, 4096)),
+        (4097, 32768, False, 4096, (8192, 8192)),
+        (1, 2048, False, 4096, (C, C)),  # made under a larger limit: not kept
+    ],
+)
+def test_the_embedding_context_is_sized_from_the_inputs(longest, limit, pieces, held, size):
+    assert embed_context_size(longest, limit, pieces, held) == EmbedContextSize(*size)
+
+
+@pytest.mark.parametrize(
+    ("size", "longest", "limit", "pieces", "kind", "says"),
+    [
+        # the smallest context: the machine has no memory for any embedding
+        ((C, C), 0, 32768, True, EngineError, "(512 tokens, 512 a batch)"),
+        ((128, 128), 3, 128, False, EngineError, "out of memory?"),
+        # a long input asked for more: a 400 that says what to do
+        ((4096, 4096), 3000, 32768, False, InputError, "an input of 3000 tokens asked for it"),
+        ((32768, C), 30000, 32768, True, InputError, "send shorter inputs"),
+    ],
+)
+def test_a_context_that_cannot_be_made_is_a_clear_error(size, longest, limit, pieces, kind, says):
+    error = context_failure(EmbedContextSize(*size), longest, limit, pieces)
+    assert type(error) is kind and says in str(error)
+    assert str(error).startswith("failed to create the embedding context")
+
+
+def test_a_job_knows_its_longest_input():
+    j = job(["a", "b", "c"])
+    for tokens in ([1, 2], [1, 2, 3, 4], [1]):
+        j.add_tokens(tokens)
+    assert j.longest == 4

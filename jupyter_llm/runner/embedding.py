@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jupyter_llm.limits import EMBED_CHUNK_TOKENS, EMBED_TOKENS
-from jupyter_llm.runner.protocol import InputError
+from jupyter_llm.runner.protocol import EngineError, InputError
 
 # Time the embeddings may take from the loop while completions run, as a
 # fraction of the time of their decode steps: 1/3 keeps a stream at 3/4 of its
@@ -55,6 +55,7 @@ class EmbedJob:
     cancelled: Callable[[], bool] = lambda: False
     tokens: list[array] = field(default_factory=list)  # each input's tokens, once tokenized
     counted: int = 0  # tokens of the inputs tokenized so far
+    longest: int = 0  # tokens of the longest input tokenized so far
     embedded: int = 0  # inputs embedded (and emitted) so far
     fed: int = 0  # tokens of the next input already decoded, when it is split over chunks
 
@@ -67,6 +68,7 @@ class EmbedJob:
         ``InputError`` at once, before any embedding work."""
         self.tokens.append(array("i", tokens))
         self.counted += len(tokens)
+        self.longest = max(self.longest, len(tokens))
         if self.counted > EMBED_TOKENS.value:
             field = "input"
             if not self.tokenized:
@@ -84,6 +86,54 @@ class EmbedJob:
                 break
             end += 1
         return end - start
+
+
+@dataclass(frozen=True)
+class EmbedContextSize:
+    """The embedding context's shape: ``n_ctx`` cells (its cache, the
+    sequences of a chunk all together) and ``n_batch`` tokens a decode may
+    take (its ubatch too: a pooled input is read in one)."""
+
+    n_ctx: int
+    n_batch: int
+
+
+def embed_context_size(
+    longest: int,
+    limit: int,
+    pieces: bool,
+    held: int = 0,
+    chunk: int = EMBED_CHUNK_TOKENS,
+) -> EmbedContextSize:
+    """The embedding context for inputs of up to ``longest`` tokens, sized
+    from them and not from the chat context: made at a chat's 32k cells, with
+    a ubatch as long, it asked llama.cpp for 34.5 GB on Gemma 3 270M, for two
+    one-word inputs. A chunk of several inputs takes at most ``chunk``
+    tokens, one input up to ``limit`` (the longest an input is kept: it is
+    cut or refused there). The cells grow by powers of two from ``held`` (a
+    context already made: kept while it suffices), so a run of ever longer
+    inputs makes a context a few times at most. With ``pieces`` (last-token
+    pooling under causal attention: a long input is decoded in pieces) a
+    decode takes at most a chunk; otherwise a whole input."""
+    limit = max(1, limit)
+    need = min(max(longest, chunk, 1), limit)
+    cells = held if need <= held <= limit else min(1 << (need - 1).bit_length(), limit)
+    return EmbedContextSize(cells, min(chunk, cells) if pieces else cells)
+
+
+def context_failure(size: EmbedContextSize, longest: int, limit: int, pieces: bool) -> EngineError:
+    """The error for the request whose embedding context (``size``, for an
+    input of ``longest`` tokens) llama.cpp could not make: the runner goes
+    on. A 400 (``InputError``) where the input's length asked for more than
+    the smallest context, so that shorter inputs are the way out; else the
+    machine is short of memory for any embedding."""
+    text = (
+        f"failed to create the embedding context ({size.n_ctx} tokens, "
+        f"{size.n_batch} a batch): llama.cpp could not allocate it (out of memory?)"
+    )
+    if size.n_ctx <= embed_context_size(0, limit, pieces).n_ctx:
+        return EngineError(text)
+    return InputError(f"{text}; an input of {longest} tokens asked for it: send shorter inputs")
 
 
 def vector_text(vector: list[float], encoding: str) -> str:

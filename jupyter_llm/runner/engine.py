@@ -46,7 +46,15 @@ from jupyter_llm.runner.context_window import (
     swa_reusable,
     truncation,
 )
-from jupyter_llm.runner.embedding import EMBED_SEQS, EmbedJob, FairShare, vector_text
+from jupyter_llm.runner.embedding import (
+    EMBED_SEQS,
+    EmbedContextSize,
+    EmbedJob,
+    FairShare,
+    context_failure,
+    embed_context_size,
+    vector_text,
+)
 from jupyter_llm.runner.pooling import (
     POOLING_NAMES,
     embedding_pooling,
@@ -203,6 +211,8 @@ class Engine:
         self._n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
         self._embed_ctx: Any = None
         self._embed_batch: Any = None
+        self._embed_size: EmbedContextSize | None = None  # of _embed_ctx, as asked
+        self._embed_pooling: int | None = None  # once the first context has read it
         self._embed_splits = False  # may a long input be decoded in pieces?
         self.embed_jobs: deque[EmbedJob] = deque()  # advanced a turn at a time (``embed_turn``)
         self.share = FairShare()
@@ -224,10 +234,7 @@ class Engine:
         if self.vision is not None:
             self.vision.close()
             self.vision = None
-        if self._embed_ctx:
-            llama_cpp.llama_batch_free(self._embed_batch)
-            llama_cpp.llama_free(self._embed_ctx)
-            self._embed_ctx = None
+        self._close_embedding()
         if self.ctx:
             llama_cpp.llama_batch_free(self.batch)
             llama_cpp.llama_free(self.ctx)
@@ -354,47 +361,75 @@ class Engine:
         """The length of an embedding (the output size where a model projects)."""
         return int(llama_cpp.llama_model_n_embd_out(self.model))
 
-    def _embedding_context(self, pooling: int) -> Any:
+    def _embedding_context(self, pooling: int, size: EmbedContextSize) -> Any:
+        """A context for embeddings of ``size`` (``embed_context_size``), or
+        None where llama.cpp could not make it (memory)."""
         cp = llama_cpp.llama_context_default_params()
-        cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
+        cp.n_ctx = size.n_ctx
+        cp.n_batch = cp.n_ubatch = size.n_batch
         cp.n_seq_max = EMBED_SEQS  # the inputs of one chunk, one sequence each
         cp.kv_unified = True  # and any one of them may fill the context
         cp.embeddings = True
         cp.pooling_type = pooling
         cp.n_threads, cp.n_threads_batch = self._n_threads, self._n_threads
         cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        ctx = llama_cpp.llama_init_from_model(self.model, cp)
-        if not ctx:
-            raise EngineError("failed to create the embedding context (out of memory?)")
-        return ctx
+        return llama_cpp.llama_init_from_model(self.model, cp) or None
 
-    def _open_embedding(self) -> None:
-        """The second context (created on first use, sharing the model's
-        weights), pooled as the model declares (``pooling.embedding_pooling``)."""
-        ctx = self._embedding_context(llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED)
-        declared = llama_cpp.llama_pooling_type(ctx)
-        try:
-            pooling = embedding_pooling(declared)
-        except InputError:
-            llama_cpp.llama_free(ctx)
-            raise
-        if pooling != declared:
-            llama_cpp.llama_free(ctx)
-            ctx = self._embedding_context(pooling)
-        self._embed_ctx = ctx
-        self._embed_batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
-        # An input longer than a chunk may be decoded in pieces only where the
-        # vector is the last token's state under causal attention (a cache
-        # carries the earlier pieces); mean or CLS pooling, or an encoder
-        # that attends both ways, needs the whole input in one batch.
-        self._embed_splits = (
-            pooling == llama_cpp.LLAMA_POOLING_TYPE_LAST
-            and bool(llama_cpp.llama_get_memory(ctx))
-            and bool(llama_cpp.llama_get_causal_attn(ctx))
-        )
-        name = POOLING_NAMES.get(pooling, str(pooling))
-        declares = POOLING_NAMES.get(declared, "none")
-        sys.stderr.write(f"embeddings pool by {name} (the model declares {declares})\n")
+    def _close_embedding(self) -> None:
+        if self._embed_ctx:
+            llama_cpp.llama_batch_free(self._embed_batch)
+            llama_cpp.llama_free(self._embed_ctx)
+        self._embed_ctx = self._embed_batch = self._embed_size = None
+
+    def _open_embedding(self, longest: int = 0) -> None:
+        """The second context (sharing the model's weights), pooled as the
+        model declares (``pooling.embedding_pooling``), sized for inputs of
+        ``longest`` tokens (``embed_context_size``): made small on first use,
+        made again larger when a longer input comes. A context that cannot be
+        made fails the request that needed it (``context_failure``), not the
+        runner."""
+        limit = self.embed_limit
+        if self._embed_pooling is None:  # first use: what the model declares, and may do
+            size = embed_context_size(0, limit, pieces=False)
+            ctx = self._embedding_context(llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED, size)
+            if ctx is None:
+                raise context_failure(size, 0, limit, pieces=False)
+            declared = llama_cpp.llama_pooling_type(ctx)
+            try:
+                pooling = embedding_pooling(declared)
+            except InputError:
+                llama_cpp.llama_free(ctx)
+                raise
+            # An input longer than a chunk may be decoded in pieces only where
+            # the vector is the last token's state under causal attention (a
+            # cache carries the earlier pieces); mean or CLS pooling, or an
+            # encoder that attends both ways, needs the whole input in one batch.
+            self._embed_splits = (
+                pooling == llama_cpp.LLAMA_POOLING_TYPE_LAST
+                and bool(llama_cpp.llama_get_memory(ctx))
+                and bool(llama_cpp.llama_get_causal_attn(ctx))
+            )
+            self._embed_pooling = pooling
+            if pooling == declared:  # the smallest context, as needed at first
+                self._use_embedding(ctx, size)
+            else:
+                llama_cpp.llama_free(ctx)
+            name = POOLING_NAMES.get(pooling, str(pooling))
+            declares = POOLING_NAMES.get(declared, "none")
+            sys.stderr.write(f"embeddings pool by {name} (the model declares {declares})\n")
+        held = self._embed_size.n_ctx if self._embed_size is not None else 0
+        size = embed_context_size(longest, limit, self._embed_splits, held)
+        if size == self._embed_size:
+            return
+        self._close_embedding()  # before the larger one: both would not fit where it matters
+        ctx = self._embedding_context(self._embed_pooling, size)
+        if ctx is None:
+            raise context_failure(size, longest, limit, self._embed_splits)
+        self._use_embedding(ctx, size)
+
+    def _use_embedding(self, ctx: Any, size: EmbedContextSize) -> None:
+        self._embed_ctx, self._embed_size = ctx, size
+        self._embed_batch = llama_cpp.llama_batch_init(size.n_batch, 0, 1)
 
     def legacy_normalizes(self) -> bool:
         """Whether the legacy ``/api/embeddings`` normalises this model's vectors."""
@@ -501,7 +536,9 @@ class Engine:
         """Embed the next inputs of ``job`` (as many whole ones as the share's
         chunk allows, each its own sequence) in one ``llama_decode``; their
         vectors go to ``job.emit``. Returns the tokens decoded."""
-        budget = min(self.share.chunk_tokens(), self.n_ctx)
+        self._open_embedding(job.longest)  # larger, if an input needs it
+        assert self._embed_size is not None
+        budget = min(self.share.chunk_tokens(), self._embed_size.n_batch)
         if job.fed or (
             self._embed_splits
             and job.embedded < len(job.tokens)
