@@ -41,7 +41,9 @@ class Header:
 
 @dataclass(frozen=True)
 class Event:
-    kind: Literal["header", "text", "end"]
+    """``cut``: the end of a message the token limit ended (``finish``)."""
+
+    kind: Literal["header", "text", "end", "cut"]
     header: Header
     text: str = ""
 
@@ -83,8 +85,16 @@ class HarmonyReader:
             pass
         return events
 
-    def finish(self) -> list[Event]:
+    def finish(self, cut_off: bool = False) -> list[Event]:
+        """The events held back. ``cut_off``: the output ended at the token
+        limit: the last message ends in "cut", not "end" (a call in it is one
+        only if its arguments are whole), and a harmony token's beginning at
+        the very end is dropped."""
         events: list[Event] = []
+        if cut_off and self._state == "between":
+            head = self._buffer.lstrip()
+            if head and any(m.startswith(head) for m in (START, CHANNEL, "to=")):
+                self._buffer = ""
         while self._step(events, final=True):
             pass
         if self._state == "header":
@@ -92,7 +102,7 @@ class HarmonyReader:
         elif self._state == "body":
             if self._buffer:
                 events.append(Event("text", self._header, self._buffer))
-            events.append(Event("end", self._header))
+            events.append(Event("cut" if cut_off else "end", self._header))
         self._buffer, self._state, self._searched = "", "between", 0
         return events
 

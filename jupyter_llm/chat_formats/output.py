@@ -46,7 +46,8 @@ class OutputStream:
     even so). ``starts_in_thinking``: the prompt opened ``<think>``
     (``prompt_opens_thinking``). ``split_thinking`` False leaves thinking in
     the content, as the model wrote it. ``tool_names``: the offered tools'
-    names (see ``ToolCallStream``).
+    names (see ``ToolCallStream``). ``constrained``: a tool-call grammar
+    holds the output (``ToolCallStream``).
     """
 
     def __init__(
@@ -57,12 +58,13 @@ class OutputStream:
         starts_in_thinking: bool = False,
         split_thinking: bool = True,
         tool_names: Collection[str] | None = None,
+        constrained: bool = False,
     ) -> None:
         self._thinking = (
             ThinkingStream(fmt, starts_in_thinking=starts_in_thinking) if split_thinking else None
         )
         wanted = tools or fmt.tool_calls == "gpt_oss"
-        self._tools = ToolCallStream(fmt, tool_names) if wanted else None
+        self._tools = ToolCallStream(fmt, tool_names, constrained=constrained) if wanted else None
 
     def feed(self, text: str) -> OutputDelta:
         if self._thinking is None:
@@ -72,20 +74,23 @@ class OutputStream:
         out.thinking = split.thinking
         return out
 
-    def finish(self) -> OutputDelta:
+    def finish(self, cut_off: bool = False) -> OutputDelta:
+        """What was held back. ``cut_off``: the output ended at the token
+        limit; a call it cut short is dropped, not sent as content
+        (``ToolCallStream.finish``)."""
         if self._thinking is None:
-            return self._answer("", final=True)
-        split = self._thinking.finish()
-        out = self._answer(split.content, final=True)
+            return self._answer("", final=True, cut_off=cut_off)
+        split = self._thinking.finish(cut_off)
+        out = self._answer(split.content, final=True, cut_off=cut_off)
         out.thinking = split.thinking
         return out
 
-    def _answer(self, text: str, final: bool) -> OutputDelta:
+    def _answer(self, text: str, final: bool, cut_off: bool = False) -> OutputDelta:
         if self._tools is None:
             return OutputDelta(content=text)
         delta = self._tools.feed(text)
         if final:
-            delta += self._tools.finish()
+            delta += self._tools.finish(cut_off)
         return OutputDelta(content=delta.content, tool_calls=delta.tool_calls)
 
 
@@ -97,15 +102,19 @@ def parse_output(
     starts_in_thinking: bool = False,
     split_thinking: bool = True,
     tool_names: Collection[str] | None = None,
+    constrained: bool = False,
+    cut_off: bool = False,
 ) -> ParsedOutput:
-    """A finished output's answer, thinking and tool calls."""
+    """A finished output's answer, thinking and tool calls; ``cut_off``: it
+    ended at the token limit (``OutputStream.finish``)."""
     stream = OutputStream(
         fmt,
         tools=tools,
         starts_in_thinking=starts_in_thinking,
         split_thinking=split_thinking,
         tool_names=tool_names,
+        constrained=constrained,
     )
     out = stream.feed(text)
-    out += stream.finish()
+    out += stream.finish(cut_off)
     return ParsedOutput(content=out.content, thinking=out.thinking, tool_calls=out.tool_calls)

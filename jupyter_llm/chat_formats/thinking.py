@@ -77,11 +77,18 @@ class ThinkingStream:
         )
         return out
 
-    def finish(self) -> ThinkingDelta:
+    def finish(self, cut_off: bool = False) -> ThinkingDelta:
+        """What was held back; ``cut_off``: the output ended at the token
+        limit (a harmony message it cut is passed on unclosed, for the
+        tool-call reader to judge: ``HarmonyReader.finish``)."""
         if self._harmony is not None:
-            return self._from_harmony(self._harmony.finish())
+            return self._from_harmony(self._harmony.finish(cut_off))
         if self._fmt.thinking != "tags":
             return ThinkingDelta()
+        head = self._buffer.lstrip()
+        tags = (self._fmt.think_open, self._fmt.think_close)
+        if cut_off and self._state == "start" and head and any(t.startswith(head) for t in tags):
+            self._buffer = ""  # a tag's beginning where the limit came
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> ThinkingDelta:

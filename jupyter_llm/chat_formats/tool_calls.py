@@ -547,11 +547,20 @@ class ToolCallStream:
 
     ``tool_names``, the tools the request offered: an answer that is bare
     JSON (Llama 3.x, the fallback) is a call only when it names one of them.
-    Calls inside markers come back whatever they name."""
+    Calls inside markers come back whatever they name. ``constrained``: a
+    tool-call grammar holds the output, so a bare JSON object is a call
+    (cut short, it is dropped as a marked call is: see ``finish``)."""
 
-    def __init__(self, fmt: ChatFormat, tool_names: Collection[str] | None = None) -> None:
+    def __init__(
+        self,
+        fmt: ChatFormat,
+        tool_names: Collection[str] | None = None,
+        *,
+        constrained: bool = False,
+    ) -> None:
         self._fmt = fmt
         self._names = frozenset(tool_names) if tool_names is not None else None
+        self._constrained = constrained
         self._bare = False  # the call being read opened without a marker
         self._grammar = _GRAMMARS.get(fmt.tool_calls, _GRAMMARS["json"])
         self._buffer = ""
@@ -590,12 +599,17 @@ class ToolCallStream:
             return any(c in tail for c in grammar.closers)
         return any(c in text for c in grammar.ends)
 
-    def finish(self) -> ToolCallDelta:
+    def finish(self, cut_off: bool = False) -> ToolCallDelta:
+        """What was held back. ``cut_off``: the output ended at the token
+        limit, so a call not closed was cut short rather than written wrong:
+        it is dropped, with a marker's start at the very end, instead of
+        going out as content (a client would show the markup as the answer).
+        The text before it and the calls that closed stay."""
         if self._harmony is not None:
-            return self._from_harmony(self._harmony.finish())
-        return self._advance(final=True)
+            return self._from_harmony(self._harmony.finish(cut_off))
+        return self._advance(final=True, cut_off=cut_off)
 
-    def _advance(self, final: bool) -> ToolCallDelta:
+    def _advance(self, final: bool, cut_off: bool = False) -> ToolCallDelta:
         out = ToolCallDelta()
         grammar = self._grammar
         while True:
@@ -623,6 +637,8 @@ class ToolCallStream:
                     self._enter_call(buf[at:])
                     continue
                 if final:
+                    if cut_off:  # a marker's beginning, where the limit came
+                        buf = buf[: len(buf) - held_back(buf, grammar.anywhere)]
                     out.content += buf
                     self._buffer = ""
                     return out
@@ -637,12 +653,21 @@ class ToolCallStream:
                 if take.calls and not self._unknown(take.calls):
                     out.tool_calls += take.calls
                     self._state = "after_call"
+                elif final and cut_off and self._held_call(buf):
+                    self._state = "content"  # a call cut short: see ``finish``
                 else:
                     out.content += buf[: max(take.used, 1)]
                     self._state = "content"
                 self._buffer = buf[max(take.used, 1) :]
                 if final and not self._buffer:
                     return out
+
+    def _held_call(self, text: str) -> bool:
+        """Is ``text``, a call not closed, a call's beginning? One a marker
+        opened is; a bare one only where the tool-call grammar took hold of
+        it (an object: the grammar's trigger and its forced form), else it
+        is an answer (a format's JSON, a fenced block)."""
+        return not self._bare or (self._constrained and text.startswith("{"))
 
     def _unknown(self, calls: list[ToolCall]) -> bool:
         """A bare JSON answer is a call only to a tool the request offered."""
@@ -670,9 +695,11 @@ class ToolCallStream:
             elif recipient.startswith("functions."):
                 body = "".join(self._harmony_body)
                 call = call_from_object({"name": recipient[len("functions.") :], "arguments": body})
+                if event.kind == "cut" and not body.strip():
+                    call = None  # cut before its arguments began: not a call without any
                 if call is not None:
                     out.tool_calls.append(call)
-                else:
+                elif event.kind != "cut":  # a call the limit cut short is dropped
                     out.content += harmony.serialize_header(event.header) + body
             # a message to a built-in tool (python, browser) the request did not offer: dropped
         return out

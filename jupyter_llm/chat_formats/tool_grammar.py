@@ -138,7 +138,7 @@ def tool_grammar(
         calls.append((function["name"], args))
     lazy = choice == "auto"
     one = g.call(syntax, calls, lazy)
-    many = f"{one} (ws {one})*" if parallel and syntax not in ("gpt_oss",) else one
+    many = f"{one} (gap {one})*" if parallel and syntax not in ("gpt_oss",) else one
     if syntax == "mistral":
         obj = g.object_alternatives(calls, "arguments")
         many = f'"[TOOL_CALLS]" ws "[" ws {obj} ' + (f'("," ws {obj})* "]"' if parallel else '"]"')
@@ -179,11 +179,11 @@ def _thinking_prefix(
 ) -> str:
     if fmt.thinking == "tags":
         g.rules["think-text"] = _text_without(fmt.think_close)
-        close = f"think-text {literal(fmt.think_close)} ws "
+        close = f"think-text {literal(fmt.think_close)} gap "
         if starts_in_thinking:
             return close
         if may_think:
-            return f"({literal(fmt.think_open)} ws {close})? "
+            return f"({literal(fmt.think_open)} gap {close})? "
     if fmt.thinking == "harmony":
         g.rules["think-text"] = _text_without("<|")
         analysis = f"{harmony.CHANNEL}analysis{harmony.MESSAGE}"
@@ -206,7 +206,14 @@ def _class(ch: str) -> str:
 
 class _Builder:
     def __init__(self) -> None:
-        self.rules: dict[str, str] = {"ws": "[ \\t\\n]{0,8}"}
+        # whitespace is bounded (as llama.cpp's tool grammars bound theirs):
+        # where any amount is allowed, a model that likes blanks (a random
+        # one, or one whose sampling flattened its choice) pads until its
+        # budget is spent and the call never closes. ``ws``: between the call
+        # object's tokens, as the arguments' own ``space``; ``gap``: around a
+        # marker, as templates write it (``<tool_call>\n{...}\n</tool_call>``,
+        # ``</think>\n\n``)
+        self.rules: dict[str, str] = {"ws": '" "?', "gap": "[ \\n]{0,2}"}
         self._names: dict[str, str] = {}
         self.budget = GrammarBudget()  # one for every tool: they form one grammar
 
@@ -233,7 +240,7 @@ class _Builder:
 
         if syntax == "hermes":
             obj = self.object_alternatives(calls, "arguments")
-            return f'"<tool_call>" ws {obj} ws "</tool_call>"'
+            return f'"<tool_call>" gap {obj} gap "</tool_call>"'
         if syntax == "llama3":
             return f'"<|python_tag|>"? ws {self.object_alternatives(calls, "parameters")}'
         if syntax == "mistral_args":
@@ -249,13 +256,13 @@ class _Builder:
             return each(
                 lambda n, a: (
                     f"{literal(DEEPSEEK_CALLS_BEGIN + DEEPSEEK_CALL_BEGIN)} "
-                    f'"function" {literal(DEEPSEEK_SEP)} {n} "\\n```json\\n" {a} ws "```" '
+                    f'"function" {literal(DEEPSEEK_SEP)} {n} "\\n```json\\n" {a} gap "```" '
                     f"{literal(DEEPSEEK_CALL_END + DEEPSEEK_CALLS_END)}"
                 )
             )
         obj = self.object_alternatives(calls, "arguments")
         if lazy:  # the fallback's triggers: a bare object, or Hermes tags
-            return f'({obj} | "<tool_call>" ws {obj} ws "</tool_call>")'
+            return f'({obj} | "<tool_call>" gap {obj} gap "</tool_call>")'
         return obj
 
 

@@ -327,7 +327,9 @@ class RunnerService:
 
         def finish(result: Any) -> None:
             if reader is not None:
-                deliver(read_output(reader.finish))
+                # at the token limit a call not closed is dropped, not sent as content
+                cut_off = result.done_reason == "length"
+                deliver(read_output(lambda: reader.finish(cut_off)))
             out.flush()
             if logprobs:  # tokens whose text never went out (a stop string)
                 send_tokens("")
@@ -536,6 +538,7 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
         parts = plain_parts(engine, prompt, plain_images)
     starts_in_thinking = prompt_opens_thinking(prompt, fmt)
     triggers = None
+    constrained = False  # a tool-call grammar holds the output
     if tools and choice != "none" and not (grammar and choice == "auto"):
         # a required call wins over a format; with "auto" the format holds
         built = tool_grammar(
@@ -548,7 +551,7 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
             parallel=bool(message.get("parallel_tool_calls", False)),
         )
         if built is not None:
-            grammar = built.grammar
+            grammar, constrained = built.grammar, True
             if built.lazy:
                 words = sorted(engine.control_tokens(built.trigger_words))
                 triggers = Triggers(patterns=built.trigger_patterns, tokens=tuple(words))
@@ -560,6 +563,7 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
             starts_in_thinking=starts_in_thinking,
             split_thinking=fmt.can_think,
             tool_names=tool_names(tools),
+            constrained=constrained,
         )
     preserve = setup.preserve if reader else frozenset()
     return ChatPlan(prompt, grammar, triggers, preserve, reader, parts)
