@@ -99,8 +99,10 @@ QWEN = read_template("Qwen-Qwen2.5-7B-Instruct")
         (NO_ARGUMENTS, {}, True),
         (NO_ARGUMENTS, {"properties": {}, "type": "object"}, False),
         (NO_ARGUMENTS, {"x": 1}, False),
-        (None, {}, True),  # no parameters: any object, as before
-        (None, {"x": 1}, True),
+        (None, {}, True),  # no parameters: no arguments (OpenAI's reading)
+        (None, {"x": 1}, False),
+        ({}, {"x": 1}, False),
+        ({"type": "object"}, {"x": 1}, True),  # an object said to be any object
         ({**NO_ARGUMENTS, "additionalProperties": True}, {"x": 1}, True),
     ],
 )

@@ -133,7 +133,8 @@ def tool_grammar(
     calls = []
     for i, tool in enumerate(offered):
         function = tool.get("function", tool)
-        params = function.get("parameters") or {"type": "object"}
+        # no parameters (or {}): a function without arguments, as OpenAI reads it
+        params = function.get("parameters") or {"type": "object", "properties": {}}
         args = g.arguments(params, f"tools[{i}].function.parameters", function["name"])
         calls.append((function["name"], args))
     lazy = choice == "auto"
