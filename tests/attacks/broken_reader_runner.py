@@ -24,10 +24,10 @@ def feed(self, text):
     return _feed(self, text)
 
 
-def finish(self):
+def finish(self, cut_off=False):
     if "FINISH" in getattr(self, "planted_seen", ""):
         raise RecursionError("maximum recursion depth exceeded (planted at the end)")
-    return _finish(self)
+    return _finish(self, cut_off)
 
 
 OutputStream.feed, OutputStream.finish = feed, finish
