@@ -67,7 +67,7 @@ def compile_triggers(patterns: tuple[str, ...]) -> list[tuple[re.Pattern[bytes],
 
 
 def trigger_start(
-    patterns: list[tuple[re.Pattern[bytes], bool]], output: bytes, new: int
+    patterns: list[tuple[re.Pattern[bytes], bool]], output: bytes | bytearray, new: int
 ) -> int | None:
     """Where the grammar is fed from, if a pattern matches ``output`` (whose
     last ``new`` bytes just came): the first group that matched something,
@@ -83,6 +83,16 @@ def trigger_start(
                 return match.start(group)
         return match.start()
     return None
+
+
+def token_piece(vocab: Any, token: int, special: bool, buf: Any) -> bytes:
+    """A token's bytes, read into ``buf`` (a larger buffer where it is too
+    small). One buffer per thread: llama.cpp writes into it."""
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    return buf.raw[:n]
 
 
 @dataclass
@@ -121,11 +131,7 @@ class TokenTable:
             found: dict[int, bytes] = {}
             buf = ctypes.create_string_buffer(256)  # its own: the loop's is in use
             for token in range(self.n_vocab):
-                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-                if n < 0:
-                    buf = ctypes.create_string_buffer(-n)
-                    n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-                data = buf.raw[:n]
+                data = token_piece(self.vocab, token, False, buf)
                 if not data.isascii():
                     try:
                         data.decode()
@@ -286,8 +292,6 @@ class GrammarSampler:
                 if fired is not None:
                     self.active = fired
                     self.output.clear()
-                elif not self.table.is_eog(token):
-                    self.output += self.table.piece(token, True)
                 return token
             refused.append(token)
             if len(refused) > MAX_REFUSED_TRIGGERS:
@@ -304,22 +308,26 @@ class GrammarSampler:
 
     def _fire(self, token: int) -> Any:
         """None: ``token`` fires no trigger. False: it fires one but the grammar
-        refuses the text. Else the grammar, fed up to and through ``token``."""
+        refuses the text. Else the grammar, fed up to and through ``token``.
+        The output watched grows by ``token``'s text unless it is refused."""
         assert self.triggers is not None
         if self.table.is_eog(token):
             return None
         if token in self.triggers.tokens:
             return self._feed([token], b"")
         piece = self.table.piece(token, True)
-        output = bytes(self.output + piece)
-        start = trigger_start(self._patterns, output, len(piece))
+        self.output += piece  # in place: no copy of the output per token
+        start = trigger_start(self._patterns, self.output, len(piece))
         if start is None:
             return None
-        text = output[start:]
+        text = bytes(self.output[start:])
         tokens = self.table.tokenize(text)
-        if b"".join(self.table.piece(t, True) for t in tokens) != text:
-            return False  # cannot be fed as tokens: treat as refused
-        return self._feed(tokens, text)
+        fired = False  # text that cannot be fed as tokens counts as refused
+        if b"".join(self.table.piece(t, True) for t in tokens) == text:
+            fired = self._feed(tokens, text)
+        if fired is False:
+            del self.output[len(self.output) - len(piece) :]
+        return fired
 
     def _feed(self, tokens: list[int], text: bytes) -> Any:
         grammar = llama_cpp.llama_sampler_clone(self.grammar)

@@ -35,7 +35,7 @@ from jupyter_llm.limits import repeat_window
 from jupyter_llm.memory.measured import AllocationLog
 from jupyter_llm.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
 from jupyter_llm.runner.chat_template import ChatTemplate
-from jupyter_llm.runner.constrained import Candidates, TokenTable
+from jupyter_llm.runner.constrained import Candidates, TokenTable, token_piece
 from jupyter_llm.runner.context_window import (
     SlotView,
     Span,
@@ -256,12 +256,7 @@ class Engine:
         return self._piece_bytes(token, special).decode(errors="replace")
 
     def _piece_bytes(self, token: int, special: bool = False) -> bytes:
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece, 256, 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
-            return buf.raw[:n]
-        return self._piece.raw[:n]
+        return token_piece(self.vocab, token, special, self._piece)
 
     def control_tokens(self, markers: Iterable[str]) -> frozenset[int]:
         """The ids of those ``markers`` that are one control token of this
