@@ -8,7 +8,6 @@ that never closed was then sent as content, markup and all, with
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 from grammar_probe import GrammarProbe
+from test_runner_tools import calls_of, run
 
 from jupyter_llm.chat_formats import detect_format, parse_output, read_template
 from jupyter_llm.chat_formats.detect import (
@@ -195,18 +195,6 @@ def test_a_bare_answer_the_tool_grammar_did_not_hold_stays_content():
 # -- a runner: forced calls within a client's budget ------------------------------
 
 
-async def complete(runner: Any, **request: Any) -> list[dict[str, Any]]:
-    async def collect() -> list[dict[str, Any]]:
-        seen: list[dict[str, Any]] = []
-        async for batch in runner.complete(**request):
-            seen += batch
-            if seen[-1]["type"] == "done":
-                return seen
-        raise AssertionError("no done message")
-
-    return await asyncio.wait_for(collect(), 120)
-
-
 @pytest.fixture(scope="module")
 def qwen_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo model (byte-level vocabulary) under Qwen 2.5's template."""
@@ -229,10 +217,15 @@ async def test_forced_calls_close_within_200_tokens(qwen_gguf, argument):
     try:
         for seed in range(1, 21):
             options = {"temperature": 1.0, "seed": seed, "num_predict": 200}
-            messages = await complete(
-                runner, messages=ASK, tools=[tool], tool_choice="required", options=options
+            messages = await run(
+                runner,
+                wait=120,
+                messages=ASK,
+                tools=[tool],
+                tool_choice="required",
+                options=options,
             )
-            calls = [c for m in messages if m["type"] == "tool_calls" for c in m["tool_calls"]]
+            calls = calls_of(messages)
             done = messages[-1]
             assert len(calls) == 1, (seed, done)
             assert done["done_reason"] == "stop" and done["eval_count"] < 200

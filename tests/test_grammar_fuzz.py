@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from test_runner_tools import SCHEMAS, TOOLS, WEATHER, calls_of, text_of
+from test_runner_tools import SCHEMAS, TOOLS, WEATHER, calls_of, run, text_of
 
 from jupyter_llm.chat_formats import read_template
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
@@ -52,9 +52,7 @@ async def fuzz(runner: Any, runs: int, num_predict: int, parallel: int) -> Count
             **PATHS[path],
         }
         try:
-            seen: list[dict[str, Any]] = []
-            async for batch in runner.complete(**request):
-                seen += batch
+            seen = await run(runner, wait=120, **request)
         except InvalidRequest as e:  # the request's own error: the runner goes on
             outcomes[f"{path}: refused ({str(e)[:60]})"] += 1
             return

@@ -75,8 +75,9 @@ async def start(path: Path) -> Any:
     )
 
 
-async def run(runner: Any, **request: Any) -> list[dict[str, Any]]:
-    """Every message of one completion, in order, up to ``done``."""
+async def run(runner: Any, wait: float = 60, **request: Any) -> list[dict[str, Any]]:
+    """Every message of one completion, in order, up to ``done`` (within
+    ``wait`` seconds: a hang fails, not a slow machine)."""
 
     async def collect() -> list[dict[str, Any]]:
         seen: list[dict[str, Any]] = []
@@ -86,7 +87,7 @@ async def run(runner: Any, **request: Any) -> list[dict[str, Any]]:
                 return seen
         raise AssertionError("no done message")
 
-    return await asyncio.wait_for(collect(), 60)
+    return await asyncio.wait_for(collect(), wait)
 
 
 def calls_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
