@@ -69,12 +69,14 @@ MAX_FRACTION = 20  # digits after the point: any float's repr fits
 MAX_EXPONENT_DIGITS = 3
 MAX_BOUND_DIGITS = 40  # a bound is rounded outwards to this many digits each side of the point
 
+# a JSON string's escape; it needs the primitive u-hex
+_ESCAPE = r'"\\" (["\\/bfnrt] | "u" u-hex)'
 # the primitives every grammar may use, and the primitives each one uses
 PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
     "space": ('" "?', ()),
     # a "\u" escape never writes a lone surrogate (json.loads would give one):
     # a pair is one character, as Python counts it; or the character is raw UTF-8
-    "char": (r'[^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" u-hex)', ("u-hex",)),
+    "char": (r'[^"\\\x00-\x1F] | ' + _ESCAPE, ("u-hex",)),
     "u-hex": (
         r"[0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} "
         r'| [dD] [89abAB] [0-9a-fA-F]{2} "\\u" [dD] [c-fC-F] [0-9a-fA-F]{2}',
@@ -119,7 +121,6 @@ PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("hostname",),
     ),
 }
-_ESCAPE = r'"\\" (["\\/bfnrt] | "u" u-hex)'  # needs the primitive u-hex
 FORMATS = {"date", "time", "date-time", "uuid", "ipv4", "hostname", "email", "uri"}
 FORMAT_ALIASES = {f"uuid{n}": "uuid" for n in range(1, 6)}
 
@@ -1121,10 +1122,10 @@ class Converter:
         return self.inside(lambda: self._object(schema, where, hint))
 
     def _object(self, schema: dict[str, Any], where: str, hint: str) -> str:
-        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        listed = isinstance(schema.get("properties"), dict)  # even empty: a tool without arguments
+        properties = schema["properties"] if listed else {}
         required = [r for r in schema.get("required", []) if isinstance(r, str)]
         extra = schema.get("additionalProperties")
-        listed = isinstance(schema.get("properties"), dict)  # even empty: a tool without arguments
         if (
             not properties
             and not required
