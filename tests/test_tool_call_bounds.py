@@ -17,16 +17,7 @@ from jupyter_llm.chat_formats import (
     parse_tool_calls,
     read_template,
 )
-from jupyter_llm.chat_formats.detect import (
-    DEEPSEEK_CALL_BEGIN,
-    DEEPSEEK_CALL_END,
-    DEEPSEEK_CALLS_BEGIN,
-    DEEPSEEK_CALLS_END,
-    DEEPSEEK_SEP,
-)
-from jupyter_llm.chat_formats.tool_calls import (
-    MAX_CALL_CHARS,
-    MAX_CALLS,
+from jupyter_llm.chat_formats.bounded_json import (
     MAX_NESTING,
     TooDeep,
     json_depth,
@@ -34,6 +25,15 @@ from jupyter_llm.chat_formats.tool_calls import (
     raw_decode,
     sendable,
 )
+from jupyter_llm.chat_formats.call_readers import MAX_CALLS
+from jupyter_llm.chat_formats.detect import (
+    DEEPSEEK_CALL_BEGIN,
+    DEEPSEEK_CALL_END,
+    DEEPSEEK_CALLS_BEGIN,
+    DEEPSEEK_CALLS_END,
+    DEEPSEEK_SEP,
+)
+from jupyter_llm.chat_formats.tool_calls import MAX_CALL_CHARS
 from jupyter_llm.limits import SCHEMA_DEPTH
 
 N = MAX_NESTING

@@ -26,8 +26,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from jupyter_llm.chat_formats.call_readers import decode_arguments
 from jupyter_llm.chat_formats.detect import ChatFormat
-from jupyter_llm.chat_formats.tool_calls import decode_arguments
 
 _ALNUM_9 = re.compile(r"[A-Za-z0-9]{9}")
 
