@@ -117,19 +117,13 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
     import gguf
 
     spec = spec or DemoModelSpec()
-    if spec.arch not in ARCHS:
-        raise ValueError(f"arch must be one of {', '.join(ARCHS)}")
-    if spec.n_embd % spec.n_head or spec.n_head % spec.n_head_kv:
-        raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
-    if spec.arch == "bert" and spec.n_head_kv != spec.n_head:
-        raise ValueError("a bert model has n_head_kv == n_head")
+    _check_spec(spec)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tokens, types, merges = vocabulary(spec.extra_tokens)
     if spec.favourite and spec.favourite not in tokens:
         raise ValueError(f"favourite {spec.favourite!r} is not a token")
     n_vocab = len(tokens)
-    head_dim = spec.n_embd // spec.n_head
     rng = np.random.default_rng(spec.seed)
 
     def weights(*shape: int, scale: float = 0.02) -> np.ndarray:
@@ -137,6 +131,32 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(str(tmp), spec.arch)
+    _write_metadata(writer, spec, tokens, types, merges)
+
+    if spec.arch == "bert":
+        _bert_tensors(writer, spec, n_vocab, weights)
+    else:
+        _decoder_tensors(writer, spec, tokens, weights)
+
+    _finish(writer, tmp, path)
+    return path
+
+
+def _check_spec(spec: DemoModelSpec) -> None:
+    if spec.arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}")
+    if spec.n_embd % spec.n_head or spec.n_head % spec.n_head_kv:
+        raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
+    if spec.arch == "bert" and spec.n_head_kv != spec.n_head:
+        raise ValueError("a bert model has n_head_kv == n_head")
+
+
+def _write_metadata(
+    writer: Any, spec: DemoModelSpec, tokens: list[str], types: list[int], merges: list[str]
+) -> None:
+    """The hyperparameters, the tokenizer and the chat template."""
+    import gguf
+
     writer.add_name(spec.name)
     writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
     writer.add_context_length(spec.context_length)
@@ -150,11 +170,11 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
         writer.add_causal_attention(False)
         writer.add_token_type_count(2)
     else:
-        writer.add_rope_dimension_count(head_dim)
+        writer.add_rope_dimension_count(spec.n_embd // spec.n_head)
         writer.add_layer_norm_rms_eps(1e-5)
     if spec.pooling_type is not None:
         writer.add_pooling_type(gguf.PoolingType(spec.pooling_type))
-    writer.add_vocab_size(n_vocab)
+    writer.add_vocab_size(len(tokens))
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -168,14 +188,6 @@ def write_demo_model(path: str | os.PathLike[str], spec: DemoModelSpec | None = 
         writer.add_chat_template(spec.chat_template)
         for key, special in (("pre", FIM_PRE), ("suf", FIM_SUF), ("mid", FIM_MID)):
             writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(special))
-
-    if spec.arch == "bert":
-        _bert_tensors(writer, spec, n_vocab, weights)
-    else:
-        _decoder_tensors(writer, spec, tokens, weights)
-
-    _finish(writer, tmp, path)
-    return path
 
 
 def _decoder_tensors(writer: Any, spec: DemoModelSpec, tokens: list[str], weights: Weights) -> None:
@@ -298,21 +310,7 @@ def write_projector(
     n, n_pos = v.n_embd, (v.image_size // v.patch_size) ** 2
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(str(tmp), "clip")
-    writer.add_name("jupyter-llm-demo-vision")
-    writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-    writer.add_string("clip.projector_type", "mlp")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_bool("clip.use_gelu", True)
-    writer.add_uint32("clip.vision.image_size", v.image_size)
-    writer.add_uint32("clip.vision.patch_size", v.patch_size)
-    writer.add_uint32("clip.vision.embedding_length", n)
-    writer.add_uint32("clip.vision.feed_forward_length", v.n_ff)
-    writer.add_uint32("clip.vision.block_count", v.n_layer)
-    writer.add_uint32("clip.vision.projection_dim", n_embd_text)
-    writer.add_uint32("clip.vision.attention.head_count", v.n_head)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    _write_projector_metadata(writer, v, n_embd_text)
 
     def linear(name: str, n_out: int, n_in: int) -> None:
         writer.add_tensor(f"{name}.weight", weights(n_out, n_in))
@@ -340,6 +338,26 @@ def write_projector(
     writer.add_tensor("mm.2.bias", weights(n_embd_text, scale=0.02))
     _finish(writer, tmp, path)
     return path
+
+
+def _write_projector_metadata(writer: Any, v: VisionSpec, n_embd_text: int) -> None:
+    import gguf
+
+    writer.add_name("jupyter-llm-demo-vision")
+    writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", v.image_size)
+    writer.add_uint32("clip.vision.patch_size", v.patch_size)
+    writer.add_uint32("clip.vision.embedding_length", v.n_embd)
+    writer.add_uint32("clip.vision.feed_forward_length", v.n_ff)
+    writer.add_uint32("clip.vision.block_count", v.n_layer)
+    writer.add_uint32("clip.vision.projection_dim", n_embd_text)
+    writer.add_uint32("clip.vision.attention.head_count", v.n_head)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 
 
 def main(argv: list[str] | None = None) -> int:
