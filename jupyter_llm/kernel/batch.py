@@ -189,10 +189,7 @@ def map_prompts(
     stop button cancels the run and returns what finished. A list comes back
     as ``MapResults`` (``.errors``, ``.summary``), a Series as a Series with
     the same index."""
-    if mode not in ("chat", "generate"):
-        raise ValueError("mode must be 'chat' or 'generate'")
-    if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-        raise ValueError("concurrency must be a positive integer")
+    _check_run(mode, concurrency)
     series = prompts if is_series(prompts) else None
     items = to_items(list(prompts))
     fmt, parse = structured_format(format) if format is not None else (None, None)
@@ -221,6 +218,18 @@ def map_prompts(
     values = run.wait(progress) if items else []
     if any(isinstance(v, MapError) for v in values):
         print(f"map: {summarize(values)}", file=sys.stderr)
+    return _results(values, series, run)
+
+
+def _check_run(mode: str, concurrency: int | None) -> None:
+    if mode not in ("chat", "generate"):
+        raise ValueError("mode must be 'chat' or 'generate'")
+    if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+        raise ValueError("concurrency must be a positive integer")
+
+
+def _results(values: list[Any], series: Any, run: BatchRun) -> Any:
+    """A Series for a Series (same index and name), else ``MapResults``."""
     if series is not None:
         import pandas
 

@@ -193,43 +193,15 @@ async def fetch(
     the store (and in every waiting pull's hold). Interrupted attempts are
     tried again as ``retry`` says, each resuming where the last one stopped."""
     loop = asyncio.get_running_loop()
-    key = (
-        d.digest.replace(":", "-")
-        if d.digest
-        else f"url-{hashlib.sha256(url.encode()).hexdigest()[:32]}"
-    )
+    key = d.digest.replace(":", "-") if d.digest else f"url-{_url_key(url)}"
     partial = Partial(store.blobs_dir, key)
     kept = _Kept(hashlib.sha256())
     # a known digest proves the result anyway; a URL's bytes need their validator
     kept.size, kept.validator = await loop.run_in_executor(
         None, partial.resume_point, kept.hasher, d.digest is None
     )
-    failures = 0
     try:
-        while True:
-            try:
-                await _attempt(client, url, partial, d, kept)
-                break
-            except Exception as e:
-                if not is_retryable(e):
-                    raise
-                failures += 1
-                if failures >= retry.attempts:
-                    raise PullFailed(
-                        f"download interrupted after {failures} "
-                        f"attempt{'s' if failures > 1 else ''} (the last: {_reason(e)}); "
-                        f"{kept.size} of {d.total or '?'} bytes are kept: "
-                        "pull again to resume where it stopped"
-                    ) from e
-                delay = retry.delay(failures)
-                if d.digest is None and kept.validator is None:
-                    # nothing proves the server still has the same file: begin again
-                    await loop.run_in_executor(None, partial.discard)
-                    kept.reset()
-                d.retries.append(
-                    RetryNote(failures + 1, retry.attempts, delay, _reason(e), kept.size)
-                )
-                await asyncio.sleep(delay)
+        await _attempts(client, url, partial, d, kept, retry)
     except httpx.HTTPError as e:
         raise PullFailed(f"download {url} failed ({type(e).__name__}): {e}") from e
     except _Restart:
@@ -252,6 +224,46 @@ async def fetch(
     await loop.run_in_executor(None, _adopt, store, partial, actual, list(d.holds))
     d.total = d.completed = max(d.completed, d.total)
     return actual
+
+
+def _url_key(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()[:32]
+
+
+async def _attempts(
+    client: httpx.AsyncClient,
+    url: str,
+    partial: Partial,
+    d: Download,
+    kept: _Kept,
+    retry: RetryPolicy,
+) -> None:
+    """Attempts until one ends the download, each resuming where the last
+    stopped, as ``retry`` says; the last failure is a ``PullFailed``."""
+    loop = asyncio.get_running_loop()
+    failures = 0
+    while True:
+        try:
+            await _attempt(client, url, partial, d, kept)
+            return
+        except Exception as e:
+            if not is_retryable(e):
+                raise
+            failures += 1
+            if failures >= retry.attempts:
+                raise PullFailed(
+                    f"download interrupted after {failures} "
+                    f"attempt{'s' if failures > 1 else ''} (the last: {_reason(e)}); "
+                    f"{kept.size} of {d.total or '?'} bytes are kept: "
+                    "pull again to resume where it stopped"
+                ) from e
+            delay = retry.delay(failures)
+            if d.digest is None and kept.validator is None:
+                # nothing proves the server still has the same file: begin again
+                await loop.run_in_executor(None, partial.discard)
+                kept.reset()
+            d.retries.append(RetryNote(failures + 1, retry.attempts, delay, _reason(e), kept.size))
+            await asyncio.sleep(delay)
 
 
 async def _attempt(

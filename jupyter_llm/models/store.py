@@ -272,32 +272,46 @@ class ModelStore:
                 layers = [self._layer(media, self._uploaded(f, d)) for media, f, d, _ in ggufs]
                 kept = {}
                 config = self._config_for(*(info for _, _, _, info in ggufs))
-            for media in REPLACEABLE:
-                if media == MEDIA_LICENSE:
-                    continue
-                if text := texts.get(media):
-                    layers.append(self._layer(media, self.add_blob_bytes(text.encode())))
-                elif media in kept:
-                    layers.append(kept[media])
-            for text in licenses:
-                layers.append(self._layer(MEDIA_LICENSE, self.add_blob_bytes(str(text).encode())))
-            if not licenses and MEDIA_LICENSE in kept:
-                layers.append(kept[MEDIA_LICENSE])
-            config_bytes = json.dumps(config).encode()
-            manifest = {
-                "schemaVersion": 2,
-                "mediaType": MEDIA_MANIFEST,
-                "config": {
-                    "mediaType": MEDIA_CONFIG,
-                    "digest": self.add_blob_bytes(config_bytes),
-                    "size": len(config_bytes),
-                },
-                "layers": layers,
-            }
-            self._replace_manifest(name, json.dumps(manifest, indent=2).encode())
+            layers += self._text_layers(texts, licenses, kept)
+            self._write_manifest(name, config, layers)
             if ggufs:
                 self._uploads_used(d for _, _, d, _ in ggufs)
             return self.get(name)
+
+    def _text_layers(
+        self, texts: dict[str, str | None], licenses: list[Any], kept: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """The template, system, parameters, messages and license layers: the
+        ones given, else the base model's."""
+        layers = []
+        for media in REPLACEABLE:
+            if media == MEDIA_LICENSE:
+                continue
+            if text := texts.get(media):
+                layers.append(self._layer(media, self.add_blob_bytes(text.encode())))
+            elif media in kept:
+                layers.append(kept[media])
+        for text in licenses:
+            layers.append(self._layer(MEDIA_LICENSE, self.add_blob_bytes(str(text).encode())))
+        if not licenses and MEDIA_LICENSE in kept:
+            layers.append(kept[MEDIA_LICENSE])
+        return layers
+
+    def _write_manifest(
+        self, name: ModelName, config: dict[str, Any], layers: list[dict[str, Any]]
+    ) -> None:
+        config_bytes = json.dumps(config).encode()
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_MANIFEST,
+            "config": {
+                "mediaType": MEDIA_CONFIG,
+                "digest": self.add_blob_bytes(config_bytes),
+                "size": len(config_bytes),
+            },
+            "layers": layers,
+        }
+        self._replace_manifest(name, json.dumps(manifest, indent=2).encode())
 
     def _ggufs(self, files: object) -> list[tuple[str, str, str, GGUFInfo]]:
         """(media type, file name, digest, header) of each uploaded GGUF that
