@@ -17,7 +17,7 @@ from jupyter_llm.errors import AllocationFailed, InsufficientMemory, ServerBusy
 from jupyter_llm.memory import ModelInfo
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
-from jupyter_llm.scheduler import LoadOptions, Scheduler, choose_victim
+from jupyter_llm.scheduler import LoadOptions, Scheduler, choose_victim, vram
 from jupyter_llm.testing import FakeRunnerFactory, simulated_environ, synthetic_model
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -386,8 +386,8 @@ def count_device_reads(monkeypatch, s: Scheduler) -> list[int]:
 
 
 async def test_vram_recovery_wait_after_gpu_unload(monkeypatch):
-    monkeypatch.setattr(sched, "VRAM_RECOVERY_TIMEOUT", 0.3)
-    monkeypatch.setattr(sched, "VRAM_RECOVERY_POLL", 0.05)
+    monkeypatch.setattr(vram, "VRAM_RECOVERY_TIMEOUT", 0.3)
+    monkeypatch.setattr(vram, "VRAM_RECOVERY_POLL", 0.05)
     f = Factory(gpus=CUDA_GPUS)  # free memory never recovers in this fake
     s, _ = real(f)
     await use(s, entry("a"))

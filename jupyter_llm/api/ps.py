@@ -19,7 +19,9 @@ FOREVER_ISO = "2318-01-01T00:00:00Z"  # what Ollama reports for keep_alive < 0
 
 def ps_body(scheduler: Scheduler) -> dict[str, Any]:
     return {
-        "models": [describe_loaded(m, scheduler.holders(m)) for m in scheduler.loaded_models()],
+        "models": [
+            describe_loaded(m, holders(m, scheduler.queued(m))) for m in scheduler.loaded_models()
+        ],
         "loading": describe_loading(scheduler.loading_models()),
     }
 
@@ -32,8 +34,17 @@ def describe_loading(loading: dict[str, float]) -> list[dict[str, Any]]:
     ]
 
 
+def holders(loaded: Loaded, queued: dict[str, int]) -> list[dict[str, Any]]:
+    """Who holds ``loaded``: each user with requests running or queued
+    (``queued``: waiting requests per user) on it."""
+    names = sorted({*(u for u, n in loaded.users.items() if n), *queued})
+    return [
+        {"name": u, "running": loaded.users.get(u, 0), "queued": queued.get(u, 0)} for u in names
+    ]
+
+
 def describe_loaded(loaded: Loaded, users: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``users``: who holds it (``Scheduler.holders``: name, running, queued)."""
+    """``users``: who holds it (``holders``: name, running, queued)."""
     entry = loaded.entry
     expires = loaded.expires_at
     if expires is None and not math.isinf(loaded.keep_alive):

@@ -1,0 +1,138 @@
+"""The scheduler's vocabulary: what it needs of a runner and of its factory,
+the load options of a request, a loaded model's record, and a request's lease."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from jupyter_llm.errors import RunnerFailed
+from jupyter_llm.memory import Allocation, Placement
+from jupyter_llm.models.store import ModelEntry
+from jupyter_llm.runner.launch import LoadRequest
+
+
+class Runner(Protocol):
+    """What the scheduler needs of a loaded runner (``runner.proxy.RunnerProxy``)."""
+
+    load_duration_ns: int
+
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_seq(self) -> int: ...  # sequences it decodes at once: the model's slots
+    @property
+    def measured(self) -> dict[str, dict[str, int]]: ...
+    def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]: ...
+    async def embed(self, **request: Any) -> dict[str, Any]: ...
+    async def health(self, timeout: float = 5.0) -> bool: ...
+    async def device_info(self) -> list[dict[str, Any]]: ...
+    # ``reason``: what the requests still running end with (default: the runner's exit)
+    async def close(self, reason: RunnerFailed | None = None) -> None: ...
+    def kill(self) -> None: ...
+
+
+# Starts a runner and loads the model into it; raises ``ModelLoadFailed``
+# (``AllocationFailed`` when llama.cpp could not get the memory).
+RunnerFactory = Callable[[LoadRequest], Awaitable[Runner]]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Load-time options of one request (None: the server's default)."""
+
+    num_ctx: int | None = None
+    num_batch: int | None = None
+    num_thread: int | None = None
+    use_mmap: bool | None = None
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """Load options resolved against the settings and the model."""
+
+    num_ctx: int
+    num_batch: int
+    num_thread: int
+    use_mmap: bool
+    num_gpu: int
+    main_gpu: int
+
+
+@dataclass
+class Loaded:
+    """A loaded model and its bookkeeping."""
+
+    entry: ModelEntry
+    runner: Runner
+    wanted: Wanted
+    placement: Placement
+    allocations: tuple[Allocation, ...]
+    measured: bool
+    keep_alive: float
+    parallel: int = 1  # requests it serves at once (the number of slots)
+    refcount: int = 0  # slots taken (requests running on it)
+    users: Counter[str] = field(default_factory=Counter)  # running requests per user
+    node: str = ""  # the cluster node it runs on ("": this machine)
+    waiting: int = 0
+    drainers: int = 0  # loads waiting (without the load lock) for its requests to end
+    last_used: float = field(default_factory=time.monotonic)
+    expires_at: float | None = None  # wall clock, while idle
+    timer: asyncio.TimerHandle | None = None
+
+    @property
+    def key(self) -> str:
+        return self.entry.name.display
+
+    @property
+    def draining(self) -> bool:
+        """An eviction or reload waits for it: new requests wait too, so the
+        drain ends."""
+        return self.drainers > 0
+
+
+class MustDrain(Exception):
+    """The plan needs ``victim`` gone, but it is busy: wait without the load
+    lock until its requests end, then plan again."""
+
+    def __init__(self, victim: Loaded) -> None:
+        super().__init__(victim.key)
+        self.victim = victim
+
+
+class Unloaded(Exception):
+    """The model a request was queued on went away (an admin's unload, an
+    eviction, a dead runner) before a slot came: it goes back to loading."""
+
+
+class Lease:
+    """A request's hold on a loaded runner; released however the request ends."""
+
+    def __init__(
+        self,
+        loaded: Loaded,
+        load_duration_ns: int,
+        user: str,
+        on_release: Callable[[Loaded, str], None],
+    ) -> None:
+        self.loaded = loaded
+        self.user = user
+        self.runner = loaded.runner
+        self.load_duration_ns = load_duration_ns
+        self._on_release = on_release
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._on_release(self.loaded, self.user)
