@@ -187,7 +187,7 @@ async def test_create_refuses_what_it_cannot_do(jp_fetch, installed_model, extra
     ],
 )
 def test_capabilities_are_ollamas(info, template, expected):
-    from jupyter_llm.api.ollama import model_capabilities
+    from jupyter_llm.api.ollama_shapes import model_capabilities
 
     assert model_capabilities(info, template) == expected
 

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from jupyter_llm.api.ollama import JSON_PIECE, json_fairly, model_capabilities
+from jupyter_llm.api.base import JSON_PIECE, json_chunks
+from jupyter_llm.api.ollama_shapes import model_capabilities
 from jupyter_llm.chat_formats import detect
 from jupyter_llm.chat_formats.detect import (
     CACHE_SIZE,
@@ -215,7 +216,7 @@ BIG = JSON_PIECE * 3 + 7
     ids=["{}", "[]", "small", "4x piece", "escapes", "vocabulary", "objects", "list", "int key"],
 )
 def test_fair_json_is_what_json_dumps_writes(value):
-    chunks = json_fairly(value)
+    chunks = json_chunks(value)
     assert b"".join(chunks) == json.dumps(value).encode()
     assert all(len(chunk) <= 6 * JSON_PIECE + 64 for chunk in chunks)  # \uXXXX is 6
 

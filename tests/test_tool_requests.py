@@ -2,8 +2,8 @@
 
 import pytest
 
+from jupyter_llm.api.ollama_shapes import chat_call
 from jupyter_llm.api.requests import (
-    ChatRequest,
     reasoning_field,
     think_field,
     tool_choice_field,
@@ -165,9 +165,8 @@ def test_ollama_clients_send_tool_choice_in_options():
         "tools": [WEATHER],
         "options": {"tool_choice": "get_weather", "temperature": 0},
     }
-    req = ChatRequest.parse(body)
+    req = chat_call(body).generation
     assert req.tool_choice == {"name": "get_weather"}
     assert req.options == {"temperature": 0}  # not a sampling option
-    assert ChatRequest.parse({**body, "options": {"tool_choice": "required"}}).tool_choice == (
-        "required"
-    )
+    required = chat_call({**body, "options": {"tool_choice": "required"}}).generation
+    assert required.tool_choice == "required"

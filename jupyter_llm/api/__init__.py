@@ -7,7 +7,7 @@ from typing import Any
 
 from tornado import web
 
-from jupyter_llm.api import ollama, openai
+from jupyter_llm.api import ollama, openai, openai_shapes
 from jupyter_llm.api.base import LLMHandler, token_needed
 
 # A path that no route takes, with a trailing "/" too: jupyter_server's
@@ -57,7 +57,7 @@ class NotFoundHandler(LLMHandler):
     def error_body(self, status: int, message: str) -> Any:
         """OpenAI's shape under ``v1/`` (its ``type`` for an unknown URL), Ollama's elsewhere."""
         if self.path_kwargs.get("path", "").split("/", 1)[0] == "v1":
-            return {**openai.openai_error(status, message), "type": "invalid_request_error"}
+            return {**openai_shapes.openai_error(status, message), "type": "invalid_request_error"}
         return message
 
 

@@ -7,11 +7,12 @@ each method asks jupyter_server's ``Authorizer`` with ``@authorized(action)``:
 ``read`` for what is there, ``execute`` to run a model, ``write`` to change
 the model store. A deployment can so allow chat but not pull or delete.
 
-It also owns streaming (``stream``): the four loops that each handled headers,
-a client gone, ``StreamClosedError``, an error after the first byte and the
-final finish (Ollama NDJSON, pull progress, OpenAI chat and completion SSE)
-now only encode their events. ``error_body`` is the one hook a flavour
-overrides for its error shape; there is one ``write_error``.
+It also owns streaming (``stream``, ``stream_generation``): headers, a client
+gone, ``StreamClosedError``, an error after the first byte and the final
+finish, for Ollama's NDJSON and OpenAI's SSE alike, so that handlers only
+encode their values; and the writing of large JSON answers a piece at a
+time (``json_pieces``, ``write_json_pieces``). ``error_body`` is the one hook
+a flavour overrides for its error shape; there is one ``write_error``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable
+import time
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jupyter_core.utils import ensure_async
@@ -31,7 +32,7 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from jupyter_llm.api.generation import Job, Reply, collect, complete
+from jupyter_llm.api.generation import Event, GenerationRequest, Reply, collect, complete
 from jupyter_llm.api.requests import parse_json_object
 from jupyter_llm.errors import LLMError
 from jupyter_llm.identity import Requester, requester_of
@@ -94,11 +95,92 @@ def token_needed() -> web.HTTPError:
     return web.HTTPError(403, TOKEN_NEEDED)
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
-
-
 MAX_JSON_BODY = BODY_BYTES.value
+
+JSON_PIECE = 1 << 16  # characters encoded in one call: well under a millisecond
+LIST_PIECE = JSON_PIECE // 16  # list items encoded in one call
+FLUSH_CHARS = 1 << 20  # written to the client before more is encoded
+JSON_SEPARATORS = (", ", ": ")  # json.dumps's
+COMPACT = (",", ":")
+
+
+class RawJSON:
+    """A value already encoded as JSON, in pieces, that ``json_pieces`` writes
+    as it is (the vectors a runner encoded, never decoded here)."""
+
+    def __init__(self, pieces: Iterable[str]) -> None:
+        self.pieces = pieces
+
+
+def json_array(items: Iterable[str]) -> RawJSON:
+    """Items that are JSON texts, as one JSON array, joined a piece of about
+    ``JSON_PIECE`` characters at a time."""
+
+    def pieces() -> Iterator[str]:
+        group: list[str] = []
+        size = 0
+        sep = "["
+        for item in items:
+            group.append(item)
+            size += len(item)
+            if size >= JSON_PIECE:
+                yield sep + ",".join(group)
+                group, size, sep = [], 0, ","
+        yield sep + ",".join(group) + "]" if group else ("[]" if sep == "[" else "]")
+
+    return RawJSON(pieces())
+
+
+def json_pieces(value: Any, separators: tuple[str, str] = JSON_SEPARATORS) -> Iterator[str]:
+    """``value`` as JSON text in pieces of about ``JSON_PIECE`` characters:
+    ``RawJSON`` as it is, a long string or list a piece at a time with the GIL
+    handed over between pieces. ``json.dumps`` holds the GIL for its whole
+    call (10-40 ms for a 4 MiB template or a verbose vocabulary), which
+    stalls the event loop even from an executor thread. ``separators`` are
+    the outer object's; what it holds is written as ``json.dumps`` writes it."""
+    item_sep, key_sep = separators
+    if isinstance(value, RawJSON):
+        yield from value.pieces
+    elif isinstance(value, str) and len(value) > JSON_PIECE:
+        yield '"'
+        for i in range(0, len(value), JSON_PIECE):  # escapes are per character
+            yield json.dumps(value[i : i + JSON_PIECE])[1:-1]
+            time.sleep(0)  # hand the GIL to the event loop if it waits
+        yield '"'
+    elif isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+        sep = "{"
+        for key, item in value.items():
+            yield f"{sep}{json.dumps(key)}{key_sep}"
+            yield from json_pieces(item)
+            sep = item_sep
+        yield "}"
+    elif isinstance(value, list | tuple) and len(value) > LIST_PIECE:
+        sep = "["
+        for i in range(0, len(value), LIST_PIECE):
+            yield sep + json.dumps(list(value[i : i + LIST_PIECE]))[1:-1]
+            sep = ", "
+            time.sleep(0)
+        yield "]"
+    else:
+        yield json.dumps(value)
+
+
+def json_chunks(value: Any) -> list[bytes]:
+    """``json_pieces`` of ``value`` joined into UTF-8 chunks of about
+    ``JSON_PIECE`` characters: call it off the event loop, where neither the
+    encoding nor a fresh multi-MiB buffer stalls it."""
+    chunks: list[bytes] = []
+    group: list[str] = []
+    size = 0
+    for piece in json_pieces(value):
+        group.append(piece)
+        size += len(piece)
+        if size >= JSON_PIECE:
+            chunks.append("".join(group).encode())
+            group, size = [], 0
+    if group or not chunks:
+        chunks.append("".join(group).encode())
+    return chunks
 
 
 @dataclass(frozen=True)
@@ -211,6 +293,29 @@ class LLMHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(value))
 
+    async def write_json_pieces(
+        self, pieces: Iterable[str] | Iterable[bytes], length: int | None = None
+    ) -> None:
+        """Answer with a large JSON value (``json_pieces``, or ``json_chunks``
+        encoded off the loop, whose ``length`` is known), flushed every
+        ``FLUSH_CHARS``: the loop handles one small piece at a time, and a
+        slow client holds back the writing rather than piling up the answer
+        in memory."""
+        self.set_header("Content-Type", "application/json")
+        if length is not None:
+            self.set_header("Content-Length", length)
+        pending = 0
+        try:
+            for piece in pieces:
+                self.write(piece)
+                pending += len(piece)
+                if pending >= FLUSH_CHARS:
+                    pending = 0
+                    await self.flush()
+            await self.finish()
+        except StreamClosedError:
+            pass  # the client left
+
     # -- streaming -----------------------------------------------------------------
     async def connected(self, source: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
         """``source``'s items while the client is still there. However this
@@ -260,10 +365,27 @@ class LLMHandler(APIHandler):
         self.write(framing.trailer)
         self.finish()
 
-    async def whole_completion(self, job: Job) -> Reply | None:
+    async def stream_generation(
+        self,
+        request: GenerationRequest,
+        encode: Callable[[list[Event]], list[Any]],
+        framing: Framing,
+    ) -> None:
+        """Stream a completion, each batch of its events as ``encode`` (an
+        API's encoder) shapes it."""
+
+        async def values() -> AsyncGenerator[list[Any], None]:
+            async with aclosing(complete(self.llm, request, self.requester)) as batches:
+                async for batch in batches:
+                    yield encode(batch)
+
+        await self.stream(values(), framing)
+
+    async def whole_completion(self, request: GenerationRequest) -> Reply | None:
         """A completion not streamed: its text and last event, or ``None`` if
         the client left (which cancelled the generation)."""
-        async with aclosing(self.connected(complete(self.llm, job, self.requester))) as batches:
+        generation = complete(self.llm, request, self.requester)
+        async with aclosing(self.connected(generation)) as batches:
             result = await collect(batches)
         if result is None and not self._client_gone:
             raise LLMError("the runner ended without finishing")

@@ -1,22 +1,19 @@
 """One way to run a completion or an embedding for any API flavour: find the
 model, hold a runner through the scheduler, stream what the runner says.
 
-The Ollama and OpenAI handlers only translate requests into a ``Job`` and the
-events back into their wire formats. ``load_options`` moved here from
-``api/requests.py``; the services are the typed ``jupyter_llm.services.LLMServices``.
+The Ollama and OpenAI handlers translate their bodies into one
+``GenerationRequest`` (``api/ollama_shapes.py``, ``api/openai_shapes.py``)
+and the events back into their wire formats.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-from tornado.iostream import StreamClosedError
 
 from jupyter_llm.api.structured import OutputFormat, check_output
 from jupyter_llm.errors import InvalidRequest
@@ -27,15 +24,15 @@ from jupyter_llm.options import sampling_options
 from jupyter_llm.scheduler import LoadOptions
 
 if TYPE_CHECKING:
-    from tornado.web import RequestHandler
-
     from jupyter_llm.services import LLMServices
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class Job:
+class GenerationRequest:
+    """One completion as every API asks for it: what ``complete`` runs."""
+
     model: ModelName
     options: dict[str, Any] = field(default_factory=dict)  # Ollama options
     keep_alive: float | None = None
@@ -110,7 +107,7 @@ async def find_model(services: LLMServices, name: ModelName) -> ModelEntry:
 
 
 async def complete(
-    services: LLMServices, job: Job, requester: Requester = LOCAL
+    services: LLMServices, job: GenerationRequest, requester: Requester = LOCAL
 ) -> AsyncGenerator[list[Event], None]:
     """Batches of text pieces, the last batch ending with ``Finished``.
 
@@ -270,7 +267,7 @@ async def embed(
     requester: Requester = LOCAL,
 ) -> Embedded:
     """The vectors of ``inputs``, as JSON texts the handler writes without
-    decoding them (``json_pieces``): the event loop never holds the numbers."""
+    decoding them (``api.base.json_pieces``): the event loop never holds the numbers."""
     started = time.perf_counter_ns()
     entry = await find_model(services, model)
     load = load_options({**entry.params, **(options or {})})
@@ -288,68 +285,6 @@ async def embed(
             load_duration=lease.load_duration_ns,
             total_duration=time.perf_counter_ns() - started,
         )
-
-
-PIECE_CHARS = 64 << 10  # JSON written per piece: joined in well under a millisecond
-FLUSH_CHARS = 1 << 20  # written to the client before more is joined
-
-
-class RawJSON:
-    """A value already encoded as JSON, in pieces, that ``json_pieces`` writes
-    as it is (the vectors the runner encoded)."""
-
-    def __init__(self, pieces: Iterable[str]) -> None:
-        self.pieces = pieces
-
-
-def json_array(items: Iterable[str]) -> RawJSON:
-    """Items that are JSON texts, as one JSON array, joined a piece of about
-    ``PIECE_CHARS`` at a time."""
-
-    def pieces() -> Iterator[str]:
-        group: list[str] = []
-        size = 0
-        sep = "["
-        for item in items:
-            group.append(item)
-            size += len(item)
-            if size >= PIECE_CHARS:
-                yield sep + ",".join(group)
-                group, size, sep = [], 0, ","
-        yield sep + ",".join(group) + "]" if group else ("[]" if sep == "[" else "]")
-
-    return RawJSON(pieces())
-
-
-def json_pieces(value: dict[str, Any]) -> Iterator[str]:
-    """``value`` as a JSON object, in pieces; its ``RawJSON`` members as they are."""
-    sep = "{"
-    for key, item in value.items():
-        yield f"{sep}{json.dumps(key)}:"
-        if isinstance(item, RawJSON):
-            yield from item.pieces
-        else:
-            yield json.dumps(item)
-        sep = ","
-    yield "{}" if sep == "{" else "}"
-
-
-async def write_json_pieces(handler: RequestHandler, value: dict[str, Any]) -> None:
-    """Answer with ``value`` (``json_pieces``), flushed every ``FLUSH_CHARS``:
-    the loop joins one small piece at a time, and a slow client holds back
-    the writing rather than piling up the response in memory."""
-    handler.set_header("Content-Type", "application/json")
-    pending = 0
-    try:
-        for piece in json_pieces(value):
-            handler.write(piece)
-            pending += len(piece)
-            if pending >= FLUSH_CHARS:
-                pending = 0
-                await handler.flush()
-        await handler.finish()
-    except StreamClosedError:
-        pass  # the client left
 
 
 async def load_only(

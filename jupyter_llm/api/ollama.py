@@ -1,17 +1,15 @@
 """Ollama-compatible handlers under ``{base_url}llm/api/``.
 
-Streaming (headers, a client gone, in-stream errors) lives in
-``LLMHandler.stream``; the handlers here only encode their NDJSON values.
-``/api/create`` validates its messages with ``jupyter_llm.messages`` directly.
+The handlers parse, call and write: bodies become a generation request, and
+generations Ollama's values, in ``api/ollama_shapes.py``; streaming (headers,
+a client gone, in-stream errors) lives in ``LLMHandler.stream``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import asdict
 from typing import Any
@@ -19,45 +17,36 @@ from typing import Any
 from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
-from tornado.iostream import StreamClosedError
 
 from jupyter_llm import __version__
 from jupyter_llm.api.base import (
+    COMPACT,
     LLM,
     LLM_MODELS,
     NDJSON,
     LLMHandler,
+    RawJSON,
     authorized,
     authorized_in_prepare,
-    now_iso,
-)
-from jupyter_llm.api.generation import (
-    Event,
-    Finished,
-    Job,
-    Logprobs,
-    RawJSON,
-    Thinking,
-    ToolCalls,
-    complete,
-    embed,
     json_array,
-    load_only,
-    unload,
-    write_json_pieces,
+    json_chunks,
+    json_pieces,
+)
+from jupyter_llm.api.generation import GenerationRequest, embed, load_only, unload
+from jupyter_llm.api.ollama_shapes import (
+    ChatEncoder,
+    GenerateEncoder,
+    OllamaCall,
+    OllamaEncoder,
+    ShowRead,
+    chat_call,
+    embed_body,
+    generate_call,
+    model_summary,
+    show_body,
 )
 from jupyter_llm.api.ps import ps_body
-from jupyter_llm.api.requests import (
-    ChatRequest,
-    CompletionRequest,
-    EmbedRequest,
-    GenerateRequest,
-    checked,
-    messages_field,
-    options_field,
-)
-from jupyter_llm.api.templates import render_go_template
-from jupyter_llm.chat_formats.detect import template_format
+from jupyter_llm.api.requests import EmbedRequest, checked, messages_field, options_field
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.limits import TEXT_LAYER
 from jupyter_llm.models.gguf_info import builtin_template, read_metadata
@@ -153,17 +142,6 @@ class PsHandler(LLMHandler):
         self.write_json(ps_body(self.llm.scheduler))
 
     head = get  # a probe: the same status and headers, no body
-
-
-def model_summary(entry: ModelEntry) -> dict[str, Any]:
-    return {
-        "name": entry.name.display,
-        "model": entry.name.display,
-        "modified_at": entry.modified_at.isoformat().replace("+00:00", "Z"),
-        "size": entry.size,
-        "digest": entry.digest,
-        "details": entry.details,
-    }
 
 
 class BlobHandler(LLMHandler):
@@ -327,102 +305,27 @@ class PullHandler(LLMHandler):
 
 
 class CompletionHandler(LLMHandler):
-    """Streams NDJSON chunks (or one object with ``stream: false``)."""
+    """Answers a generation as NDJSON values (or one object with ``stream: false``)."""
 
-    async def _respond(
-        self,
-        req: CompletionRequest,
-        job: Job,
-        empty: bool,
-        chunk: Chunk,
-        final_extra: Callable[[Finished], dict[str, Any]] = lambda f: {},
-    ) -> None:
-        services = self.llm
-        if empty:  # load or unload only
-            if req.keep_alive == 0:
-                await unload(services, req.model, self.requester)
-                self.write_json({**chunk(""), "done": True, "done_reason": "unload"})
-            else:
-                await load_only(services, req.model, req.options, req.keep_alive, self.requester)
-                self.write_json({**chunk(""), "done": True, "done_reason": "load"})
-            return
-        if not req.stream:
-            if (reply := await self.whole_completion(job)) is None:
-                return  # the client left
-            calls = ollama_tool_calls(reply.tool_calls, 0)
-            finished = reply.finished
-            whole = {
-                **chunk(reply.text, reply.thinking, calls),
-                **done_fields(finished),
-                **final_extra(finished),
-            }
-            if job.logprobs is not None:
-                whole["logprobs"] = reply.logprobs
-            self.write_json(whole)
-            return
-        count = [0]  # tool calls so far: their index
+    async def answer(self, call: OllamaCall, encoder: OllamaEncoder) -> None:
+        request = call.generation
+        if call.only_load:
+            self.write_json(encoder.loaded(await self.load_or_unload(request)))
+        elif call.stream:
+            await self.stream_generation(request, encoder.batch, NDJSON)
+        elif (reply := await self.whole_completion(request)) is not None:  # None: the client left
+            self.write_json(encoder.whole(reply, request.logprobs is not None))
 
-        def value(e: Event) -> dict[str, Any]:
-            if isinstance(e, str):
-                return {**chunk(e), "done": False}
-            if isinstance(e, Thinking):
-                return {**chunk("", e.text), "done": False}
-            if isinstance(e, ToolCalls):
-                calls = ollama_tool_calls(e.calls, count[0])
-                count[0] += len(calls)
-                return {**chunk("", "", calls), "done": False}
-            if isinstance(e, Logprobs):
-                return {**chunk(""), "logprobs": e.entries, "done": False}
-            return {**chunk(""), **done_fields(e), **final_extra(e)}
-
-        async def ndjson() -> AsyncGenerator[list[dict[str, Any]], None]:
-            async with aclosing(complete(services, job, self.requester)) as events:
-                async for batch in events:
-                    yield [value(e) for e in batch]
-
-        await self.stream(ndjson(), NDJSON)
-
-
-# a streamed piece: content, thinking, tool calls (Ollama's shape)
-Chunk = Callable[..., dict[str, Any]]
-
-
-def ollama_tool_calls(calls: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
-    """Ollama's ``tool_calls``: ``{"id", "function": {"index", "name", "arguments"}}``."""
-    return [
-        {
-            "id": call.get("id", ""),
-            "function": {
-                "index": first + i,
-                "name": call["name"],
-                "arguments": call.get("arguments", {}),
-            },
-        }
-        for i, call in enumerate(calls)
-    ]
-
-
-def message_fields(text: str, thinking: str, calls: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """An assistant message's fields, the optional ones only when present."""
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if thinking:
-        message["thinking"] = thinking
-    if calls:
-        message["tool_calls"] = calls
-    return message
-
-
-def done_fields(f: Finished) -> dict[str, Any]:
-    return {
-        "done": True,
-        "done_reason": f.done_reason,
-        "total_duration": f.total_duration,
-        "load_duration": f.load_duration,
-        "prompt_eval_count": f.prompt_eval_count,
-        "prompt_eval_duration": f.prompt_eval_duration,
-        "eval_count": f.eval_count,
-        "eval_duration": f.eval_duration,
-    }
+    async def load_or_unload(self, request: GenerationRequest) -> str:
+        """A request with nothing to generate: the model loaded (kept), or
+        unloaded with ``keep_alive`` 0; the ``done_reason`` that says which."""
+        if request.keep_alive == 0:
+            await unload(self.llm, request.model, self.requester)
+            return "unload"
+        await load_only(
+            self.llm, request.model, request.options, request.keep_alive, self.requester
+        )
+        return "load"
 
 
 class GenerateHandler(CompletionHandler):
@@ -431,42 +334,9 @@ class GenerateHandler(CompletionHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
-        req = await self.blocking(lambda: GenerateRequest.parse(self.read_json()))
-        name = req.model.display
-        job = Job(
-            model=req.model,
-            options=req.options,
-            keep_alive=req.keep_alive,
-            context=req.context,
-            suffix=req.suffix,
-            format=req.format,
-            think=req.think,
-            logprobs=req.logprobs,
-            truncate=req.truncate,
-            shift=req.shift,
-        )
-        if req.raw or req.suffix is not None:
-            job.prompt, job.images = req.prompt, req.images
-        elif req.template is not None:
-            values = {"System": req.system or "", "Prompt": req.prompt}  # a request's
-            # template may be as long as the body: rendered off the event loop
-            job.prompt = await self.blocking(render_go_template, req.template, values)
-            job.images = req.images
-        else:
-            job.messages = []
-            if req.system:
-                job.messages.append({"role": "system", "content": req.system})
-            user: dict[str, Any] = {"role": "user", "content": req.prompt}
-            if req.images:
-                user["images"] = req.images
-            job.messages.append(user)
-
-        def chunk(text: str, thinking: str = "", calls: Any = None) -> dict[str, Any]:
-            out = {"model": name, "created_at": now_iso(), "response": text}
-            return {**out, "thinking": thinking} if thinking else out
-
-        empty = not req.prompt and not req.images and req.suffix is None
-        await self._respond(req, job, empty, chunk, lambda f: {"context": f.context})
+        # a request's template may be as long as the body: rendered off the event loop
+        call = await self.blocking(lambda: generate_call(self.read_json()))
+        await self.answer(call, GenerateEncoder(call.generation.model.display))
 
 
 class ChatHandler(CompletionHandler):
@@ -475,30 +345,8 @@ class ChatHandler(CompletionHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
-        req = await self.blocking(lambda: ChatRequest.parse(self.read_json()))
-        name = req.model.display
-        job = Job(
-            model=req.model,
-            options=req.options,
-            keep_alive=req.keep_alive,
-            messages=req.messages,
-            tools=req.tools,
-            tool_choice=req.tool_choice,
-            format=req.format,
-            think=req.think,
-            logprobs=req.logprobs,
-            truncate=req.truncate,
-            shift=req.shift,
-        )
-
-        def chunk(text: str, thinking: str = "", calls: Any = None) -> dict[str, Any]:
-            return {
-                "model": name,
-                "created_at": now_iso(),
-                "message": message_fields(text, thinking, calls),
-            }
-
-        await self._respond(req, job, not req.messages, chunk)
+        call = await self.blocking(lambda: chat_call(self.read_json()))
+        await self.answer(call, ChatEncoder(call.generation.model.display))
 
 
 class EmbedHandler(LLMHandler):
@@ -522,16 +370,9 @@ class EmbedHandler(LLMHandler):
             keep_alive=req.keep_alive,
             requester=self.requester,
         )
-        await write_json_pieces(  # the runner's JSON of the vectors, never decoded here
-            self,
-            {
-                "model": req.model.display,
-                "embeddings": json_array(result.vectors),
-                "total_duration": result.total_duration,
-                "load_duration": result.load_duration,
-                "prompt_eval_count": result.prompt_eval_count,
-            },
-        )
+        # the runner's JSON of the vectors, never decoded here
+        body = embed_body(req.model.display, json_array(result.vectors), result)
+        await self.write_json_pieces(json_pieces(body, COMPACT))
 
 
 class EmbeddingsHandler(LLMHandler):
@@ -556,7 +397,8 @@ class EmbeddingsHandler(LLMHandler):
             keep_alive=req.keep_alive,
             requester=self.requester,
         )
-        await write_json_pieces(self, {"embedding": RawJSON(result.vectors[:1])})
+        body = {"embedding": RawJSON(result.vectors[:1])}
+        await self.write_json_pieces(json_pieces(body, COMPACT))
 
 
 class ShowHandler(LLMHandler):
@@ -571,126 +413,23 @@ class ShowHandler(LLMHandler):
         if not isinstance(verbose, bool):
             raise InvalidRequest("verbose must be a boolean")
         entry = await self.blocking(self.llm.store.get, name)
-        info = await self.blocking(read_metadata, entry.model_path, verbose)
-        # a GGUF without a template chats in its family's built-in one: named in details
-        builtin = await self.blocking(builtin_template, entry.model_path, info)
-        own = str(info.get("tokenizer.chat_template") or "") or (builtin.source if builtin else "")
-        template = entry.template or own
-        details = {**entry.details, "builtin_template": builtin.name} if builtin else entry.details
-        # reading a template (up to 4 MiB, perhaps hostile) is CPU work: off the loop
-        capabilities = await self.blocking(model_capabilities, info, template)
-        extra: dict[str, Any] = {}
-        if entry.projector_path is not None:  # its GGUF's keys, as model_info is the model's
-            capabilities.append("vision")
-            extra["projector_info"] = await self.blocking(
-                read_metadata, entry.projector_path, verbose
-            )
-        reply = {
-            "license": entry.license or "",
-            "modelfile": "".join(
-                f"FROM {path}\n" for path in (entry.model_path, entry.projector_path) if path
-            ),
-            "parameters": format_parameters(entry.params),
-            "messages": entry.messages,
-            "template": template,
-            "system": entry.system or "",
-            "details": details,
-            "model_info": info,
-            "capabilities": capabilities,
-            "modified_at": entry.modified_at.isoformat().replace("+00:00", "Z"),
-            **extra,
-        }
-        # a 4 MiB template, or a verbose vocabulary, takes a while to encode
-        chunks = await self.blocking(json_fairly, reply)
-        self.set_header("Content-Type", "application/json")
-        self.set_header("Content-Length", sum(map(len, chunks)))
-        try:
-            for chunk in chunks:  # a piece at a time: no 4 MiB copy on the loop
-                self.write(chunk)
-                await self.flush()
-        except StreamClosedError:
-            return  # the client left
-        self.finish()
+        # the files' keys, a template (up to 4 MiB, perhaps hostile) read and
+        # the answer encoded are all CPU work: off the loop
+        chunks = await self.blocking(show_chunks, entry, verbose)
+        await self.write_json_pieces(chunks, length=sum(map(len, chunks)))
 
 
-def model_capabilities(info: dict[str, Any], template: str) -> list[str]:
-    """Ollama's ``capabilities``: a model that declares a pooling type embeds,
-    any other completes (never both, as in Ollama's server/images.go). Tools
-    and thinking are what ``chat_formats.detect`` reads in the template (once
-    per template digest); call this off the event loop."""
-    if any(key.endswith(".pooling_type") for key in info):
-        capabilities = ["embedding"]
-    else:
-        capabilities = ["completion"]
-        if "tokenizer.ggml.fim_pre_token_id" in info:
-            capabilities.append("insert")
-    fmt = template_format(template)
-    if fmt.offers_tools:
-        capabilities.append("tools")
-    if fmt.can_think:
-        capabilities.append("thinking")
-    return capabilities
-
-
-JSON_PIECE = 1 << 16  # characters, or list items, the C encoder takes in one call
-
-
-def json_fairly(value: Any) -> list[bytes]:
-    """``value`` as JSON (what ``json.dumps`` writes), in chunks of about
-    ``JSON_PIECE`` characters, encoded a piece at a time with the GIL handed
-    over between pieces. ``json.dumps`` holds the GIL for its whole call,
-    10-40 ms for a 4 MiB template or a verbose vocabulary, which stalls the
-    event loop even from an executor thread; so does touching a fresh 4 MiB
-    buffer, which chunks avoid."""
-    pieces: list[str] = []
-    _encode_fairly(value, pieces)
-    chunks: list[bytes] = []
-    group: list[str] = []
-    size = 0
-    for piece in pieces:
-        group.append(piece)
-        size += len(piece)
-        if size >= JSON_PIECE:
-            chunks.append("".join(group).encode())
-            group, size = [], 0
-    if group or not chunks:
-        chunks.append("".join(group).encode())
-    return chunks
-
-
-def _encode_fairly(value: Any, out: list[str]) -> None:
-    if isinstance(value, str) and len(value) > JSON_PIECE:
-        out.append('"')
-        for i in range(0, len(value), JSON_PIECE):  # escapes are per character
-            out.append(json.dumps(value[i : i + JSON_PIECE])[1:-1])
-            time.sleep(0)  # hand the GIL to the event loop if it waits
-        out.append('"')
-    elif isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
-        sep = "{"
-        for key, item in value.items():
-            out.append(f"{sep}{json.dumps(key)}: ")
-            _encode_fairly(item, out)
-            sep = ", "
-        out.append("}")
-    elif isinstance(value, list | tuple) and len(value) > JSON_PIECE // 16:
-        step = JSON_PIECE // 16
-        sep = "["
-        for i in range(0, len(value), step):
-            out.append(sep + json.dumps(list(value[i : i + step]))[1:-1])
-            sep = ", "
-            time.sleep(0)
-        out.append("]")
-    else:
-        out.append(json.dumps(value))
-
-
-def format_parameters(params: dict[str, Any]) -> str:
-    """Ollama's ``parameters`` text: one ``name value`` line each, lists repeated."""
-    lines = []
-    for key, value in params.items():
-        for item in value if isinstance(value, list) else [value]:
-            lines.append(f"{key:<24}{json.dumps(item) if isinstance(item, str) else item}")
-    return "\n".join(lines)
+def show_chunks(entry: ModelEntry, verbose: bool) -> list[bytes]:
+    """``/api/show``'s answer (``show_body``) as JSON chunks (``json_chunks``)."""
+    info = read_metadata(entry.model_path, verbose)
+    # a GGUF without a template chats in its family's built-in one
+    builtin = builtin_template(entry.model_path, info)
+    own = str(info.get("tokenizer.chat_template") or "") or (builtin.source if builtin else "")
+    projector_info = None
+    if entry.projector_path is not None:
+        projector_info = read_metadata(entry.projector_path, verbose)
+    read = ShowRead(info, own, builtin.name if builtin else None, projector_info)
+    return json_chunks(show_body(entry, read))
 
 
 class CopyHandler(LLMHandler):

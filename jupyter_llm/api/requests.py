@@ -1,11 +1,10 @@
-"""Request bodies: typed values out of untrusted JSON, every error naming its field.
+"""Request fields: typed values out of untrusted JSON, every error naming its field.
 
-Pure functions over parsed JSON; the handlers stay thin. This is the edge
-where the HTTP-agnostic validators (``jupyter_llm.options``,
+Pure functions over parsed JSON, which both APIs' translations
+(``api/ollama_shapes.py``, ``api/openai_shapes.py``) build on. This is the
+edge where the HTTP-agnostic validators (``jupyter_llm.options``,
 ``jupyter_llm.messages``, ``jupyter_llm.durations``) meet HTTP: their
-``ValueError`` becomes an ``InvalidRequest`` (400) in ``checked``. The option
-table and the roles moved out of this module into those; ``load_options``
-moved to ``api/generation.py``.
+``ValueError`` becomes an ``InvalidRequest`` (400) in ``checked``.
 """
 
 from __future__ import annotations
@@ -15,12 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from jupyter_llm import untrusted_json
-from jupyter_llm.api.structured import OutputFormat, parse_format
 from jupyter_llm.chat_formats.detect import THINK_LEVELS, check_think
 from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
 from jupyter_llm.durations import parse_duration
 from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.images import parse_images
 from jupyter_llm.limits import EMBED_INPUTS
 from jupyter_llm.messages import parse_messages
 from jupyter_llm.models.names import ModelName, parse_model_name
@@ -57,7 +54,9 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     return checked(untrusted_json.parse_json_object, body)
 
 
-def _typed(body: dict[str, Any], key: str, kind: Any, what: str, default: Any = None) -> Any:
+def typed_field(body: dict[str, Any], key: str, kind: Any, what: str, default: Any = None) -> Any:
+    """``body[key]`` if it is a ``kind`` (never a boolean for a number), else
+    the 400 "``key`` must be ``what``"; ``default`` when absent or null."""
     value = body.get(key)
     if value is None:
         return default
@@ -72,90 +71,9 @@ def _as_tuple(kind: Any) -> tuple[Any, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
-@dataclass
-class CompletionRequest:
-    """What /api/generate and /api/chat share."""
-
-    model: ModelName
-    stream: bool = True
-    options: dict[str, Any] = field(default_factory=dict)
-    keep_alive: float | None = None
-    format: OutputFormat | None = None
-    think: bool | str | None = None  # None: as the model's template does by default
-    logprobs: int | None = None  # None: none; else the alternatives per token (top_logprobs)
-    truncate: bool = True  # a prompt over num_ctx: cut it (False: a 400)
-    shift: bool = True  # the context fills: shift it (False: stop, "length")
-
-
 def keep_alive_field(body: dict[str, Any]) -> float | None:
     value = body.get("keep_alive")
     return None if value is None else checked(parse_duration, value, "keep_alive")
-
-
-def _common(body: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "model": parse_model_name(body.get("model")),
-        "stream": _typed(body, "stream", bool, "a boolean", True),
-        "options": options_field(body.get("options")),
-        "keep_alive": keep_alive_field(body),
-        "format": parse_format(body.get("format")),
-        "think": think_field(body.get("think")),
-        "logprobs": logprobs_field(body.get("logprobs"), body.get("top_logprobs")),
-        "truncate": _typed(body, "truncate", bool, "a boolean", True),
-        "shift": _typed(body, "shift", bool, "a boolean", True),
-    }
-
-
-@dataclass
-class GenerateRequest(CompletionRequest):
-    prompt: str = ""
-    system: str | None = None
-    raw: bool = False
-    template: str | None = None
-    suffix: str | None = None
-    context: list[int] | None = None
-    images: list[str] = field(default_factory=list)  # base64 of image files
-
-    @classmethod
-    def parse(cls, body: dict[str, Any]) -> GenerateRequest:
-        context = _typed(body, "context", list, "a list of token ids")
-        if context is not None and not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in context
-        ):
-            raise InvalidRequest("context must be a list of token ids (non-negative integers)")
-        return cls(
-            **_common(body),
-            prompt=_typed(body, "prompt", str, "a string", ""),
-            system=_typed(body, "system", str, "a string"),
-            raw=_typed(body, "raw", bool, "a boolean", False),
-            # "" is unset, as in Ollama (older clients send "" for both)
-            template=_typed(body, "template", str, "a string") or None,
-            suffix=_typed(body, "suffix", str, "a string") or None,
-            context=context,
-            images=checked(parse_images, body.get("images")),
-        )
-
-
-@dataclass
-class ChatRequest(CompletionRequest):
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    tools: list[Any] | None = None
-    tool_choice: Any = None  # ours: as OpenAI's, or a tool's name
-
-    @classmethod
-    def parse(cls, body: dict[str, Any]) -> ChatRequest:
-        common = _common(body)
-        tools = tools_field(body.get("tools"))
-        # not an Ollama field: also read from options, which Ollama's clients pass on
-        choice = body.get("tool_choice", common["options"].pop("tool_choice", None))
-        if isinstance(choice, str) and choice not in TOOL_CHOICES:
-            choice = {"type": "function", "function": {"name": choice}}
-        return cls(
-            **common,
-            messages=messages_field(body.get("messages")),
-            tools=tools,
-            tool_choice=tool_choice_field(choice, tools),
-        )
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's and Ollama's bound
@@ -166,13 +84,27 @@ def logprobs_field(logprobs: Any, top: Any, top_field: str = "top_logprobs") -> 
     ``None`` for none, else the number of alternatives each token reports."""
     if logprobs is not None and not isinstance(logprobs, bool):
         raise InvalidRequest("logprobs must be a boolean")
-    if top is not None and (
-        isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS
-    ):
-        raise InvalidRequest(f"{top_field} must be an integer between 0 and {MAX_TOP_LOGPROBS}")
+    top = integer_between(top, top_field, 0, MAX_TOP_LOGPROBS)
     if not logprobs:
         return None
     return top or 0
+
+
+MAX_LEGACY_LOGPROBS = 5  # OpenAI's bound on /v1/completions
+
+
+def legacy_logprobs_field(value: Any) -> int | None:
+    """``/v1/completions``' ``logprobs``: ``None`` for none, else the number
+    of alternatives each token reports (0 to 5)."""
+    return integer_between(value, "logprobs", 0, MAX_LEGACY_LOGPROBS)
+
+
+def integer_between(value: Any, field: str, low: int, high: int) -> int | None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
+    ):
+        raise InvalidRequest(f"{field} must be an integer between {low} and {high}")
+    return value
 
 
 def think_field(value: Any) -> bool | str | None:
@@ -263,14 +195,14 @@ class EmbedRequest:
 
     @classmethod
     def parse(cls, body: dict[str, Any], input_field: str = "input") -> EmbedRequest:
-        dimensions = _typed(body, "dimensions", int, "a positive integer")
+        dimensions = typed_field(body, "dimensions", int, "a positive integer")
         if dimensions is not None and dimensions < 1:
             raise InvalidRequest("dimensions must be a positive integer")
         raw_input = body.get(input_field)
         return cls(
             model=parse_model_name(body.get("model")),
             inputs=[] if raw_input is None else parse_embed_input(raw_input, input_field),
-            truncate=_typed(body, "truncate", bool, "a boolean", True),
+            truncate=typed_field(body, "truncate", bool, "a boolean", True),
             dimensions=dimensions,
             options=options_field(body.get("options")),
             keep_alive=keep_alive_field(body),

@@ -1,0 +1,360 @@
+"""Ollama's wire shapes, translated to and from the one generation request.
+
+Pure functions over parsed JSON: a ``/api/generate`` or ``/api/chat`` body
+becomes an ``OllamaCall`` (a ``GenerationRequest`` and how the client wants
+its answer), and a finished generation, or its stream of events, becomes
+Ollama's values. The handlers in ``api/ollama.py`` parse, call and write.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from jupyter_llm.api.base import RawJSON
+from jupyter_llm.api.generation import (
+    Embedded,
+    Event,
+    Finished,
+    GenerationRequest,
+    Logprobs,
+    Reply,
+    Thinking,
+    ToolCalls,
+)
+from jupyter_llm.api.requests import (
+    checked,
+    keep_alive_field,
+    logprobs_field,
+    messages_field,
+    options_field,
+    think_field,
+    tool_choice_field,
+    tools_field,
+    typed_field,
+)
+from jupyter_llm.api.structured import parse_format
+from jupyter_llm.api.templates import render_go_template
+from jupyter_llm.chat_formats.detect import template_format
+from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
+from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.images import parse_images
+from jupyter_llm.models.names import parse_model_name
+from jupyter_llm.models.store import ModelEntry
+
+
+def now_iso() -> str:
+    """Ollama's ``created_at``: UTC, ``Z``-suffixed."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def iso(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+# -- bodies -> a generation request --------------------------------------------------
+
+
+@dataclass
+class OllamaCall:
+    """An ``/api/generate`` or ``/api/chat`` body: the generation it asks for,
+    and how it wants the answer."""
+
+    generation: GenerationRequest
+    stream: bool = True
+    only_load: bool = False  # nothing to generate: load the model (keep_alive 0: unload)
+
+
+def shared_fields(body: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    """``stream``, and the ``GenerationRequest`` fields both endpoints take."""
+    model = parse_model_name(body.get("model"))
+    stream = typed_field(body, "stream", bool, "a boolean", True)
+    return stream, {
+        "model": model,
+        "options": options_field(body.get("options")),
+        "keep_alive": keep_alive_field(body),
+        "format": parse_format(body.get("format")),
+        "think": think_field(body.get("think")),
+        "logprobs": logprobs_field(body.get("logprobs"), body.get("top_logprobs")),
+        "truncate": typed_field(body, "truncate", bool, "a boolean", True),
+        "shift": typed_field(body, "shift", bool, "a boolean", True),
+    }
+
+
+def context_field(body: dict[str, Any]) -> list[int] | None:
+    context = typed_field(body, "context", list, "a list of token ids")
+    if context is not None and not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in context
+    ):
+        raise InvalidRequest("context must be a list of token ids (non-negative integers)")
+    return context
+
+
+def generate_call(body: dict[str, Any]) -> OllamaCall:
+    """An ``/api/generate`` body: a prompt as it is (``raw``, or a ``suffix``
+    to fill in), one rendered by the request's own Go ``template``, or else
+    a chat turn for the model's template. A request's template may be as long
+    as the body: call this off the event loop."""
+    context = context_field(body)
+    stream, fields = shared_fields(body)
+    prompt = typed_field(body, "prompt", str, "a string", "")
+    system = typed_field(body, "system", str, "a string")
+    raw = typed_field(body, "raw", bool, "a boolean", False)
+    # "" is unset, as in Ollama (older clients send "" for both)
+    template = typed_field(body, "template", str, "a string") or None
+    suffix = typed_field(body, "suffix", str, "a string") or None
+    images = checked(parse_images, body.get("images"))
+    request = GenerationRequest(**fields, context=context, suffix=suffix)
+    if raw or suffix is not None:
+        request.prompt, request.images = prompt, images
+    elif template is not None:
+        values = {"System": system or "", "Prompt": prompt}
+        request.prompt, request.images = render_go_template(template, values), images
+    else:
+        request.messages = chat_turn(system, prompt, images)
+    only_load = not prompt and not images and suffix is None
+    return OllamaCall(request, stream, only_load)
+
+
+def chat_turn(system: str | None, prompt: str, images: list[str]) -> list[dict[str, Any]]:
+    """A generate request's prompt as the messages of one chat turn."""
+    messages: list[dict[str, Any]] = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    user: dict[str, Any] = {"role": "user", "content": prompt}
+    if images:
+        user["images"] = images
+    messages.append(user)
+    return messages
+
+
+def chat_call(body: dict[str, Any]) -> OllamaCall:
+    """An ``/api/chat`` body. Images are decoded and tool schemas checked:
+    call this off the event loop."""
+    stream, fields = shared_fields(body)
+    tools = tools_field(body.get("tools"))
+    # not an Ollama field: also read from options, which Ollama's clients pass on
+    choice = body.get("tool_choice", fields["options"].pop("tool_choice", None))
+    if isinstance(choice, str) and choice not in TOOL_CHOICES:
+        choice = {"type": "function", "function": {"name": choice}}
+    messages = messages_field(body.get("messages"))
+    request = GenerationRequest(
+        **fields, messages=messages, tools=tools, tool_choice=tool_choice_field(choice, tools)
+    )
+    return OllamaCall(request, stream, only_load=not messages)
+
+
+# -- a generation -> Ollama's values --------------------------------------------------
+
+
+def ollama_tool_calls(calls: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
+    """Ollama's ``tool_calls``: ``{"id", "function": {"index", "name", "arguments"}}``."""
+    return [
+        {
+            "id": call.get("id", ""),
+            "function": {
+                "index": first + i,
+                "name": call["name"],
+                "arguments": call.get("arguments", {}),
+            },
+        }
+        for i, call in enumerate(calls)
+    ]
+
+
+def message_fields(text: str, thinking: str, calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """An assistant message's fields, the optional ones only when present."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if thinking:
+        message["thinking"] = thinking
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def done_fields(f: Finished) -> dict[str, Any]:
+    return {
+        "done": True,
+        "done_reason": f.done_reason,
+        "total_duration": f.total_duration,
+        "load_duration": f.load_duration,
+        "prompt_eval_count": f.prompt_eval_count,
+        "prompt_eval_duration": f.prompt_eval_duration,
+        "eval_count": f.eval_count,
+        "eval_duration": f.eval_duration,
+    }
+
+
+class OllamaEncoder:
+    """One generation's answer in an endpoint's shape: the whole reply, or
+    each batch of stream events as NDJSON values. It counts the tool calls
+    streamed so far (their ``index``); ``now`` stamps ``created_at``."""
+
+    def __init__(self, model: str, now: Callable[[], str] = now_iso) -> None:
+        self.model = model
+        self.now = now
+        self.calls_sent = 0
+
+    def piece(
+        self, text: str, thinking: str = "", calls: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """A value with content, thinking and tool calls, in this endpoint's shape."""
+        raise NotImplementedError
+
+    def final_fields(self, f: Finished) -> dict[str, Any]:
+        """What this endpoint adds to the last value."""
+        return {}
+
+    def loaded(self, reason: str) -> dict[str, Any]:
+        """The answer to a request with nothing to generate ("load", "unload")."""
+        return {**self.piece(""), "done": True, "done_reason": reason}
+
+    def whole(self, reply: Reply, logprobs: bool) -> dict[str, Any]:
+        """The answer with ``stream: false``."""
+        calls = ollama_tool_calls(reply.tool_calls, 0)
+        value = {
+            **self.piece(reply.text, reply.thinking, calls),
+            **done_fields(reply.finished),
+            **self.final_fields(reply.finished),
+        }
+        if logprobs:
+            value["logprobs"] = reply.logprobs
+        return value
+
+    def event(self, e: Event) -> dict[str, Any]:
+        if isinstance(e, str):
+            return {**self.piece(e), "done": False}
+        if isinstance(e, Thinking):
+            return {**self.piece("", e.text), "done": False}
+        if isinstance(e, ToolCalls):
+            calls = ollama_tool_calls(e.calls, self.calls_sent)
+            self.calls_sent += len(calls)
+            return {**self.piece("", "", calls), "done": False}
+        if isinstance(e, Logprobs):
+            return {**self.piece(""), "logprobs": e.entries, "done": False}
+        return {**self.piece(""), **done_fields(e), **self.final_fields(e)}
+
+    def batch(self, events: list[Event]) -> list[dict[str, Any]]:
+        return [self.event(e) for e in events]
+
+
+class GenerateEncoder(OllamaEncoder):
+    """``/api/generate``: ``response`` text, the tokens of the exchange (``context``) last."""
+
+    def piece(
+        self, text: str, thinking: str = "", calls: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        out = {"model": self.model, "created_at": self.now(), "response": text}
+        return {**out, "thinking": thinking} if thinking else out
+
+    def final_fields(self, f: Finished) -> dict[str, Any]:
+        return {"context": f.context}
+
+
+class ChatEncoder(OllamaEncoder):
+    """``/api/chat``: an assistant ``message``."""
+
+    def piece(
+        self, text: str, thinking: str = "", calls: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "created_at": self.now(),
+            "message": message_fields(text, thinking, calls),
+        }
+
+
+def embed_body(model: str, vectors: RawJSON, f: Embedded) -> dict[str, Any]:
+    """``/api/embed``'s answer around the vectors (``RawJSON``, never decoded)."""
+    return {
+        "model": model,
+        "embeddings": vectors,
+        "total_duration": f.total_duration,
+        "load_duration": f.load_duration,
+        "prompt_eval_count": f.prompt_eval_count,
+    }
+
+
+# -- models -----------------------------------------------------------------------------
+
+
+def model_summary(entry: ModelEntry) -> dict[str, Any]:
+    """A model as ``/api/tags`` lists it."""
+    return {
+        "name": entry.name.display,
+        "model": entry.name.display,
+        "modified_at": iso(entry.modified_at),
+        "size": entry.size,
+        "digest": entry.digest,
+        "details": entry.details,
+    }
+
+
+def model_capabilities(info: dict[str, Any], template: str) -> list[str]:
+    """Ollama's ``capabilities``: a model that declares a pooling type embeds,
+    any other completes (never both, as in Ollama's server/images.go). Tools
+    and thinking are what ``chat_formats.detect`` reads in the template (once
+    per template digest); call this off the event loop."""
+    if any(key.endswith(".pooling_type") for key in info):
+        capabilities = ["embedding"]
+    else:
+        capabilities = ["completion"]
+        if "tokenizer.ggml.fim_pre_token_id" in info:
+            capabilities.append("insert")
+    fmt = template_format(template)
+    if fmt.offers_tools:
+        capabilities.append("tools")
+    if fmt.can_think:
+        capabilities.append("thinking")
+    return capabilities
+
+
+def format_parameters(params: dict[str, Any]) -> str:
+    """Ollama's ``parameters`` text: one ``name value`` line each, lists repeated."""
+    lines = []
+    for key, value in params.items():
+        for item in value if isinstance(value, list) else [value]:
+            lines.append(f"{key:<24}{json.dumps(item) if isinstance(item, str) else item}")
+    return "\n".join(lines)
+
+
+@dataclass
+class ShowRead:
+    """What ``/api/show`` reads from a model's files."""
+
+    info: dict[str, Any]  # the model GGUF's keys
+    own_template: str  # its chat template, or the built-in one of its family ("": none)
+    builtin: str | None  # that built-in template's name
+    projector_info: dict[str, Any] | None  # the vision projector GGUF's keys
+
+
+def show_body(entry: ModelEntry, read: ShowRead) -> dict[str, Any]:
+    """``/api/show``'s answer. Reading a template (up to 4 MiB, perhaps
+    hostile) is CPU work: call this off the event loop."""
+    template = entry.template or read.own_template
+    details = entry.details
+    if read.builtin is not None:  # the family's template a GGUF without one chats in
+        details = {**entry.details, "builtin_template": read.builtin}
+    capabilities = model_capabilities(read.info, template)
+    extra: dict[str, Any] = {}
+    if read.projector_info is not None:  # its GGUF's keys, as model_info is the model's
+        capabilities.append("vision")
+        extra["projector_info"] = read.projector_info
+    return {
+        "license": entry.license or "",
+        "modelfile": "".join(
+            f"FROM {path}\n" for path in (entry.model_path, entry.projector_path) if path
+        ),
+        "parameters": format_parameters(entry.params),
+        "messages": entry.messages,
+        "template": template,
+        "system": entry.system or "",
+        "details": details,
+        "model_info": read.info,
+        "capabilities": capabilities,
+        "modified_at": iso(entry.modified_at),
+        **extra,
+    }

@@ -1,0 +1,444 @@
+"""Ollama's translations as tables: bodies into one generation request, a
+finished generation and its stream of events into Ollama's values."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from dataclasses import asdict
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from jupyter_llm.api.generation import Finished, Logprobs, Reply, Thinking, ToolCalls
+from jupyter_llm.api.ollama_shapes import (
+    ChatEncoder,
+    GenerateEncoder,
+    chat_call,
+    format_parameters,
+    generate_call,
+)
+from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.models.names import parse_model_name
+
+
+def png() -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (2, 2)).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+PNG = png()
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+USER = {"role": "user", "content": "Hi"}
+NOT_SET = {
+    "options": {},
+    "keep_alive": None,
+    "prompt": None,
+    "images": [],
+    "messages": None,
+    "tools": None,
+    "context": None,
+    "suffix": None,
+    "format": None,
+    "think": None,
+    "logprobs": None,
+    "tool_choice": None,
+    "parallel_tool_calls": None,
+    "truncate": True,
+    "shift": True,
+}
+
+
+def fields(call: Any) -> dict[str, Any]:
+    """The request's fields that differ from an empty one, the format as its kind."""
+    got = asdict(call.generation)
+    assert got.pop("model") == asdict(parse_model_name("m"))
+    if got["format"] is not None:
+        got["format"] = "set"
+    return {k: v for k, v in got.items() if v != NOT_SET[k]}
+
+
+# (body, the request's fields that are set, stream, only_load)
+GENERATE = [
+    ({"model": "m", "prompt": "Hi"}, {"messages": [USER]}, True, False),
+    (
+        {"model": "m", "prompt": "Hi", "system": "Be brief.", "images": [PNG]},
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {**USER, "images": [PNG]},
+            ]
+        },
+        True,
+        False,
+    ),
+    ({"model": "m", "prompt": "Hi", "raw": True}, {"prompt": "Hi"}, True, False),
+    (
+        {"model": "m", "prompt": "def f(", "suffix": "    return x"},
+        {"prompt": "def f(", "suffix": "    return x"},
+        True,
+        False,
+    ),
+    (
+        {"model": "m", "prompt": "Hi", "system": "S", "template": "{{ .System }}|{{ .Prompt }}"},
+        {"prompt": "S|Hi"},
+        True,
+        False,
+    ),
+    (
+        {"model": "m", "prompt": "Hi", "template": "", "suffix": ""},
+        {"messages": [USER]},
+        True,
+        False,
+    ),
+    ({"model": "m"}, {"messages": [{"role": "user", "content": ""}]}, True, True),
+    (
+        {"model": "m", "keep_alive": 0},
+        {"messages": [{"role": "user", "content": ""}], "keep_alive": 0},
+        True,
+        True,
+    ),
+    (
+        {
+            "model": "m",
+            "prompt": "Hi",
+            "stream": False,
+            "keep_alive": "5m",
+            "context": [1, 2],
+            "options": {"temperature": 0, "num_ctx": 64},
+            "format": "json",
+            "think": "high",
+            "logprobs": True,
+            "top_logprobs": 3,
+            "truncate": False,
+            "shift": False,
+        },
+        {
+            "messages": [USER],
+            "keep_alive": 300.0,
+            "context": [1, 2],
+            "options": {"temperature": 0, "num_ctx": 64},
+            "format": "set",
+            "think": "high",
+            "logprobs": 3,
+            "truncate": False,
+            "shift": False,
+        },
+        False,
+        False,
+    ),
+    (
+        {"model": "m", "prompt": "Hi", "logprobs": True},
+        {"messages": [USER], "logprobs": 0},
+        True,
+        False,
+    ),
+    ({"model": "m", "prompt": "Hi", "top_logprobs": 2}, {"messages": [USER]}, True, False),
+]
+
+
+@pytest.mark.parametrize(("body", "expected", "stream", "only_load"), GENERATE)
+def test_a_generate_body_is_one_generation_request(body, expected, stream, only_load):
+    call = generate_call(body)
+    assert fields(call) == expected
+    assert (call.stream, call.only_load) == (stream, only_load)
+
+
+CHAT = [
+    ({"model": "m", "messages": [USER]}, {"messages": [USER]}, True, False),
+    ({"model": "m", "messages": []}, {"messages": []}, True, True),
+    ({"model": "m"}, {"messages": []}, True, True),
+    (
+        {"model": "m", "messages": [USER], "tools": [TOOL], "tool_choice": "required"},
+        {"messages": [USER], "tools": [TOOL], "tool_choice": "required"},
+        True,
+        False,
+    ),
+    (  # Ollama's clients pass a tool's name through options
+        {
+            "model": "m",
+            "messages": [USER],
+            "tools": [TOOL],
+            "options": {"tool_choice": "get_weather", "seed": 1},
+        },
+        {
+            "messages": [USER],
+            "tools": [TOOL],
+            "tool_choice": {"name": "get_weather"},
+            "options": {"seed": 1},
+        },
+        True,
+        False,
+    ),
+    (
+        {"model": "m", "messages": [USER], "stream": False, "think": False},
+        {"messages": [USER], "think": False},
+        False,
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "expected", "stream", "only_load"), CHAT)
+def test_a_chat_body_is_one_generation_request(body, expected, stream, only_load):
+    call = chat_call(body)
+    assert fields(call) == expected
+    assert (call.stream, call.only_load) == (stream, only_load)
+
+
+# (translation, body, the 400's message): the first bad field is the one named
+BAD = [
+    (generate_call, {"prompt": "x"}, "model is required and must be a non-empty string"),
+    (generate_call, {"model": "m", "context": "x"}, "context must be a list of token ids"),
+    (generate_call, {"model": "m", "context": [-1]}, "context must be a list of token ids ("),
+    (generate_call, {"model": "m", "context": [True]}, "context must be a list of token ids ("),
+    (generate_call, {"model": "m", "stream": "yes"}, "stream must be a boolean"),
+    (
+        generate_call,
+        {"model": "m", "options": {"temperature": "hot"}},
+        "options.temperature must be a number",
+    ),
+    (generate_call, {"model": "m", "keep_alive": "soon"}, "keep_alive"),
+    (generate_call, {"model": "m", "format": "yaml"}, 'invalid format: "yaml"'),
+    (generate_call, {"model": "m", "think": "very"}, "think"),
+    (generate_call, {"model": "m", "logprobs": 1}, "logprobs must be a boolean"),
+    (
+        generate_call,
+        {"model": "m", "top_logprobs": 21},
+        "top_logprobs must be an integer between 0 and 20",
+    ),
+    (generate_call, {"model": "m", "truncate": 0}, "truncate must be a boolean"),
+    (generate_call, {"model": "m", "shift": "no"}, "shift must be a boolean"),
+    (generate_call, {"model": "m", "prompt": 3}, "prompt must be a string"),
+    (generate_call, {"model": "m", "system": 3}, "system must be a string"),
+    (generate_call, {"model": "m", "raw": 1}, "raw must be a boolean"),
+    (generate_call, {"model": "m", "template": []}, "template must be a string"),
+    (generate_call, {"model": "m", "suffix": 1}, "suffix must be a string"),
+    (generate_call, {"model": "m", "images": "x"}, "images must be a list of base64 strings"),
+    (generate_call, {"model": "m", "prompt": "x", "template": "{{ .Nope }}"}, "template uses"),
+    (generate_call, {"model": "m", "stream": 1, "context": "x"}, "context must be"),
+    (
+        chat_call,
+        {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},
+        "messages[0].role",
+    ),
+    (chat_call, {"model": "m", "messages": "x"}, "messages"),
+    (chat_call, {"model": "m", "tools": "x"}, "tools must be a list"),
+    (
+        chat_call,
+        {"model": "m", "tools": [TOOL], "tool_choice": "other"},
+        "tool_choice names 'other'",
+    ),
+    (chat_call, {"model": "m", "tool_choice": "x", "messages": "x"}, "messages"),
+]
+
+
+@pytest.mark.parametrize(("translate", "body", "message"), BAD)
+def test_a_bad_field_is_a_400_naming_it(translate, body, message):
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
+        translate(body)
+
+
+DONE = Finished("stop", 4, 40, 2, 20, 5, 100, [7, 8])
+TIMES = {
+    "total_duration": 100,
+    "load_duration": 5,
+    "prompt_eval_count": 4,
+    "prompt_eval_duration": 40,
+    "eval_count": 2,
+    "eval_duration": 20,
+}
+CALL = {"id": "c1", "name": "get_weather", "arguments": {"city": "Paris"}}
+CALLED = {
+    "id": "c1",
+    "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}},
+}
+LOGPROB = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}
+G = {"model": "m", "created_at": "T"}
+
+# batches of events -> the NDJSON values, for /api/generate and /api/chat
+STREAMS = [
+    (
+        GenerateEncoder,
+        [["Hel", "lo"], [DONE]],
+        [
+            [{**G, "response": "Hel", "done": False}, {**G, "response": "lo", "done": False}],
+            [
+                {
+                    **G,
+                    "response": "",
+                    "done": True,
+                    "done_reason": "stop",
+                    **TIMES,
+                    "context": [7, 8],
+                }
+            ],
+        ],
+    ),
+    (
+        GenerateEncoder,
+        [[Thinking("hmm"), Logprobs([LOGPROB]), ToolCalls([CALL])]],
+        [
+            [
+                {**G, "response": "", "thinking": "hmm", "done": False},
+                {**G, "response": "", "logprobs": [LOGPROB], "done": False},
+                {**G, "response": "", "done": False},
+            ]
+        ],
+    ),
+    (
+        ChatEncoder,
+        [["Hi", Thinking("hmm")], [ToolCalls([CALL]), ToolCalls([CALL, {"name": "f"}])], [DONE]],
+        [
+            [
+                {**G, "message": {"role": "assistant", "content": "Hi"}, "done": False},
+                {
+                    **G,
+                    "message": {"role": "assistant", "content": "", "thinking": "hmm"},
+                    "done": False,
+                },
+            ],
+            [
+                {
+                    **G,
+                    "message": {"role": "assistant", "content": "", "tool_calls": [CALLED]},
+                    "done": False,
+                },
+                {
+                    **G,
+                    "message": {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {**CALLED, "function": {**CALLED["function"], "index": 1}},
+                            {"id": "", "function": {"index": 2, "name": "f", "arguments": {}}},
+                        ],
+                    },
+                    "done": False,
+                },
+            ],
+            [
+                {
+                    **G,
+                    "message": {"role": "assistant", "content": ""},
+                    "done": True,
+                    "done_reason": "stop",
+                    **TIMES,
+                }
+            ],
+        ],
+    ),
+    (
+        ChatEncoder,
+        [[Logprobs([LOGPROB])]],
+        [
+            [
+                {
+                    **G,
+                    "message": {"role": "assistant", "content": ""},
+                    "logprobs": [LOGPROB],
+                    "done": False,
+                }
+            ]
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("encoder", "batches", "expected"), STREAMS)
+def test_stream_events_become_ndjson_values(encoder, batches, expected):
+    encode = encoder("m", now=lambda: "T")
+    assert [encode.batch(batch) for batch in batches] == expected
+
+
+REPLY = Reply("Hello", "hmm", [CALL], DONE, [LOGPROB])
+WHOLE = [
+    (
+        GenerateEncoder,
+        REPLY,
+        False,
+        {
+            **G,
+            "response": "Hello",
+            "thinking": "hmm",
+            "done": True,
+            "done_reason": "stop",
+            **TIMES,
+            "context": [7, 8],
+        },
+    ),
+    (
+        GenerateEncoder,
+        Reply("Hello", "", [], DONE, [LOGPROB]),
+        True,
+        {
+            **G,
+            "response": "Hello",
+            "done": True,
+            "done_reason": "stop",
+            **TIMES,
+            "context": [7, 8],
+            "logprobs": [LOGPROB],
+        },
+    ),
+    (
+        ChatEncoder,
+        REPLY,
+        True,
+        {
+            **G,
+            "message": {
+                "role": "assistant",
+                "content": "Hello",
+                "thinking": "hmm",
+                "tool_calls": [CALLED],
+            },
+            "done": True,
+            "done_reason": "stop",
+            **TIMES,
+            "logprobs": [LOGPROB],
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("encoder", "reply", "logprobs", "expected"), WHOLE)
+def test_a_finished_generation_is_one_value(encoder, reply, logprobs, expected):
+    value = encoder("m", now=lambda: "T").whole(reply, logprobs)
+    assert value == expected
+    assert list(value) == list(expected)  # the keys in Ollama's order
+
+
+@pytest.mark.parametrize(
+    ("encoder", "reason", "expected"),
+    [
+        (GenerateEncoder, "load", {**G, "response": "", "done": True, "done_reason": "load"}),
+        (
+            ChatEncoder,
+            "unload",
+            {
+                **G,
+                "message": {"role": "assistant", "content": ""},
+                "done": True,
+                "done_reason": "unload",
+            },
+        ),
+    ],
+)
+def test_nothing_to_generate_says_load_or_unload(encoder, reason, expected):
+    assert encoder("m", now=lambda: "T").loaded(reason) == expected
+
+
+@pytest.mark.parametrize(
+    ("params", "text"),
+    [
+        ({}, ""),
+        ({"temperature": 0.5}, "temperature             0.5"),
+        ({"stop": ["a", "b"]}, 'stop                    "a"\nstop                    "b"'),
+    ],
+)
+def test_parameters_text(params, text):
+    assert format_parameters(params) == text
