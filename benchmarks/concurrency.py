@@ -38,7 +38,7 @@ import httpx
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.models.store import ModelStore
-from jupyter_llm.runner.engine import cpu_has_amx
+from jupyter_llm.runner.model import cpu_has_amx
 
 STREAMS = (1, 4, 8)
 NUM_CTX = 4096  # our default context_length, given to llama-server too

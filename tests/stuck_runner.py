@@ -8,9 +8,9 @@ Started as the runner "interpreter" through a wrapper script:
 import sys
 import threading
 
-from jupyter_llm.runner import engine, service
+from jupyter_llm.runner import model, service
 
-_prompt_tokens = engine.Engine.prompt_tokens
+_prompt_tokens = model.Model.prompt_tokens
 
 
 def prompt_tokens(self, prompt, *args, **kwargs):
@@ -19,5 +19,5 @@ def prompt_tokens(self, prompt, *args, **kwargs):
     return _prompt_tokens(self, prompt, *args, **kwargs)
 
 
-engine.Engine.prompt_tokens = prompt_tokens
+model.Model.prompt_tokens = prompt_tokens
 sys.exit(service.main(sys.argv[sys.argv.index("--fd") :]))

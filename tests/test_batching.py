@@ -45,7 +45,7 @@ class Run:
         shift = options.pop("shift", True)
         self.job = Job(
             rid=id(self),
-            tokens=engine.fit_prompt(engine.prompt_tokens(prompt), 4, truncate=True),
+            tokens=engine.fit_prompt(engine.model.prompt_tokens(prompt), 4, truncate=True),
             options={**GREEDY, **options},
             emit=self.text.append,
             finish=self._finish,
@@ -185,7 +185,7 @@ def test_a_long_chat_keeps_its_system_prompt_and_latest_message(engine):
     prompt = chat_prompt(engine, chat, None, truncate=True)
     assert "SYSTEM-RULES" in prompt and "LATEST-QUESTION" in prompt
     assert "question 0 " not in prompt and "answer 39 " in prompt  # oldest dropped first
-    assert len(engine.tokenize(prompt)) < engine.n_ctx
+    assert len(engine.model.tokenize(prompt)) < engine.n_ctx
     whole = chat_prompt(engine, chat, None, truncate=False)
     assert "question 0 " in whole
 

@@ -160,12 +160,12 @@ def test_the_runner_and_the_server_choose_alike(tmp_path, spec, chosen):
     path = write_demo_model(tmp_path / "m.gguf", spec)
     engine = Engine(LoadParams(path=str(path), n_ctx=256, n_threads=1))
     try:
-        assert engine.builtin_template == chosen
+        assert engine.model.builtin_template == chosen
         served = builtin_template(path, read_metadata(path))
         assert (served.name if served else "") == chosen
         if chosen:
-            assert engine.chat_template == BUILTIN[chosen].source
-            ends = engine.tokenize(BUILTIN[chosen].turn_end, add_special=False)
+            assert engine.model.chat_template == BUILTIN[chosen].source
+            ends = engine.model.tokenize(BUILTIN[chosen].turn_end, add_special=False)
             assert len(ends) == 1 and llama_cpp.llama_vocab_is_eog(engine.vocab, ends[0])
     finally:
         engine.close()
@@ -191,9 +191,9 @@ GREEDY = {"temperature": 0, "num_predict": 64, "seed": 1}
 def test_gemma_renders_its_turns_and_ends_them_with_end_of_turn(gemma_gguf: Path):
     engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=512, n_threads=2))
     try:
-        assert engine.builtin_template == "gemma"
-        assert engine.render_chat(TWO_TURNS) == GEMMA_PROMPT
-        (end,) = engine.tokenize("<end_of_turn>", add_special=False)
+        assert engine.model.builtin_template == "gemma"
+        assert engine.model.render_chat(TWO_TURNS) == GEMMA_PROMPT
+        (end,) = engine.model.tokenize("<end_of_turn>", add_special=False)
         assert llama_cpp.llama_vocab_is_eog(engine.vocab, end)
     finally:
         engine.close()

@@ -65,7 +65,7 @@ def generate(engine: Engine, prompt: str, **job: Any) -> tuple[str, Completion]:
     engine.submit(
         Job(
             rid=1,
-            tokens=engine.prompt_tokens(prompt),
+            tokens=engine.model.prompt_tokens(prompt),
             options=job.pop("options"),
             emit=text.append,
             finish=done.append,
@@ -96,8 +96,8 @@ def test_a_trigger_completed_inside_a_token_is_checked_before_the_token_is_taken
     # grammar refuses the rest of that token.
     prompt = "Write one sentence about the sea."
     free, done = generate(gemma, prompt, options={**GREEDY, "num_predict": 24})
-    tokens = done.context[len(gemma.prompt_tokens(prompt)) :]
-    pieces = [gemma.token_text(t) for t in tokens]
+    tokens = done.context[len(gemma.model.prompt_tokens(prompt)) :]
+    pieces = [gemma.model.token_text(t) for t in tokens]
     at = next(i for i in range(1, len(pieces)) if re.fullmatch(r"\s?[A-Za-z]{4,}", pieces[i]))
     before = "".join(pieces[:at])
     trigger = (before + pieces[at][:-2])[-8:]
@@ -170,7 +170,7 @@ def test_constrained_strings_are_utf8_and_their_length_is_pythons(byte_level, ca
             byte_level.submit(
                 Job(
                     rid=seed * 100 + i,
-                    tokens=byte_level.prompt_tokens(f"Answer {seed}:"),
+                    tokens=byte_level.model.prompt_tokens(f"Answer {seed}:"),
                     options={"temperature": 1.0, "seed": seed, "num_predict": 600},
                     emit=out[0].append,
                     finish=out[1].append,

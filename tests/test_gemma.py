@@ -38,7 +38,7 @@ async def test_estimate_matches_allocations(gemma_gguf, num_ctx):
 def gemma(gemma_gguf):
     # 2048 cells, one sequence: the windowed layers keep 512 + 512 cells
     engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=2048, n_threads=2, n_seq=1))
-    assert engine.n_swa == 512
+    assert engine.model.n_swa == 512
     yield engine
     engine.close()
 

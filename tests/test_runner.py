@@ -284,7 +284,7 @@ def test_prompt_evaluation_checks_for_cancel_between_batches(demo_gguf):
 
         done = engine.complete(prompt, GREEDY, emit=lambda text: None, cancelled=cancelled)
         assert done.done_reason == "cancel" and done.eval_count == 0
-        assert 0 < done.prompt_eval_count <= 3 * 16 < len(engine.tokenize(prompt))
+        assert 0 < done.prompt_eval_count <= 3 * 16 < len(engine.model.tokenize(prompt))
         # what the cache really holds
         assert sum(len(s.cached) for s in engine.slots) == done.prompt_eval_count
     finally:

@@ -241,7 +241,7 @@ def generate(engine: Engine, **job: Any) -> tuple[str, Completion]:
     engine.submit(
         Job(
             rid=1,
-            tokens=engine.prompt_tokens("Tell me"),
+            tokens=engine.model.prompt_tokens("Tell me"),
             options={**GREEDY, "num_predict": 40},
             emit=text.append,
             finish=done.append,
@@ -301,7 +301,7 @@ def test_every_tool_grammar_and_trigger_loads_in_llama_cpp(engine, template):
         assert built is not None
         triggers = Triggers(patterns=built.trigger_patterns) if built.lazy else None
         sampler = make_sampler(
-            engine.tokens,
+            engine.model.tokens,
             engine.candidates,
             engine.n_ctx,
             dict(DEFAULT_SAMPLING),
@@ -313,7 +313,7 @@ def test_every_tool_grammar_and_trigger_loads_in_llama_cpp(engine, template):
 
 def test_control_tokens_are_rendered_only_when_preserved(engine):
     marker = "<|fim_prefix|>"
-    (token,) = engine.control_tokens([marker, "plain text"])
+    (token,) = engine.model.control_tokens([marker, "plain text"])
     grammar = f'root ::= <[{token}]> "ok"'
     assert generate(engine, grammar=grammar)[0] == "ok"
     assert generate(engine, grammar=grammar, preserve=frozenset({token}))[0] == marker + "ok"

@@ -177,7 +177,7 @@ TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 3, 4  # gguf's TokenType
 
 def marker_tokens(path: Path, texts: tuple[str, ...]) -> frozenset[str]:
     """Which of ``texts`` are control or user-defined tokens of the GGUF's
-    vocabulary, as the runner's ``Engine._has_marker`` asks llama.cpp.
+    vocabulary, as the runner's ``Model._has_marker`` asks llama.cpp.
     Reads the whole vocabulary; one past the reader's memory cap counts as
     holding none (what needed only the markers still answers). Blocking."""
     try:

@@ -7,7 +7,7 @@ embedding work), then embedding a few whole inputs per turn in one batch.
 ``FairShare`` sizes the turns from measured times, so a stream beside an
 embedding waits at most one short turn between two of its tokens and keeps
 most of its speed, whatever the model and the machine. Pure policy and
-bookkeeping: the llama.cpp calls are in ``engine``.
+bookkeeping: the llama.cpp calls are in ``embedding_context``.
 """
 
 from __future__ import annotations

@@ -231,7 +231,8 @@ class RunnerService:
 
     def op_load(self, message: dict[str, Any]) -> dict[str, Any]:
         from jupyter_llm.runner.cpu_threads import default_threads
-        from jupyter_llm.runner.engine import Engine, LoadParams, allocation_log
+        from jupyter_llm.runner.engine import Engine, LoadParams
+        from jupyter_llm.runner.llama_backend import allocation_log
 
         if self.engine is not None:
             raise ValueError("a model is already loaded in this runner")
@@ -255,16 +256,16 @@ class RunnerService:
                 raise AllocationError(f"{e}: {allocation_log.failure}") from e
             raise
         self.engine.beat = self.beat
-        vision = self.engine.vision
+        vision = self.engine.model.vision
         return {
             "allocations": allocation_log.devices,
             "n_ctx": self.engine.n_ctx,
-            "n_ctx_train": self.engine.n_ctx_train,
+            "n_ctx_train": self.engine.model.n_ctx_train,
             "n_batch": self.engine.n_batch,
             "n_seq": self.engine.n_seq,
             "n_threads": params.n_threads,
-            "chat_template": self.engine.chat_template,
-            "supports_insert": self.engine.supports_insert,
+            "chat_template": self.engine.model.chat_template,
+            "supports_insert": self.engine.model.supports_insert,
             "vision": vision is not None and not vision.refusal,
         }
 
@@ -282,11 +283,11 @@ class RunnerService:
         if plan.parts is not None:
             if message.get("suffix") is not None:
                 raise InputError("images cannot be used with suffix (fill-in-the-middle)")
-            media = engine.image_prompt(plan.parts, message.get("context"))
+            media = engine.model.image_prompt(plan.parts, message.get("context"), engine.n_batch)
             media = engine.fit_image_prompt(media, num_keep(options), truncate)
             tokens = media.tokens
         else:
-            tokens = engine.prompt_tokens(
+            tokens = engine.model.prompt_tokens(
                 plan.prompt, message.get("context"), message.get("suffix")
             )
             tokens = engine.fit_prompt(tokens, num_keep(options), truncate)
@@ -410,7 +411,7 @@ class RunnerService:
             self.cancelled.discard(rid)
             self.send({"id": rid, **reply})
 
-        engine.submit_embed(
+        engine.embeddings.submit(
             EmbedJob(
                 rid=rid,
                 texts=texts,
@@ -427,7 +428,7 @@ class RunnerService:
         return None
 
     def op_tokenize(self, message: dict[str, Any]) -> dict[str, Any]:
-        return {"tokens": self._engine().tokenize(str(message.get("text", "")))}
+        return {"tokens": self._engine().model.tokenize(str(message.get("text", "")))}
 
     def _engine(self) -> Any:
         if self.engine is None:
@@ -447,7 +448,7 @@ def chat_prompt(
     system prompt(s) and the latest message."""
 
     def render(kept: list[dict[str, Any]]) -> str:
-        return engine.render_chat(kept, tools, variables)
+        return engine.model.render_chat(kept, tools, variables)
 
     if truncate:
         messages = fit_history(messages, lambda kept: engine.fits(render(kept)))
@@ -466,12 +467,12 @@ class ChatSetup:
 def chat_setup(engine: Any) -> ChatSetup:
     setup = getattr(engine, "chat_setup", None)
     if setup is None:
-        template = engine.chat_template or ""
+        template = engine.model.chat_template or ""
         fmt = detect_format(template)
         setup = ChatSetup(
             fmt=fmt,
             syntax=call_syntax(fmt, template),
-            preserve=engine.control_tokens(format_markers(fmt)),
+            preserve=engine.model.control_tokens(format_markers(fmt)),
         )
         engine.chat_setup = setup
     return setup
@@ -529,7 +530,7 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
     except ValueError as e:
         raise InputError(str(e)) from None
     if images:
-        engine.image_marker  # noqa: B018 - a model without a projector refuses before rendering
+        engine.model.image_marker  # noqa: B018 - a model without a projector refuses before rendering
     if is_chat:
         prompt = chat_prompt(engine, messages, tools, truncate, variables)
         parts = split_chat(prompt, marker, images) if images else None
@@ -553,7 +554,7 @@ def plan_chat(engine: Any, message: dict[str, Any], truncate: bool) -> ChatPlan:
         if built is not None:
             grammar, constrained = built.grammar, True
             if built.lazy:
-                words = sorted(engine.control_tokens(built.trigger_words))
+                words = sorted(engine.model.control_tokens(built.trigger_words))
                 triggers = Triggers(patterns=built.trigger_patterns, tokens=tuple(words))
     reader = None
     if tools or fmt.can_think:
@@ -587,7 +588,7 @@ def plain_parts(engine: Any, prompt: str, images: list[bytes]) -> list[Part] | N
     markers (mtmd's), else first."""
     if not images:
         return None
-    return split_plain(prompt, engine.image_marker, images)
+    return split_plain(prompt, engine.model.image_marker, images)
 
 
 def logprobs_count(message: dict[str, Any]) -> int:
@@ -633,7 +634,7 @@ def error_reply(op: Any, e: Exception) -> dict[str, Any]:
 
 def _normalize_flag(value: Any) -> bool | None:
     """``normalize`` of an embed message: true, false, or null for "as
-    Ollama's legacy route does for this model" (``Engine.legacy_normalizes``)."""
+    Ollama's legacy route does for this model" (``Model.legacy_normalizes``)."""
     return None if value is None else bool(value)
 
 

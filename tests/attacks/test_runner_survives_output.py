@@ -69,7 +69,7 @@ class Run:
         grammar = options.pop("grammar", None)
         self.job = Job(
             rid=id(self),
-            tokens=engine.prompt_tokens(prompt),
+            tokens=engine.model.prompt_tokens(prompt),
             options={**GREEDY, **options},
             emit=self._emit,
             finish=self._finish,

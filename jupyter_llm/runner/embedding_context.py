@@ -1,0 +1,294 @@
+"""The embeddings' own llama context over the model's weights, and the
+turns that advance embed requests in it.
+
+The batch loop (``runner.engine``) gives the embeddings a turn between two
+of its decode steps; ``turn`` takes it when the loop's ``FairShare`` allows
+(``runner.embedding``: the policy and the bookkeeping) and spends it
+tokenizing inputs or embedding one chunk of them. The context is made on
+first use, small, and made again larger when a longer input comes.
+Runs in the runner process only; everything here blocks.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from typing import Any
+
+import llama_cpp
+
+from jupyter_llm.runner.embedding import (
+    EMBED_SEQS,
+    EmbedContextSize,
+    EmbedJob,
+    FairShare,
+    context_failure,
+    embed_context_size,
+    vector_text,
+)
+from jupyter_llm.runner.model import Model
+from jupyter_llm.runner.pooling import POOLING_NAMES, embedding_pooling, finish_vector, fit_tokens
+from jupyter_llm.runner.protocol import EngineError, InputError
+
+PREFIX_MARGIN = 16  # tokens past the limit where a prefix's cut cannot reach
+
+
+def prefix_end(text: str, size: int) -> int:
+    """Where a prefix of about ``size`` characters ends: before a space in its
+    second half (so no word is cut), else at ``size``."""
+    cut = text.rfind(" ", size // 2, size)
+    return cut if cut > 0 else size
+
+
+class EmbeddingContext:
+    """Embed requests of one model: queued, advanced a turn at a time."""
+
+    def __init__(self, model: Model, n_ctx: int, n_threads: int) -> None:
+        self.model = model
+        # tokens of one input: at most the chat context, and at most what the model
+        # was trained on (llama.cpp rounds a context up; a bert model has no
+        # positions past it)
+        self.limit = min(n_ctx, model.n_ctx_train or n_ctx)
+        self._n_threads = n_threads
+        self._ctx: Any = None
+        self._batch: Any = None
+        self._size: EmbedContextSize | None = None  # of _ctx, as asked
+        self._pooling: int | None = None  # once the first context has read it
+        self._splits = False  # may a long input be decoded in pieces?
+        self.jobs: deque[EmbedJob] = deque()  # advanced a turn at a time (``turn``)
+        self.share = FairShare()
+
+    # -- the context -----------------------------------------------------------------
+    def _make(self, pooling: int, size: EmbedContextSize) -> Any:
+        """A context for embeddings of ``size`` (``embed_context_size``), or
+        None where llama.cpp could not make it (memory)."""
+        cp = llama_cpp.llama_context_default_params()
+        cp.n_ctx = size.n_ctx
+        cp.n_batch = cp.n_ubatch = size.n_batch
+        cp.n_seq_max = EMBED_SEQS  # the inputs of one chunk, one sequence each
+        cp.kv_unified = True  # and any one of them may fill the context
+        cp.embeddings = True
+        cp.pooling_type = pooling
+        cp.n_threads, cp.n_threads_batch = self._n_threads, self._n_threads
+        cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        return llama_cpp.llama_init_from_model(self.model.llama_model, cp) or None
+
+    def close(self) -> None:
+        if self._ctx:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+        self._ctx = self._batch = self._size = None
+
+    def _open(self, longest: int = 0) -> None:
+        """The context (sharing the model's weights), pooled as the model
+        declares (``pooling.embedding_pooling``), sized for inputs of
+        ``longest`` tokens (``embed_context_size``): made small on first use,
+        made again larger when a longer input comes. A context that cannot be
+        made fails the request that needed it (``context_failure``), not the
+        runner."""
+        if self._pooling is None:
+            self._open_first()
+        held = self._size.n_ctx if self._size is not None else 0
+        size = embed_context_size(longest, self.limit, self._splits, held)
+        if size == self._size:
+            return
+        self.close()  # before the larger one: both would not fit where it matters
+        assert self._pooling is not None
+        ctx = self._make(self._pooling, size)
+        if ctx is None:
+            raise context_failure(size, longest, self.limit, self._splits)
+        self._use(ctx, size)
+
+    def _open_first(self) -> None:
+        """The first context: it reads what pooling the model declares, and
+        how this model may embed (``_splits``); kept where it pools so."""
+        size = embed_context_size(0, self.limit, pieces=False)
+        ctx = self._make(llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED, size)
+        if ctx is None:
+            raise context_failure(size, 0, self.limit, pieces=False)
+        declared = llama_cpp.llama_pooling_type(ctx)
+        try:
+            pooling = embedding_pooling(declared)
+        except InputError:
+            llama_cpp.llama_free(ctx)
+            raise
+        # An input longer than a chunk may be decoded in pieces only where
+        # the vector is the last token's state under causal attention (a
+        # cache carries the earlier pieces); mean or CLS pooling, or an
+        # encoder that attends both ways, needs the whole input in one batch.
+        self._splits = (
+            pooling == llama_cpp.LLAMA_POOLING_TYPE_LAST
+            and bool(llama_cpp.llama_get_memory(ctx))
+            and bool(llama_cpp.llama_get_causal_attn(ctx))
+        )
+        self._pooling = pooling
+        if pooling == declared:  # the smallest context, as needed at first
+            self._use(ctx, size)
+        else:
+            llama_cpp.llama_free(ctx)
+        name = POOLING_NAMES.get(pooling, str(pooling))
+        declares = POOLING_NAMES.get(declared, "none")
+        sys.stderr.write(f"embeddings pool by {name} (the model declares {declares})\n")
+
+    def _use(self, ctx: Any, size: EmbedContextSize) -> None:
+        self._ctx, self._size = ctx, size
+        self._batch = llama_cpp.llama_batch_init(size.n_batch, 0, 1)
+
+    # -- requests --------------------------------------------------------------------
+    def submit(self, job: EmbedJob) -> None:
+        """Queue an embed request; the loop advances it between decode steps
+        (``turn``). Embeddings pool as the model declares (``runner.pooling``);
+        ``normalize`` None: as Ollama's legacy route does for this model."""
+        if self._ctx is None:
+            self._open()
+        if job.normalize is None:
+            job.normalize = self.model.legacy_normalizes()
+        self.jobs.append(job)
+
+    def turn(self, step_seconds: float | None, streams: bool) -> bool:
+        """After a decode step of the completions (``step_seconds`` long; None
+        when none ran; ``streams``: completions still running), one turn of
+        the next embed request, if the ``FairShare`` allows: tokenizing some
+        of its inputs, or embedding one chunk of them. Requests take turns; a
+        failure ends its request only. True if a turn ran."""
+        if step_seconds is not None:
+            self.share.stepped(step_seconds)
+        if not self.jobs or not self.share.may_run(streams):
+            return False
+        job = self.jobs[0]
+        started = time.perf_counter()
+        tokens = 0
+        try:
+            if job.cancelled():
+                raise EngineError("cancelled")
+            if job.tokenized:
+                tokens = self._embed_chunk(job)
+            else:
+                self._tokenize_turn(job, started)
+        except Exception as e:
+            self.jobs.remove(job)
+            job.tokens.clear()
+            job.fail(e)
+        else:
+            if job.tokenized and job.embedded == len(job.texts):
+                self.jobs.remove(job)
+                job.finish(job.counted)
+            elif not job.fed:  # an input split over chunks keeps the context to itself
+                self.jobs.rotate(-1)
+        self.share.ran(time.perf_counter() - started, tokens, streams)
+        return True
+
+    def _tokenize_turn(self, job: EmbedJob, started: float) -> None:
+        """Tokenize the next inputs until this turn has used its time (at
+        least one input); ``EmbedJob.add_tokens`` checks the total."""
+        target = self.share.chunk_seconds
+        budget = self.share.chunk_tokens()
+        done = 0
+        while not job.tokenized:
+            tokens = self.input_tokens(job.texts[len(job.tokens)], job.truncate)
+            job.add_tokens(tokens)
+            done += len(tokens)
+            if done >= budget or (target is not None and time.perf_counter() - started >= target):
+                return
+
+    def input_tokens(self, text: str, truncate: bool) -> list[int]:
+        """One input's tokens within ``limit``: cut as ``fit_tokens`` does,
+        or an ``InputError`` without ``truncate``. A long text is tokenized
+        by growing prefixes (ending at a space) until one has more tokens than
+        the limit, so the work is bounded by the limit, not by the text."""
+        limit = self.limit
+        size = 4 * (limit + PREFIX_MARGIN)
+        while True:
+            whole = len(text) <= size
+            head = text if whole else text[: prefix_end(text, size)]
+            tokens = self.model.tokenize(head, add_special=True, parse_special=False) or [
+                llama_cpp.llama_vocab_bos(self.model.vocab)
+            ]
+            if whole or len(tokens) > limit + PREFIX_MARGIN:
+                break
+            size *= 4
+        if len(tokens) > limit:
+            if not truncate:
+                count = f"{len(tokens)}" if whole else f"more than {limit}"
+                raise InputError(
+                    f"input length ({count} tokens) exceeds the context length ({limit})"
+                )
+            plain = self.model.tokenize(head, add_special=False, parse_special=False)
+            tokens = fit_tokens(tokens, plain, limit)
+        return tokens
+
+    # -- decoding --------------------------------------------------------------------
+    def _embed_chunk(self, job: EmbedJob) -> int:
+        """Embed the next inputs of ``job`` (as many whole ones as the share's
+        chunk allows, each its own sequence) in one ``llama_decode``; their
+        vectors go to ``job.emit``. Returns the tokens decoded."""
+        self._open(job.longest)  # larger, if an input needs it
+        assert self._size is not None
+        budget = min(self.share.chunk_tokens(), self._size.n_batch)
+        if job.fed or (
+            self._splits
+            and job.embedded < len(job.tokens)
+            and len(job.tokens[job.embedded]) > budget
+        ):
+            return self._embed_piece(job, budget)
+        count = job.next_chunk(budget)
+        if count == 0:
+            return 0
+        memory = llama_cpp.llama_get_memory(self._ctx)
+        if memory:
+            llama_cpp.llama_memory_clear(memory, False)  # the cells; zeroing the buffers is waste
+        first = job.embedded
+        b = self._batch
+        n = 0
+        for seq in range(count):
+            for i, token in enumerate(job.tokens[first + seq]):
+                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = token, i, 1, 1
+                b.seq_id[n][0] = seq
+                n += 1
+        b.n_tokens = n
+        if llama_cpp.llama_decode(self._ctx, b) != 0:
+            raise EngineError("llama_decode failed while embedding")
+        vectors = [self._vector(seq, job) for seq in range(count)]
+        for seq in range(count):
+            job.tokens[first + seq] = job.tokens[first + seq][:0]  # done with them
+        job.embedded += count
+        job.emit(vectors)
+        return n
+
+    def _vector(self, seq: int, job: EmbedJob) -> str:
+        """The pooled vector of sequence ``seq`` as the response holds it."""
+        pointer = llama_cpp.llama_get_embeddings_seq(self._ctx, seq)
+        if not pointer:
+            raise EngineError("the model produced no embedding")
+        vector = finish_vector(
+            list(pointer[: self.model.n_embd]), job.dimensions, bool(job.normalize)
+        )
+        return vector_text(vector, job.encoding)
+
+    def _embed_piece(self, job: EmbedJob, budget: int) -> int:
+        """The next ``budget`` tokens of an input longer than a chunk, into the
+        context's cache (causal attention: the later pieces see the earlier
+        ones); after its last piece, its vector (the last token's state, as
+        decoding it whole gives). Returns the tokens decoded."""
+        tokens = job.tokens[job.embedded]
+        start = job.fed
+        end = min(len(tokens), start + budget)
+        memory = llama_cpp.llama_get_memory(self._ctx)
+        if start == 0:
+            llama_cpp.llama_memory_clear(memory, False)  # the cells; zeroing the buffers is waste
+        b = self._batch
+        for i in range(end - start):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tokens[start + i], start + i, 1, 1
+            b.seq_id[i][0] = 0
+        b.n_tokens = end - start
+        if llama_cpp.llama_decode(self._ctx, b) != 0:
+            raise EngineError("llama_decode failed while embedding")
+        job.fed = end
+        if end == len(tokens):
+            vector = self._vector(0, job)
+            job.tokens[job.embedded] = tokens[:0]
+            job.embedded += 1
+            job.fed = 0
+            job.emit([vector])
+        return end - start
