@@ -17,6 +17,7 @@ from jupyter_llm.api.ollama_shapes import (
     ChatEncoder,
     GenerateEncoder,
     chat_call,
+    create_call,
     format_parameters,
     generate_call,
 )
@@ -442,3 +443,43 @@ def test_nothing_to_generate_says_load_or_unload(encoder, reason, expected):
 )
 def test_parameters_text(params, text):
     assert format_parameters(params) == text
+
+
+CREATE_BAD = [
+    ({}, "model is required and must be a non-empty string"),
+    ({"model": "m", "template": 1}, "template must be a string"),
+    ({"model": "m", "system": []}, "system must be a string"),
+    ({"model": "m", "quantize": "q4_0"}, "quantize: quantizing is not supported here"),
+    (
+        {"model": "m", "from": "n", "adapters": {"a": "b"}},
+        "adapters: LoRA adapters is not supported",
+    ),
+    ({"model": "m"}, "files is required (upload a GGUF with /api/blobs first), or from"),
+    ({"model": "m", "from": "n", "parameters": {"temperature": "hot"}}, "parameters.temperature"),
+    ({"model": "m", "from": "n", "messages": [{"role": "x"}]}, "messages[0].role"),
+    (
+        {"model": "m", "from": "n", "license": ["a", 1]},
+        "license must be a string or a list of strings",
+    ),
+    ({"model": "m", "from": "n", "stream": "no"}, "stream must be a boolean"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), CREATE_BAD)
+def test_a_bad_create_field_is_a_400_naming_it(body, message):
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
+        create_call(body)
+
+
+def test_a_create_body_names_its_text_layers():
+    call = create_call(
+        {"model": "m", "from": "n", "system": "S", "license": ["MIT", "GPL"], "stream": False}
+    )
+    assert (call.name.display, call.source.display, call.stream) == ("m:latest", "n:latest", False)
+    assert call.texts() == {
+        "template": None,
+        "system": "S",
+        "license[0]": "MIT",
+        "license[1]": "GPL",
+    }
+    assert create_call({"model": "m", "files": {}, "license": "L"}).texts()["license"] == "L"

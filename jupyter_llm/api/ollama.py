@@ -35,23 +35,25 @@ from jupyter_llm.api.base import (
 from jupyter_llm.api.generation import GenerationRequest, embed, load_only, unload
 from jupyter_llm.api.ollama_shapes import (
     ChatEncoder,
+    CreateCall,
     GenerateEncoder,
     OllamaCall,
     OllamaEncoder,
     ShowRead,
     chat_call,
+    check_text_layer,
+    create_call,
     embed_body,
     generate_call,
     model_summary,
     show_body,
 )
 from jupyter_llm.api.ps import ps_body
-from jupyter_llm.api.requests import EmbedRequest, checked, messages_field, options_field
+from jupyter_llm.api.requests import EmbedRequest
 from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.limits import TEXT_LAYER
 from jupyter_llm.models.gguf_info import builtin_template, read_metadata
 from jupyter_llm.models.names import parse_model_name
-from jupyter_llm.models.store import ModelEntry, parse_digest
+from jupyter_llm.models.store import ModelEntry, ModelStore, parse_digest
 
 log = logging.getLogger(__name__)
 MAX_BLOB_SIZE = 1 << 40  # 1 TiB: blobs stream to disk, so only the disk bounds them
@@ -202,55 +204,9 @@ class CreateHandler(LLMHandler):
     @web.authenticated
     @authorized("write")
     async def post(self) -> None:
-        body = await self.body_json()
-        name = parse_model_name(body.get("model"))
-        for key in ("template", "system"):
-            if body.get(key) is not None and not isinstance(body[key], str):
-                raise InvalidRequest(f"{key} must be a string")
-        source = body.get("from")
-        if source is not None:
-            source = parse_model_name(source, "from")
-        for key, what in (("quantize", "quantizing"), ("adapters", "LoRA adapters")):
-            if body.get(key):  # never silently a model other than the one asked for
-                raise InvalidRequest(f"{key}: {what} is not supported here")
-        if body.get("files") is None and source is None:
-            raise InvalidRequest("files is required (upload a GGUF with /api/blobs first), or from")
-        parameters = options_field(body.get("parameters"), "parameters")
-        messages = None
-        if body.get("messages") is not None:
-            messages = messages_field(body["messages"])
-        license_ = body.get("license")
-        if license_ is not None and not (
-            isinstance(license_, str)
-            or (isinstance(license_, list) and all(isinstance(x, str) for x in license_))
-        ):
-            raise InvalidRequest("license must be a string or a list of strings")
-        stream = body.get("stream", True)
-        if not isinstance(stream, bool):
-            raise InvalidRequest("stream must be a boolean")
-        store = self.llm.store
-
-        def create() -> None:
-            texts = {"template": body.get("template"), "system": body.get("system")}
-            if isinstance(license_, str):
-                texts["license"] = license_
-            else:
-                texts.update((f"license[{i}]", text) for i, text in enumerate(license_ or []))
-            for key, text in texts.items():
-                check_text_layer(key, text)
-            store.create(
-                name,
-                body.get("files"),
-                body.get("template"),
-                body.get("system"),
-                from_model=source,
-                parameters=parameters,
-                messages=messages,
-                license=license_,
-            )
-
-        await self.blocking(create)
-        if stream:
+        call = create_call(await self.body_json())
+        await self.blocking(create_model, self.llm.store, call)
+        if call.stream:
 
             async def statuses() -> AsyncGenerator[list[Any], None]:
                 yield [{"status": s} for s in ("parsing GGUF", "writing manifest", "success")]
@@ -260,12 +216,20 @@ class CreateHandler(LLMHandler):
             self.write_json({"status": "success"})
 
 
-def check_text_layer(field: str, text: str | None) -> None:
-    """``InvalidRequest`` for a text the store would refuse to read back (a
-    layer over ``TEXT_LAYER`` bytes), before anything is written."""
-    if text is None or len(text) * 4 <= TEXT_LAYER.value:
-        return
-    checked(TEXT_LAYER.check, field, len(text.encode("utf-8", "surrogatepass")))
+def create_model(store: ModelStore, call: CreateCall) -> None:
+    """Write the model ``call`` asks for, its texts checked first."""
+    for key, text in call.texts().items():
+        check_text_layer(key, text)
+    store.create(
+        call.name,
+        call.files,
+        call.template,
+        call.system,
+        from_model=call.source,
+        parameters=call.parameters,
+        messages=call.messages,
+        license=call.license,
+    )
 
 
 class PullHandler(LLMHandler):

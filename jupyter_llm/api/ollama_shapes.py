@@ -42,7 +42,8 @@ from jupyter_llm.chat_formats.detect import template_format
 from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
 from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.images import parse_images
-from jupyter_llm.models.names import parse_model_name
+from jupyter_llm.limits import TEXT_LAYER
+from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store import ModelEntry
 
 
@@ -358,3 +359,76 @@ def show_body(entry: ModelEntry, read: ShowRead) -> dict[str, Any]:
         "modified_at": iso(entry.modified_at),
         **extra,
     }
+
+
+@dataclass
+class CreateCall:
+    """An ``/api/create`` body: a model from uploaded ``files`` or an existing
+    model (``source``), with its texts, parameters and messages."""
+
+    name: ModelName
+    files: Any
+    template: str | None
+    system: str | None
+    source: ModelName | None
+    parameters: dict[str, Any]
+    messages: list[dict[str, Any]] | None
+    license: str | list[str] | None
+    stream: bool = True
+
+    def texts(self) -> dict[str, str | None]:
+        """The text layers it writes, each named by its field."""
+        texts = {"template": self.template, "system": self.system}
+        if isinstance(self.license, str):
+            texts["license"] = self.license
+        else:
+            texts.update((f"license[{i}]", text) for i, text in enumerate(self.license or []))
+        return texts
+
+
+def create_call(body: dict[str, Any]) -> CreateCall:
+    name = parse_model_name(body.get("model"))
+    for key in ("template", "system"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise InvalidRequest(f"{key} must be a string")
+    source = body.get("from")
+    if source is not None:
+        source = parse_model_name(source, "from")
+    for key, what in (("quantize", "quantizing"), ("adapters", "LoRA adapters")):
+        if body.get(key):  # never silently a model other than the one asked for
+            raise InvalidRequest(f"{key}: {what} is not supported here")
+    if body.get("files") is None and source is None:
+        raise InvalidRequest("files is required (upload a GGUF with /api/blobs first), or from")
+    parameters = options_field(body.get("parameters"), "parameters")
+    messages = None
+    if body.get("messages") is not None:
+        messages = messages_field(body["messages"])
+    license_ = body.get("license")
+    if license_ is not None and not (
+        isinstance(license_, str)
+        or (isinstance(license_, list) and all(isinstance(x, str) for x in license_))
+    ):
+        raise InvalidRequest("license must be a string or a list of strings")
+    stream = body.get("stream", True)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("stream must be a boolean")
+    return CreateCall(
+        name,
+        body.get("files"),
+        body.get("template"),
+        body.get("system"),
+        source,
+        parameters,
+        messages,
+        license_,
+        stream,
+    )
+
+
+def check_text_layer(field: str, text: str | None) -> None:
+    """``InvalidRequest`` for a text the store would refuse to read back (a
+    layer over ``TEXT_LAYER`` bytes), before anything is written. Encoding a
+    4 MiB text is CPU work: call this off the event loop."""
+    if text is None or len(text) * 4 <= TEXT_LAYER.value:
+        return
+    checked(TEXT_LAYER.check, field, len(text.encode("utf-8", "surrogatepass")))
