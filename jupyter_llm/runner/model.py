@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
@@ -25,6 +25,9 @@ from jupyter_llm.runner.pooling import legacy_normalizes
 from jupyter_llm.runner.protocol import EngineError, InputError
 from jupyter_llm.runner.vision import ImagePrompt, Part, Vision
 
+if TYPE_CHECKING:
+    from jupyter_llm.runner.engine import LoadParams
+
 
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Does this (Linux) CPU advertise AMX, whose llama.cpp kernels we avoid?"""
@@ -35,7 +38,9 @@ def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
         return False
 
 
-def model_params(params: Any, progress: Callable[[float], None] | None) -> tuple[Any, list[Any]]:
+def model_params(
+    params: LoadParams, progress: Callable[[float], None] | None
+) -> tuple[Any, list[Any]]:
     """llama.cpp's model parameters for ``params`` (a load message), and the
     C objects they point to, which must outlive the load."""
     mp = llama_cpp.llama_model_default_params()
@@ -67,7 +72,7 @@ def model_params(params: Any, progress: Callable[[float], None] | None) -> tuple
 class Model:
     """One GGUF's weights and vocabulary, loaded; see the module docstring."""
 
-    def __init__(self, params: Any, progress: Callable[[float], None] | None = None) -> None:
+    def __init__(self, params: LoadParams, progress: Callable[[float], None] | None = None) -> None:
         init_backend()
         mp, self._load_refs = model_params(params, progress)
         self.llama_model = llama_cpp.llama_model_load_from_file(params.path.encode(), mp)
