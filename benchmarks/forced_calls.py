@@ -36,8 +36,8 @@ from typing import Any
 
 from jupyter_llm.chat_formats import read_template
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.runner.launch import LoadSpec
-from jupyter_llm.runner.proxy import start_runner_with
+from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.proxy import start_runner_with
 
 ARGUMENTS = {  # the one argument: as LangChain and litellm send it, and bounded
     "string": {"type": "string"},

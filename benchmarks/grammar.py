@@ -20,8 +20,8 @@ from pathlib import Path
 
 from jupyter_llm.api.structured import parse_format
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.runner.launch import LoadSpec
-from jupyter_llm.runner.proxy import start_runner_with
+from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.proxy import start_runner_with
 
 SCHEMA = {
     "type": "object",

@@ -23,7 +23,7 @@ from jupyter_llm.memory import CPU, EstimateOptions, GpuSlot, estimate, plan_lay
 from jupyter_llm.memory.measured import KINDS
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.runner.engine import LoadParams
-from jupyter_llm.runner.process import RunnerProcess
+from jupyter_llm.runner_client.process import RunnerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20

@@ -16,8 +16,8 @@ from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw
 from jupyter_llm.models.pull import Puller
 from jupyter_llm.models.store import ModelStore
-from jupyter_llm.runner.discovery import discover_raw_devices
-from jupyter_llm.runner.proxy import start_serving_runner
+from jupyter_llm.runner_client.device_probe import discover_raw_devices
+from jupyter_llm.runner_client.proxy import start_serving_runner
 from jupyter_llm.scheduler import Scheduler
 
 

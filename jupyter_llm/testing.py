@@ -13,7 +13,7 @@ from typing import Any
 
 from jupyter_llm.errors import AllocationFailed, RunnerFailed
 from jupyter_llm.memory import ModelInfo
-from jupyter_llm.runner.launch import LoadRequest, LoadSpec, launch_spec
+from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
 
 _pids = itertools.count(100_000)
 

@@ -520,7 +520,7 @@ async def test_an_embedding_batch_larger_than_one_channel_message(
     # The channel takes lines of at most STREAM_LIMIT bytes (64 MiB; 780 vectors
     # of 4096 dimensions). Here it is 256 KiB, and 800 vectors of 64 dimensions
     # are over 300 KiB of JSON even at 5 characters a number.
-    from jupyter_llm.runner import process
+    from jupyter_llm.runner_client import process
 
     monkeypatch.setattr(process, "STREAM_LIMIT", 256 << 10)
     texts = [f"text number {i}" for i in range(800)]

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from jupyter_llm.runner.engine import Engine, LoadParams
-from jupyter_llm.runner.launch import LoadSpec
 from jupyter_llm.runner.protocol import InputError
-from jupyter_llm.runner.proxy import start_runner_with
 from jupyter_llm.runner.sequence import Completion, Job
 from jupyter_llm.runner.service import chat_prompt
+from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.proxy import start_runner_with
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 # a grammar that never completes: only a cancel or num_predict ends the answer

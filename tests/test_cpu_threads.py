@@ -207,7 +207,7 @@ class Records(logging.Handler):
 
 @pytest.fixture
 def load_log():
-    logger = logging.getLogger("jupyter_llm.runner.proxy")
+    logger = logging.getLogger("jupyter_llm.runner_client.proxy")
     handler, level = Records(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -28,8 +28,8 @@ from jupyter_llm.chat_formats.detect import (
 from jupyter_llm.chat_formats.tool_grammar import tool_grammar
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.models.store import ModelStore
-from jupyter_llm.runner.launch import LoadSpec
-from jupyter_llm.runner.proxy import start_runner_with
+from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.proxy import start_runner_with
 
 QWEN = "Qwen-Qwen2.5-7B-Instruct"
 

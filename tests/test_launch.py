@@ -4,7 +4,7 @@ import pytest
 
 from jupyter_llm.devices import DeviceInfo, serving_gpus
 from jupyter_llm.memory import Allocation, Placement
-from jupyter_llm.runner.launch import LoadRequest, gpu_library, launch_spec, visibility_env
+from jupyter_llm.runner_client.launch import LoadRequest, gpu_library, launch_spec, visibility_env
 
 GiB = 1 << 30
 

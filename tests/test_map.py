@@ -418,7 +418,7 @@ async def test_the_scheduler_keeps_a_loading_models_progress():
     from test_scheduler import ONE_GPU, entry, make
 
     from jupyter_llm.api.ps import ps_body
-    from jupyter_llm.runner.progress import report_load_progress
+    from jupyter_llm.runner_client.progress import report_load_progress
     from jupyter_llm.scheduler import LoadOptions
     from jupyter_llm.testing import FakeRunnerFactory
 

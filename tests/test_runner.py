@@ -9,11 +9,11 @@ import psutil
 import pytest
 
 from jupyter_llm.errors import AllocationFailed, InvalidRequest, ModelLoadFailed, RunnerFailed
-from jupyter_llm.runner.discovery import discover_raw_devices
-from jupyter_llm.runner.launch import LoadSpec
-from jupyter_llm.runner.process import describe_exit
-from jupyter_llm.runner.proxy import start_runner_with
 from jupyter_llm.runner.stops import StopScanner, split_at_stop
+from jupyter_llm.runner_client.device_probe import discover_raw_devices
+from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.process import describe_exit
+from jupyter_llm.runner_client.proxy import start_runner_with
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 

@@ -24,11 +24,11 @@ from jupyter_llm.json_grammar import literal
 from jupyter_llm.options import DEFAULT_SAMPLING
 from jupyter_llm.runner.constrained import Triggers
 from jupyter_llm.runner.engine import Engine, LoadParams
-from jupyter_llm.runner.launch import LoadSpec
-from jupyter_llm.runner.process import InvalidRequest
-from jupyter_llm.runner.proxy import start_runner_with
 from jupyter_llm.runner.sequence import Completion, Job, make_sampler
 from jupyter_llm.runner.service import TokenStream
+from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.process import InvalidRequest
+from jupyter_llm.runner_client.proxy import start_runner_with
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 300}
 WEATHER = {

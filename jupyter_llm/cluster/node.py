@@ -24,10 +24,10 @@ from jupyter_llm.cluster.blobs import BlobReceiver
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw
 from jupyter_llm.errors import ModelLoadFailed
-from jupyter_llm.runner.discovery import discover_raw_devices
-from jupyter_llm.runner.launch import LoadRequest, LoadSpec, launch_spec
-from jupyter_llm.runner.progress import reporting_load_progress
-from jupyter_llm.runner.proxy import RunnerProxy, start_runner_with
+from jupyter_llm.runner_client.device_probe import discover_raw_devices
+from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
+from jupyter_llm.runner_client.progress import reporting_load_progress
+from jupyter_llm.runner_client.proxy import RunnerProxy, start_runner_with
 
 _DONE = object()
 

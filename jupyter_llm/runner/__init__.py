@@ -1,6 +1,2 @@
-"""Runner processes: the wire protocol, the process itself, and ``RunnerProcess``,
-the one place that spawns one (for discovery and for serving)."""
-
-from jupyter_llm.runner.process import RunnerProcess
-
-__all__ = ["RunnerProcess"]
+"""The runner process: ``python -m jupyter_llm.runner`` serves one model over the
+wire protocol in ``protocol.py``, the only module the server side shares."""

@@ -20,7 +20,7 @@ from jupyter_llm.memory import (
     plan_layout,
 )
 from jupyter_llm.models.store import ModelEntry
-from jupyter_llm.runner.launch import LoadRequest
+from jupyter_llm.runner_client.launch import LoadRequest
 from jupyter_llm.scheduler.types import Loaded, LoadOptions, Wanted
 
 MAX_BACKOFF_STEPS = 9  # new estimates: 10 %, 20 %, ... 90 % less free memory

@@ -8,7 +8,7 @@ functions of ``policy``; slot grants, keep_alive timers, the VRAM wait, load
 progress and the GGUF facts are each their own module here.
 
 It only schedules: how a placement becomes a runner's launch (visible devices,
-tensor split) is ``runner.launch``; what llama.cpp really allocated is
+tensor split) is ``runner_client.launch``; what llama.cpp really allocated is
 ``memory.measured``; the ``/api/ps`` shape is ``api.ps``.
 """
 
@@ -53,8 +53,8 @@ from jupyter_llm.memory.measured import backend_names, measured_allocations
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.memory.projector import ProjectorInfo, read_projector_info
 from jupyter_llm.models.store import ModelEntry
-from jupyter_llm.runner.launch import LoadRequest, gpu_library
-from jupyter_llm.runner.progress import reporting_load_progress
+from jupyter_llm.runner_client.launch import LoadRequest, gpu_library
+from jupyter_llm.runner_client.progress import reporting_load_progress
 from jupyter_llm.scheduler import policy
 from jupyter_llm.scheduler.fair_queue import unload_now
 from jupyter_llm.scheduler.keep_alive import start_timer, stop_timer

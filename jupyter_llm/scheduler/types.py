@@ -13,11 +13,11 @@ from typing import Any, Protocol
 from jupyter_llm.errors import RunnerFailed
 from jupyter_llm.memory import Allocation, Placement
 from jupyter_llm.models.store import ModelEntry
-from jupyter_llm.runner.launch import LoadRequest
+from jupyter_llm.runner_client.launch import LoadRequest
 
 
 class Runner(Protocol):
-    """What the scheduler needs of a loaded runner (``runner.proxy.RunnerProxy``)."""
+    """What the scheduler needs of a loaded runner (``runner_client.proxy.RunnerProxy``)."""
 
     load_duration_ns: int
 

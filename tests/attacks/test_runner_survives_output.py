@@ -33,9 +33,9 @@ from jupyter_llm.chat_formats import read_template
 from jupyter_llm.demo import DemoModelSpec, byte_to_unicode, write_demo_model
 from jupyter_llm.errors import RunnerFailed
 from jupyter_llm.runner.engine import Engine, LoadParams
-from jupyter_llm.runner.launch import LoadSpec
-from jupyter_llm.runner.proxy import start_runner_with
 from jupyter_llm.runner.sequence import Completion, Job
+from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.proxy import start_runner_with
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 ENDLESS = 'root ::= "a" root'  # a grammar that never completes

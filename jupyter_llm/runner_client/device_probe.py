@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from jupyter_llm.errors import RunnerFailed
-from jupyter_llm.runner.process import RunnerProcess
+from jupyter_llm.runner_client.process import RunnerProcess
 
 log = logging.getLogger(__name__)
 

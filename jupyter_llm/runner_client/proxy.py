@@ -20,9 +20,9 @@ from dataclasses import asdict
 from typing import Any
 
 from jupyter_llm.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
-from jupyter_llm.runner.launch import LoadRequest, LoadSpec, launch_spec
-from jupyter_llm.runner.process import RunnerProcess
-from jupyter_llm.runner.progress import report_load_progress
+from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
+from jupyter_llm.runner_client.process import RunnerProcess
+from jupyter_llm.runner_client.progress import report_load_progress
 
 log = logging.getLogger(__name__)
 
