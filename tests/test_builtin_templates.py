@@ -18,7 +18,8 @@ from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.models.gguf_info import builtin_template, read_metadata
 from jupyter_llm.models.store import ModelStore
 from jupyter_llm.runner.chat_template import ChatTemplate
-from jupyter_llm.runner.engine import Engine, LoadParams
+from jupyter_llm.runner.engine import LoadParams
+from jupyter_llm.runner.model import Model
 
 L3, IM, SEP, SYS, INST, GEM = (
     "<|start_header_id|>",
@@ -158,17 +159,17 @@ def test_a_builtin_offers_no_tools_or_thinking_and_renders_content_parts(name):
 )
 def test_the_runner_and_the_server_choose_alike(tmp_path, spec, chosen):
     path = write_demo_model(tmp_path / "m.gguf", spec)
-    engine = Engine(LoadParams(path=str(path), n_ctx=256, n_threads=1))
+    model = Model(LoadParams(path=str(path)))  # the model alone: no context
     try:
-        assert engine.model.builtin_template == chosen
+        assert model.builtin_template == chosen
         served = builtin_template(path, read_metadata(path))
         assert (served.name if served else "") == chosen
         if chosen:
-            assert engine.model.chat_template == BUILTIN[chosen].source
-            ends = engine.model.tokenize(BUILTIN[chosen].turn_end, add_special=False)
-            assert len(ends) == 1 and llama_cpp.llama_vocab_is_eog(engine.vocab, ends[0])
+            assert model.chat_template == BUILTIN[chosen].source
+            ends = model.tokenize(BUILTIN[chosen].turn_end, add_special=False)
+            assert len(ends) == 1 and llama_cpp.llama_vocab_is_eog(model.vocab, ends[0])
     finally:
-        engine.close()
+        model.close()
 
 
 # -- the real Gemma 3 270M ---------------------------------------------------------------
@@ -189,14 +190,14 @@ GREEDY = {"temperature": 0, "num_predict": 64, "seed": 1}
 
 
 def test_gemma_renders_its_turns_and_ends_them_with_end_of_turn(gemma_gguf: Path):
-    engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=512, n_threads=2))
+    model = Model(LoadParams(path=str(gemma_gguf)))
     try:
-        assert engine.model.builtin_template == "gemma"
-        assert engine.model.render_chat(TWO_TURNS) == GEMMA_PROMPT
-        (end,) = engine.model.tokenize("<end_of_turn>", add_special=False)
-        assert llama_cpp.llama_vocab_is_eog(engine.vocab, end)
+        assert model.builtin_template == "gemma"
+        assert model.render_chat(TWO_TURNS) == GEMMA_PROMPT
+        (end,) = model.tokenize("<end_of_turn>", add_special=False)
+        assert llama_cpp.llama_vocab_is_eog(model.vocab, end)
     finally:
-        engine.close()
+        model.close()
 
 
 @pytest.fixture
