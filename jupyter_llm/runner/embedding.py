@@ -1,6 +1,6 @@
 """Embedding requests as jobs of the runner's loop, and the share of the loop they get.
 
-An embed request is not run whole: the engine advances it one turn at a
+An embed request is not run whole: the runner's loop advances it one turn at a
 time between the decode steps of running completions, first tokenizing its
 inputs (so the total is checked against ``EMBED_TOKENS`` before any
 embedding work), then embedding a few whole inputs per turn in one batch.
