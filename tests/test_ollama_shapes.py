@@ -12,12 +12,15 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from jupyter_llm.api.generation import Finished, Logprobs, Reply, Thinking, ToolCalls
+from jupyter_llm.api.base import COMPACT, json_pieces
+from jupyter_llm.api.generation import Embedded, Finished, Logprobs, Reply, Thinking, ToolCalls
 from jupyter_llm.api.ollama_shapes import (
     ChatEncoder,
     GenerateEncoder,
     chat_call,
     create_call,
+    embed_body,
+    embedding_body,
     format_parameters,
     generate_call,
 )
@@ -483,3 +486,23 @@ def test_a_create_body_names_its_text_layers():
         "license[1]": "GPL",
     }
     assert create_call({"model": "m", "files": {}, "license": "L"}).texts()["license"] == "L"
+
+
+VECTORS = Embedded(
+    vectors=["[0.1,0.2]", "[0.3,0.4]"], prompt_eval_count=3, load_duration=5, total_duration=9
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "text"),
+    [
+        (
+            embed_body("m", VECTORS),
+            '{"model":"m","embeddings":[[0.1,0.2],[0.3,0.4]],'
+            '"total_duration":9,"load_duration":5,"prompt_eval_count":3}',
+        ),
+        (embedding_body(VECTORS), '{"embedding":[0.1,0.2]}'),
+    ],
+)
+def test_embeddings_are_written_as_the_runner_encoded_them(body, text):
+    assert "".join(json_pieces(body, COMPACT)) == text

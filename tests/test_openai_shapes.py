@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 
-from jupyter_llm.api.generation import Finished, Logprobs, Reply, Thinking, ToolCalls
+from jupyter_llm.api.base import COMPACT, json_pieces
+from jupyter_llm.api.generation import Embedded, Finished, Logprobs, Reply, Thinking, ToolCalls
 from jupyter_llm.api.openai_shapes import (
     ChatChunks,
     CompletionChunks,
     chat_call,
     chat_completion,
     completion_call,
+    embeddings_body,
     embeddings_call,
     text_completion,
 )
@@ -428,3 +430,12 @@ def test_a_finished_completion_is_one_text_completion(reply, logprobs, expected_
     expected = {**HEAD, "object": "text_completion", "choices": [choice], "usage": USAGE}
     value = text_completion(HEAD, reply, logprobs)
     assert json.dumps(value) == json.dumps(expected)
+
+
+def test_embeddings_are_written_as_the_runner_encoded_them():
+    result = Embedded(["[0.1]", '"AAAA"'], prompt_eval_count=3, load_duration=5, total_duration=9)
+    assert "".join(json_pieces(embeddings_body("m", result), COMPACT)) == (
+        '{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]},'
+        '{"object":"embedding","index":1,"embedding":"AAAA"}],"model":"m",'
+        '"usage":{"prompt_tokens": 3, "total_tokens": 3}}'
+    )

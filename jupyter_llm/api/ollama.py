@@ -25,10 +25,8 @@ from jupyter_llm.api.base import (
     LLM_MODELS,
     NDJSON,
     LLMHandler,
-    RawJSON,
     authorized,
     authorized_in_prepare,
-    json_array,
     json_chunks,
     json_pieces,
 )
@@ -44,6 +42,7 @@ from jupyter_llm.api.ollama_shapes import (
     check_text_layer,
     create_call,
     embed_body,
+    embedding_body,
     generate_call,
     model_summary,
     show_body,
@@ -334,8 +333,7 @@ class EmbedHandler(LLMHandler):
             keep_alive=req.keep_alive,
             requester=self.requester,
         )
-        # the runner's JSON of the vectors, never decoded here
-        body = embed_body(req.model.display, json_array(result.vectors), result)
+        body = embed_body(req.model.display, result)  # the vectors never decoded here
         await self.write_json_pieces(json_pieces(body, COMPACT))
 
 
@@ -361,8 +359,7 @@ class EmbeddingsHandler(LLMHandler):
             keep_alive=req.keep_alive,
             requester=self.requester,
         )
-        body = {"embedding": RawJSON(result.vectors[:1])}
-        await self.write_json_pieces(json_pieces(body, COMPACT))
+        await self.write_json_pieces(json_pieces(embedding_body(result), COMPACT))
 
 
 class ShowHandler(LLMHandler):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from jupyter_llm.api.base import RawJSON
+from jupyter_llm.api.base import RawJSON, json_array
 from jupyter_llm.api.generation import (
     Embedded,
     Event,
@@ -268,15 +268,20 @@ class ChatEncoder(OllamaEncoder):
         }
 
 
-def embed_body(model: str, vectors: RawJSON, f: Embedded) -> dict[str, Any]:
-    """``/api/embed``'s answer around the vectors (``RawJSON``, never decoded)."""
+def embed_body(model: str, result: Embedded) -> dict[str, Any]:
+    """``/api/embed``'s answer around the vectors, each as the runner wrote it."""
     return {
         "model": model,
-        "embeddings": vectors,
-        "total_duration": f.total_duration,
-        "load_duration": f.load_duration,
-        "prompt_eval_count": f.prompt_eval_count,
+        "embeddings": json_array(result.vectors),
+        "total_duration": result.total_duration,
+        "load_duration": result.load_duration,
+        "prompt_eval_count": result.prompt_eval_count,
     }
+
+
+def embedding_body(result: Embedded) -> dict[str, Any]:
+    """The legacy ``/api/embeddings``' answer: its one vector as the runner wrote it."""
+    return {"embedding": RawJSON(result.vectors[:1])}
 
 
 # -- models -----------------------------------------------------------------------------
