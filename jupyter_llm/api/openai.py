@@ -77,16 +77,16 @@ class EmbeddingsHandler(OpenAIHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
-        call = embeddings_call(await self.body_json())
+        req = embeddings_call(await self.body_json())
         result = await embed(
             self.llm,
-            call.model,
-            call.inputs,
-            dimensions=call.dimensions,
-            encoding=call.encoding,  # the runner writes base64 itself
+            req.model,
+            req.inputs,
+            dimensions=req.dimensions,
+            encoding=req.encoding,  # the runner writes base64 itself
             requester=self.requester,
         )
-        body = embeddings_body(call.model.display, result)
+        body = embeddings_body(req.model.display, result)
         await self.write_json_pieces(json_pieces(body, COMPACT))
 
 

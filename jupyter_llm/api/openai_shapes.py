@@ -28,6 +28,7 @@ from jupyter_llm.api.generation import (
     ToolCalls,
 )
 from jupyter_llm.api.requests import (
+    EmbedRequest,
     legacy_logprobs_field,
     logprobs_field,
     messages_field,
@@ -39,7 +40,7 @@ from jupyter_llm.api.requests import (
 )
 from jupyter_llm.api.structured import OutputFormat, invalid_format, parse_format
 from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.models.names import ModelName, parse_model_name
+from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
 
 FINISH = {"stop": "stop", "length": "length", "cancel": "stop"}
@@ -150,17 +151,8 @@ def completion_call(body: dict[str, Any]) -> OpenAICall:
     return OpenAICall(request, stream_flag(body), include_usage(body))
 
 
-@dataclass
-class EmbeddingsCall:
+def embeddings_call(body: dict[str, Any]) -> EmbedRequest:
     """A ``/v1/embeddings`` body."""
-
-    model: ModelName
-    inputs: list[str]
-    encoding: str = "float"  # "base64": float32 strings, which the runner writes
-    dimensions: int | None = None
-
-
-def embeddings_call(body: dict[str, Any]) -> EmbeddingsCall:
     model = parse_model_name(body.get("model"))
     inputs = parse_embed_input(body.get("input"), "input")
     if not inputs:
@@ -173,7 +165,7 @@ def embeddings_call(body: dict[str, Any]) -> EmbeddingsCall:
         isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
     ):
         raise InvalidRequest("dimensions must be a positive integer")
-    return EmbeddingsCall(model, inputs, encoding, dimensions)
+    return EmbedRequest(model, inputs, dimensions=dimensions, encoding=encoding)
 
 
 # -- a generation -> OpenAI's objects --------------------------------------------------

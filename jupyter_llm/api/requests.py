@@ -186,12 +186,15 @@ def parse_embed_input(value: Any, field: str = "input") -> list[str]:
 
 @dataclass
 class EmbedRequest:
+    """An embedding request of either API (``parse``: Ollama's body)."""
+
     model: ModelName
     inputs: list[str]
     truncate: bool = True
     dimensions: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     keep_alive: float | None = None
+    encoding: str = "float"  # OpenAI's "base64": float32 strings, which the runner writes
 
     @classmethod
     def parse(cls, body: dict[str, Any], input_field: str = "input") -> EmbedRequest:
