@@ -21,10 +21,10 @@ from pathlib import Path
 
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceSource
-from jupyter_llm.errors import ServerBusy
 from jupyter_llm.memory import EstimateOptions, GpuSlot, ModelInfo, estimate, plan_layout
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
+from jupyter_llm.request.errors import ServerBusy
 from jupyter_llm.scheduler import LoadOptions, Scheduler
 from jupyter_llm.testing import FakeRunnerFactory, simulated_environ, synthetic_model
 

@@ -24,10 +24,10 @@ from traitlets import Bool, Float, Int, TraitError, Unicode, Union, validate
 
 from jupyter_llm.api import forward, handlers
 from jupyter_llm.config import Settings
-from jupyter_llm.durations import parse_duration
-from jupyter_llm.errors import ConfigError
+from jupyter_llm.request.durations import parse_duration
+from jupyter_llm.request.errors import ConfigError
+from jupyter_llm.request.untrusted_json import stop_checker
 from jupyter_llm.services import LLMServices, build_services
-from jupyter_llm.untrusted_json import stop_checker
 
 SETTINGS_TRAITS = (
     "keep_alive",

@@ -1,7 +1,7 @@
 """The one settings object: built once (from traitlets config and JUPYTER_LLM_* env
 vars) and passed to everything that needs it.
 
-Durations are parsed by ``jupyter_llm.durations`` (formerly ``keep_alive.py``);
+Durations are parsed by ``jupyter_llm.request.durations``;
 its ``ValueError`` becomes a ``ConfigError`` here that names the variable and
 its value, and the app refuses to start with it.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from jupyter_llm.durations import parse_duration
-from jupyter_llm.errors import ConfigError
+from jupyter_llm.request.durations import parse_duration
+from jupyter_llm.request.errors import ConfigError
 
 DEFAULT_MODELS_DIR = Path("~/.jupyter_llm/models")
 

@@ -29,7 +29,7 @@ schema accepts, as tight as a context-free grammar allows:
   share their states.
 
 What a grammar spells out is bounded (``GrammarBudget``, from
-``jupyter_llm.limits``) wherever it comes from, a ``$ref`` into any part of
+``jupyter_llm.request.limits``) wherever it comes from, a ``$ref`` into any part of
 the document and ``allOf``/``anyOf`` merges included: a count above
 ``SCHEMA_REPEAT_CAP`` is left open (the output is validated after), and
 counts spelled out, ``anyOf``/``oneOf``/``type`` branches and schemas visited
@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation, localcontext
 from typing import Any
 
-from jupyter_llm.limits import (
+from jupyter_llm.request.limits import (
     SCHEMA_ALTERNATIVES,
     SCHEMA_NODES,
     SCHEMA_REPEAT_CAP,

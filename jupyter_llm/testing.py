@@ -11,8 +11,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jupyter_llm.errors import AllocationFailed, RunnerFailed
 from jupyter_llm.memory import ModelInfo
+from jupyter_llm.request.errors import AllocationFailed, RunnerFailed
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
 
 _pids = itertools.count(100_000)

@@ -16,8 +16,8 @@ from test_fair_queue import ANN, ROOT
 from test_scheduler import ONE_GPU, entry, make, until
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.errors import ModelUnloaded
 from jupyter_llm.models.store import ModelStore
+from jupyter_llm.request.errors import ModelUnloaded
 from jupyter_llm.scheduler import LoadOptions
 
 LONG_CTX = 1 << 16  # a greedy generation of the demo model cannot end before it is cut off

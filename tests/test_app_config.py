@@ -19,8 +19,8 @@ from traitlets import TraitError
 from traitlets.config.loader import KVArgParseConfigLoader, PyFileConfigLoader
 
 from jupyter_llm.app import LLMExtension
-from jupyter_llm.errors import ConfigError
 from jupyter_llm.models.store import ModelStore
+from jupyter_llm.request.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,8 @@ import pytest
 
 from jupyter_llm.cluster import blobs
 from jupyter_llm.cluster.blobs import BlobMismatch, BlobReceiver
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models import store
+from jupyter_llm.request.errors import InvalidRequest
 
 BAD = [
     "sha256:../../../../etc/passwd",

@@ -151,7 +151,7 @@ def test_ray_address_without_ray_is_a_clear_config_error(monkeypatch):
 
     from jupyter_llm.cluster import ray_services
     from jupyter_llm.config import Settings
-    from jupyter_llm.errors import ConfigError
+    from jupyter_llm.request.errors import ConfigError
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     for name in ("connect", "runner", "source"):

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_llm.config import Settings
-from jupyter_llm.errors import ConfigError
+from jupyter_llm.request.errors import ConfigError
 
 
 @pytest.mark.parametrize(

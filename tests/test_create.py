@@ -8,8 +8,8 @@ import json
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.modelfile import parse_modelfile
+from jupyter_llm.request.errors import InvalidRequest
 
 
 async def call(jp_fetch, path, body, method="POST"):

@@ -13,7 +13,7 @@ from jupyter_llm.devices.nvml import overlay_nvml
 from jupyter_llm.devices.simulated import parse_simulated_devices, parse_simulated_system
 from jupyter_llm.devices.system import cap_by_cgroup
 from jupyter_llm.devices.types import without_our_use
-from jupyter_llm.errors import ConfigError
+from jupyter_llm.request.errors import ConfigError
 
 GiB = 1 << 30
 

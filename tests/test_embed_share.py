@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from jupyter_llm.limits import EMBED_CHUNK_TOKENS, EMBED_TOKENS
+from jupyter_llm.request.limits import EMBED_CHUNK_TOKENS, EMBED_TOKENS
 from jupyter_llm.runner.embedding import (
     EMBED_SHARE,
     MIN_CHUNK_TOKENS,

@@ -9,8 +9,8 @@ import pytest
 from test_scheduler import ONE_GPU, entry, make, until
 
 from jupyter_llm.api.ps import ps_body
-from jupyter_llm.errors import AllocationFailed, ModelLoadFailed
-from jupyter_llm.identity import LOCAL, Requester, requester_of
+from jupyter_llm.request.errors import AllocationFailed, ModelLoadFailed
+from jupyter_llm.request.identity import LOCAL, Requester, requester_of
 from jupyter_llm.scheduler import LoadOptions
 from jupyter_llm.scheduler.fair_queue import FairQueue, Waiter, next_waiter, unload_now
 

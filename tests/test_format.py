@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from tornado.httpclient import HTTPClientError
 
 from jupyter_llm.api.structured import parse_format
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.json_grammar import Bound, integer_range, number_range, seq
+from jupyter_llm.request.errors import InvalidRequest
 
 EXPECTED = '; expected "json" or a valid JSON Schema object'
 

@@ -24,8 +24,8 @@ from tornado.httpclient import HTTPClientError
 
 from jupyter_llm.config import Settings
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.errors import ConfigError
 from jupyter_llm.models.store import ModelStore
+from jupyter_llm.request.errors import ConfigError
 from jupyter_llm.services import LLMServices
 
 LONG_CTX = 1 << 16  # a greedy generation of the demo model cannot end before it is left

@@ -23,7 +23,6 @@ import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.models import gguf_header
 from jupyter_llm.models.gguf_header import (
@@ -38,6 +37,7 @@ from jupyter_llm.models.gguf_header import (
 )
 from jupyter_llm.models.gguf_info import read_gguf_info, read_metadata
 from jupyter_llm.models.store import ModelStore
+from jupyter_llm.request.errors import InvalidRequest
 
 MEMORY_BOUND = 50 << 20
 

@@ -25,7 +25,6 @@ from jupyter_llm.api.structured import (
 )
 from jupyter_llm.chat_formats import detect_format, read_template
 from jupyter_llm.chat_formats.tool_grammar import tool_grammar
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.json_grammar import (
     GrammarBudget,
     GrammarTooLarge,
@@ -33,7 +32,8 @@ from jupyter_llm.json_grammar import (
     json_literal,
     schema_to_grammar,
 )
-from jupyter_llm.limits import (
+from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.limits import (
     ENUM_CHARS,
     ENUM_VALUES,
     SCHEMA_ALTERNATIVES,

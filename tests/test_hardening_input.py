@@ -20,10 +20,10 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from jupyter_llm.api.requests import parse_json_object
 from jupyter_llm.api.structured import LIMITS, bounded_schema, parse_format
 from jupyter_llm.api.templates import render_go_template
-from jupyter_llm.durations import FOREVER, parse_duration
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.names import parse_model_name
-from jupyter_llm.options import check_option, model_params, parse_options
+from jupyter_llm.request.durations import FOREVER, parse_duration
+from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.options import check_option, model_params, parse_options
 
 ATTACK = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 2147483647}}}
 CAP = LIMITS.max_repeat
@@ -328,7 +328,7 @@ async def test_names_with_control_characters_through_the_server(jp_fetch):
     ],
 )
 def test_model_params_drop_what_requests_would_refuse(caplog, params, kept, dropped):
-    with caplog.at_level(logging.WARNING, logger="jupyter_llm.options"):
+    with caplog.at_level(logging.WARNING, logger="jupyter_llm.request.options"):
         result = model_params(params, "hostile:latest")
     assert result == (params if kept is None else kept)
     warned = " ".join(r.getMessage() for r in caplog.records)

@@ -36,9 +36,9 @@ import pytest
 from test_kernel import iopub_until
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.errors import ConfigError
 from jupyter_llm.hub.service import Where, where
 from jupyter_llm.models.store import ModelStore
+from jupyter_llm.request.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 CHP = REPO / "tests" / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from jupyter_llm.durations import FOREVER, parse_duration
+from jupyter_llm.request.durations import FOREVER, parse_duration
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ import matplotlib
 import pytest
 from PIL import Image
 
-from jupyter_llm.images import image_format
 from jupyter_llm.kernel.batch import Item, request_body, to_items
 from jupyter_llm.kernel.images import (
     ImageValueError,
@@ -22,6 +21,7 @@ from jupyter_llm.kernel.images import (
     images_from_namespace,
 )
 from jupyter_llm.kernel.magics import parse_cell_args
+from jupyter_llm.request.images import image_format
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

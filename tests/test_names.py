@@ -1,7 +1,7 @@
 import pytest
 
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.names import parse_model_name
+from jupyter_llm.request.errors import InvalidRequest
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,8 @@ from jupyter_llm.api.ollama_shapes import (
     format_parameters,
     generate_call,
 )
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.names import parse_model_name
+from jupyter_llm.request.errors import InvalidRequest
 
 
 def png() -> str:

@@ -22,8 +22,8 @@ from jupyter_llm.api.openai_shapes import (
     embeddings_call,
     text_completion,
 )
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.names import parse_model_name
+from jupyter_llm.request.errors import InvalidRequest
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
 USER = {"role": "user", "content": "Hi"}

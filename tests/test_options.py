@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from jupyter_llm.messages import parse_messages
-from jupyter_llm.options import (
+from jupyter_llm.request.messages import parse_messages
+from jupyter_llm.request.options import (
     DEFAULT_OPTIONS,
     DEFAULT_SAMPLING,
     OPENAI_FIELDS,
@@ -127,7 +127,7 @@ def test_unknown_options_are_named_once(caplog):
     options, unknown = split_options({"numa": True, "temperature": 0, "x\n": 1, "tfs_z": 1})
     assert options == {"temperature": 0}
     assert unknown == ["numa", "'x\\n'", "tfs_z"]
-    with caplog.at_level("WARNING", logger="jupyter_llm.options"):
+    with caplog.at_level("WARNING", logger="jupyter_llm.request.options"):
         parse_options({"numa": True, "penalize_newline": True}, "parameters")
     assert [r.getMessage() for r in caplog.records] == [
         "parameters: ignoring unknown options: numa, penalize_newline"
@@ -136,7 +136,7 @@ def test_unknown_options_are_named_once(caplog):
 
 def test_the_warning_stays_one_short_line(caplog):
     raw = {f"x{i}": 1 for i in range(10_000)} | {"y" * 1000: 1}
-    with caplog.at_level("WARNING", logger="jupyter_llm.options"):
+    with caplog.at_level("WARNING", logger="jupyter_llm.request.options"):
         assert parse_options(raw) == {}
     [record] = caplog.records
     assert record.getMessage().endswith("x19 and 9981 more")
@@ -144,7 +144,7 @@ def test_the_warning_stays_one_short_line(caplog):
 
 
 def test_known_options_warn_nothing(caplog):
-    with caplog.at_level("WARNING", logger="jupyter_llm.options"):
+    with caplog.at_level("WARNING", logger="jupyter_llm.request.options"):
         parse_options({"temperature": 0, "draft_num_predict": 2})
     assert caplog.records == []
 

@@ -52,7 +52,7 @@ class Warnings(logging.Handler):
 @pytest.fixture
 def option_warnings():
     handler = Warnings()
-    logger = logging.getLogger("jupyter_llm.options")
+    logger = logging.getLogger("jupyter_llm.request.options")
     logger.addHandler(handler)
     yield handler.messages
     logger.removeHandler(handler)

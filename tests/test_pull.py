@@ -9,7 +9,6 @@ import pytest
 from loopback import DEADLINE, Pause, etag, pull_events, sha
 from tornado.httpclient import HTTPClientError
 
-from jupyter_llm.errors import PullFailed
 from jupyter_llm.models.download import (
     Interrupted,
     RetryNote,
@@ -19,6 +18,7 @@ from jupyter_llm.models.download import (
 )
 from jupyter_llm.models.pull import pick_gguf, retry_line, url_model_name, validate_manifest
 from jupyter_llm.models.store import MEDIA_PARAMS, MEDIA_SYSTEM
+from jupyter_llm.request.errors import PullFailed
 
 
 async def pull(jp_fetch, body):

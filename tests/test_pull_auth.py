@@ -11,8 +11,8 @@ from loopback import LoopbackServer, Remote
 from loopback import pull_events as pull
 from tornado.httpclient import HTTPClientError
 
-from jupyter_llm.errors import PullFailed
 from jupyter_llm.models.hosts import check_realm, is_loopback, trusted_auth_hosts
+from jupyter_llm.request.errors import PullFailed
 
 
 @pytest.fixture

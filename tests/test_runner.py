@@ -8,7 +8,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jupyter_llm.errors import AllocationFailed, InvalidRequest, ModelLoadFailed, RunnerFailed
+from jupyter_llm.request.errors import (
+    AllocationFailed,
+    InvalidRequest,
+    ModelLoadFailed,
+    RunnerFailed,
+)
 from jupyter_llm.runner.stops import StopScanner, split_at_stop
 from jupyter_llm.runner_client.device_probe import discover_raw_devices
 from jupyter_llm.runner_client.launch import LoadSpec

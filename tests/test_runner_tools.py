@@ -21,7 +21,7 @@ from jupyter_llm.chat_formats.tool_grammar import (
 )
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.json_grammar import literal
-from jupyter_llm.options import DEFAULT_SAMPLING
+from jupyter_llm.request.options import DEFAULT_SAMPLING
 from jupyter_llm.runner.constrained import Triggers
 from jupyter_llm.runner.engine import Engine, LoadParams
 from jupyter_llm.runner.sequence import Completion, Job, make_sampler

@@ -13,10 +13,10 @@ from jupyter_llm import scheduler as sched
 from jupyter_llm.api.ps import describe_loaded
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceSource
-from jupyter_llm.errors import AllocationFailed, InsufficientMemory, ServerBusy
 from jupyter_llm.memory import ModelInfo
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
+from jupyter_llm.request.errors import AllocationFailed, InsufficientMemory, ServerBusy
 from jupyter_llm.scheduler import LoadOptions, Scheduler, choose_victim, vram
 from jupyter_llm.testing import FakeRunnerFactory, simulated_environ, synthetic_model
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from jupyter_llm.errors import InvalidRequest, ModelNotFound
 from jupyter_llm.models.store import ModelStore
+from jupyter_llm.request.errors import InvalidRequest, ModelNotFound
 
 
 def test_blob_with_wrong_digest_is_not_kept(tmp_path):

@@ -16,8 +16,8 @@ from jupyter_llm.api import base
 from jupyter_llm.api.base import NDJSON, SSE, LLMHandler
 from jupyter_llm.api.generation import Finished
 from jupyter_llm.api.openai import OpenAIHandler
-from jupyter_llm.errors import ModelNotFound, RunnerFailed
 from jupyter_llm.models.store import ModelStore
+from jupyter_llm.request.errors import ModelNotFound, RunnerFailed
 
 closed = asyncio.Event()  # set when a stream's source is closed
 

@@ -34,7 +34,7 @@ from jupyter_llm.chat_formats.detect import (
     DEEPSEEK_SEP,
 )
 from jupyter_llm.chat_formats.tool_calls import MAX_CALL_CHARS
-from jupyter_llm.limits import SCHEMA_DEPTH
+from jupyter_llm.request.limits import SCHEMA_DEPTH
 
 N = MAX_NESTING
 TEMPLATES = {

@@ -9,8 +9,8 @@ from jupyter_llm.api.requests import (
     tool_choice_field,
     tools_field,
 )
-from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.messages import parse_messages
+from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.messages import parse_messages
 
 WEATHER = {
     "type": "function",

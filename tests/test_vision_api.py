@@ -14,19 +14,19 @@ import pytest
 from projector_gguf import write_projector_header
 from tornado.httpclient import HTTPClientError
 
-from jupyter_llm import images
 from jupyter_llm.config import Settings
 from jupyter_llm.connect.create import find_projector
 from jupyter_llm.devices import DeviceSource
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.memory import EstimateOptions, GpuSlot, estimate, plan_layout
 from jupyter_llm.memory.layout import CPU
 from jupyter_llm.memory.measured import AllocationLog
 from jupyter_llm.memory.projector import ProjectorInfo, projector_graph, read_projector_info
-from jupyter_llm.messages import parse_messages
 from jupyter_llm.models.modelfile import parse_modelfile
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import MEDIA_MODEL, MEDIA_PROJECTOR, ModelEntry, ModelStore
+from jupyter_llm.request import images
+from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.messages import parse_messages
 from jupyter_llm.scheduler import LoadOptions, Scheduler
 from jupyter_llm.testing import FakeRunnerFactory, simulated_environ, synthetic_model
 

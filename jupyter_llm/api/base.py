@@ -34,9 +34,9 @@ from tornado.iostream import StreamClosedError
 
 from jupyter_llm.api.generation import Event, GenerationRequest, Reply, collect, complete
 from jupyter_llm.api.requests import parse_json_object
-from jupyter_llm.errors import LLMError
-from jupyter_llm.identity import Requester, requester_of
-from jupyter_llm.limits import BODY_BYTES, DECODE_ON_LOOP_BYTES
+from jupyter_llm.request.errors import LLMError
+from jupyter_llm.request.identity import Requester, requester_of
+from jupyter_llm.request.limits import BODY_BYTES, DECODE_ON_LOOP_BYTES
 
 if TYPE_CHECKING:
     from jupyter_llm.services import LLMServices

@@ -41,7 +41,7 @@ from jupyter_llm.api import NotFoundHandler
 from jupyter_llm.api.base import NDJSON, SSE, Framing, LLMHandler, action_of
 from jupyter_llm.api.ollama import RootHandler
 from jupyter_llm.config import Settings
-from jupyter_llm.errors import EngineUnreachable, InvalidRequest
+from jupyter_llm.request.errors import EngineUnreachable, InvalidRequest
 
 log = logging.getLogger(__name__)
 

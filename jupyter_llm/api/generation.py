@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jupyter_llm.api.structured import OutputFormat, check_output
-from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.identity import LOCAL, Requester
 from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
-from jupyter_llm.options import sampling_options
+from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.identity import LOCAL, Requester
+from jupyter_llm.request.options import sampling_options
 from jupyter_llm.scheduler import LoadOptions
 
 if TYPE_CHECKING:

@@ -49,10 +49,10 @@ from jupyter_llm.api.ollama_shapes import (
 )
 from jupyter_llm.api.ps import ps_body
 from jupyter_llm.api.requests import EmbedRequest
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.gguf_info import builtin_template, read_metadata
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry, ModelStore, parse_digest
+from jupyter_llm.request.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 MAX_BLOB_SIZE = 1 << 40  # 1 TiB: blobs stream to disk, so only the disk bounds them

@@ -40,11 +40,11 @@ from jupyter_llm.api.structured import parse_format
 from jupyter_llm.api.templates import render_go_template
 from jupyter_llm.chat_formats.detect import template_format
 from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
-from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.images import parse_images
-from jupyter_llm.limits import TEXT_LAYER
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store import ModelEntry
+from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.images import parse_images
+from jupyter_llm.request.limits import TEXT_LAYER
 
 
 def now_iso() -> str:

@@ -39,9 +39,9 @@ from jupyter_llm.api.requests import (
     tools_field,
 )
 from jupyter_llm.api.structured import OutputFormat, invalid_format, parse_format
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
+from jupyter_llm.request.errors import InvalidRequest
 
 FINISH = {"stop": "stop", "length": "length", "cancel": "stop"}
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "server_busy"}

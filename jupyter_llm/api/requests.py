@@ -2,8 +2,8 @@
 
 Pure functions over parsed JSON, which both APIs' translations
 (``api/ollama_shapes.py``, ``api/openai_shapes.py``) build on. This is the
-edge where the HTTP-agnostic validators (``jupyter_llm.options``,
-``jupyter_llm.messages``, ``jupyter_llm.durations``) meet HTTP: their
+edge where the HTTP-agnostic validators (``jupyter_llm.request.options``,
+``jupyter_llm.request.messages``, ``jupyter_llm.request.durations``) meet HTTP: their
 ``ValueError`` becomes an ``InvalidRequest`` (400) in ``checked``.
 """
 
@@ -13,16 +13,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from jupyter_llm import untrusted_json
 from jupyter_llm.chat_formats.detect import THINK_LEVELS, check_think
 from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
-from jupyter_llm.durations import parse_duration
-from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.limits import EMBED_INPUTS
-from jupyter_llm.messages import parse_messages
 from jupyter_llm.models.names import ModelName, parse_model_name
-from jupyter_llm.options import OPTION_TYPES as OPTION_TYPES  # re-exported for the fuzz test
-from jupyter_llm.options import openai_options, parse_options
+from jupyter_llm.request import untrusted_json
+from jupyter_llm.request.durations import parse_duration
+from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.limits import EMBED_INPUTS
+from jupyter_llm.request.messages import parse_messages
+from jupyter_llm.request.options import (
+    OPTION_TYPES as OPTION_TYPES,  # re-exported for the fuzz test
+)
+from jupyter_llm.request.options import openai_options, parse_options
 
 T = TypeVar("T")
 

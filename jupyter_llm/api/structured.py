@@ -8,7 +8,7 @@ logged at DEBUG; the output is checked against the schema afterwards
 (``check_output``).
 
 What a schema may make the converter build is bounded (``SchemaLimits``, its
-values from ``jupyter_llm.limits``): its size, nesting, optional properties,
+values from ``jupyter_llm.request.limits``): its size, nesting, optional properties,
 the repeats it spells out, and the grammar's width: enum and const values
 (and their characters) and ``anyOf``/``oneOf``/``type``-list branches, each
 a stack llama.cpp's sampler tracks at every token. A schema beyond them is a
@@ -31,14 +31,14 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.json_grammar import (
     GrammarBudget,
     GrammarTooLarge,
     json_object_grammar,
     schema_to_grammar,
 )
-from jupyter_llm.limits import (
+from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.limits import (
     ENUM_CHARS,
     ENUM_VALUES,
     SCHEMA_ALTERNATIVES,

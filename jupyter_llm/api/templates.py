@@ -10,7 +10,7 @@ and ``if`` blocks nest at most ``MAX_NESTING`` deep."""
 
 from __future__ import annotations
 
-from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.request.errors import InvalidRequest
 
 _FIELDS = ("System", "Prompt", "Response")
 MAX_NESTING = 32

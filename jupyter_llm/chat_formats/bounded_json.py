@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from jupyter_llm.limits import SCHEMA_DEPTH
+from jupyter_llm.request.limits import SCHEMA_DEPTH
 
 _DECODER = json.JSONDecoder()
 

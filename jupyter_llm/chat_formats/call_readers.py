@@ -22,7 +22,7 @@ from jupyter_llm.chat_formats.detect import (
     DEEPSEEK_CALLS_END,
     DEEPSEEK_SEP,
 )
-from jupyter_llm.limits import TOOLS
+from jupyter_llm.request.limits import TOOLS
 
 # Calls one bare-JSON answer may hold (as many as a request may offer tools);
 # past it the answer is text. Such an answer is read again each time a value

@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from jupyter_llm.config import Settings
-from jupyter_llm.errors import ConfigError
+from jupyter_llm.request.errors import ConfigError
 
 if TYPE_CHECKING:
     from jupyter_llm.cluster.source import RayDeviceSource

@@ -17,8 +17,8 @@ import os
 import re
 from pathlib import Path
 
-from jupyter_llm.errors import ModelLoadFailed
 from jupyter_llm.models.store import parse_digest
+from jupyter_llm.request.errors import ModelLoadFailed
 
 CHUNK = 8 << 20  # bytes per message: bounded memory at both ends
 _BLOB_NAME = re.compile(r"sha256-([0-9a-f]{64})")

@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from jupyter_llm.cluster.node import NodeDiscovery, NodeRunner
 from jupyter_llm.cluster.policy import serving_nodes
-from jupyter_llm.errors import NodeLost
+from jupyter_llm.request.errors import NodeLost
 
 log = logging.getLogger(__name__)
 

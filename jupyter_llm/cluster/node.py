@@ -23,7 +23,7 @@ from typing import Any
 from jupyter_llm.cluster.blobs import BlobReceiver
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw
-from jupyter_llm.errors import ModelLoadFailed
+from jupyter_llm.request.errors import ModelLoadFailed
 from jupyter_llm.runner_client.device_probe import discover_raw_devices
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
 from jupyter_llm.runner_client.progress import reporting_load_progress

@@ -24,7 +24,7 @@ from ray.exceptions import RayError, RayTaskError
 
 from jupyter_llm.cluster.blobs import CHUNK, digest_of_name, file_digest, read_chunk
 from jupyter_llm.cluster.connect import Node, RayCluster
-from jupyter_llm.errors import LLMError, ModelLoadFailed, NodeLost, RunnerFailed
+from jupyter_llm.request.errors import LLMError, ModelLoadFailed, NodeLost, RunnerFailed
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec
 from jupyter_llm.runner_client.progress import report_load_progress
 

@@ -50,8 +50,8 @@ def create_from_modelfile(
 ) -> None:
     """Create ``name`` from a Modelfile's text, uploading its GGUF when FROM is
     a file (relative to ``base_dir``); ``progress`` receives each status line."""
-    from jupyter_llm.errors import InvalidRequest
     from jupyter_llm.models.modelfile import parse_modelfile
+    from jupyter_llm.request.errors import InvalidRequest
 
     try:
         modelfile = parse_modelfile(text)

@@ -22,8 +22,8 @@ POLL_INTERVAL = 0.25  # seconds between /api/ps polls while waiting
 
 def display_name(model: str) -> str:
     """The name ``/api/ps`` uses for ``model`` (``demo`` is ``demo:latest``)."""
-    from jupyter_llm.errors import InvalidRequest
     from jupyter_llm.models.names import parse_model_name
+    from jupyter_llm.request.errors import InvalidRequest
 
     try:
         return parse_model_name(model).display

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from jupyter_llm.devices.notices import HostGPU
-from jupyter_llm.errors import ConfigError
+from jupyter_llm.request.errors import ConfigError
 
 HOST_ENV = "JUPYTER_LLM_SIMULATED_HOST_GPUS"  # JSON [{"vendor", "name"}], for tests
 _NVIDIA_PCI_VENDOR = "0x10de"

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from jupyter_llm.devices.types import DeviceInfo, SystemInfo
-from jupyter_llm.errors import ConfigError
+from jupyter_llm.request.errors import ConfigError
 
 DEVICES_ENV = "JUPYTER_LLM_SIMULATED_DEVICES"
 SYSTEM_ENV = "JUPYTER_LLM_SIMULATED_SYSTEM"

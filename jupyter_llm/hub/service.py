@@ -26,7 +26,7 @@ from tornado.httpserver import HTTPServer
 
 from jupyter_llm.api import handlers
 from jupyter_llm.config import Settings, env_name
-from jupyter_llm.errors import ConfigError
+from jupyter_llm.request.errors import ConfigError
 from jupyter_llm.services import LLMServices, build_services
 
 log = logging.getLogger("jupyter_llm.hub")

@@ -7,7 +7,7 @@ the bytes of an image file, or the path of one (``str`` or
 ``pathlib.Path``). The server takes the file's bytes as base64 (Ollama's
 ``images``) or in a ``data:`` URL (OpenAI's ``image_url`` part); the
 format is checked here by its magic bytes with the server's own table
-(``jupyter_llm.images``), so a wrong value fails in the cell, clearly,
+(``jupyter_llm.request.images``), so a wrong value fails in the cell, clearly,
 before anything is sent. Neither PIL nor matplotlib is imported here: a
 value is recognised by its type's module and methods.
 """
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from jupyter_llm.images import FORMAT_NAMES, MAX_IMAGE_BYTES, image_format
+from jupyter_llm.request.images import FORMAT_NAMES, MAX_IMAGE_BYTES, image_format
 
 KINDS = "a PIL image, a matplotlib figure, an image file's bytes, or its path (str or Path)"
 MIME = {"png": "image/png", "jpeg": "image/jpeg", "gif": "image/gif", "bmp": "image/bmp"}

@@ -31,9 +31,9 @@ from typing import Any, BinaryIO
 
 import httpx
 
-from jupyter_llm.errors import InsufficientStorage, PullFailed
 from jupyter_llm.models.holds import Hold
 from jupyter_llm.models.store import ModelStore
+from jupyter_llm.request.errors import InsufficientStorage, PullFailed
 
 CHUNK = 1 << 20
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")

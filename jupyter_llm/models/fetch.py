@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from jupyter_llm.errors import PullFailed
+from jupyter_llm.request.errors import PullFailed
 
 MAX_MANIFEST = 4 << 20
 MAX_HF_API = 16 << 20  # a repo's file list with its LFS hashes

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jupyter_llm.chat_formats.builtin import HINT_MARKERS, BuiltinTemplate, choose_builtin
-from jupyter_llm.errors import InvalidRequest
 from jupyter_llm.models.gguf_header import (
     MAGIC,
     GGUFFormatError,
@@ -21,6 +20,7 @@ from jupyter_llm.models.gguf_header import (
     LongArray,
     read_header,
 )
+from jupyter_llm.request.errors import InvalidRequest
 
 GGUF_MAGIC = MAGIC
 # llama.cpp models have at most a few hundred blocks; the estimate keeps a

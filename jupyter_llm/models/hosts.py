@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from jupyter_llm.errors import PullFailed
+from jupyter_llm.request.errors import PullFailed
 
 TRUSTED_AUTH_HOSTS_ENV = "JUPYTER_LLM_TRUSTED_AUTH_HOSTS"
 # registry host -> the token hosts its operator uses

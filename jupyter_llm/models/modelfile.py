@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_llm.errors import InvalidRequest
-from jupyter_llm.options import OPTION_TYPES, check_option
+from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.options import OPTION_TYPES, check_option
 
 COMMANDS = ("from", "parameter", "template", "system", "message", "license", "adapter")
 ROLES = ("system", "user", "assistant")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.request.errors import InvalidRequest
 
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"

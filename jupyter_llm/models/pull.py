@@ -31,7 +31,6 @@ from urllib.parse import urlparse
 
 import httpx
 
-from jupyter_llm.errors import InsufficientStorage, InvalidRequest, PullFailed
 from jupyter_llm.models import download as _download
 from jupyter_llm.models.download import DEFAULT_RETRY, Download, RetryNote, RetryPolicy
 from jupyter_llm.models.fetch import MAX_HF_API, MAX_MANIFEST, MAX_TOKEN, Answer, read_capped
@@ -52,6 +51,7 @@ from jupyter_llm.models.store import (
     ModelStore,
     parse_digest,
 )
+from jupyter_llm.request.errors import InsufficientStorage, InvalidRequest, PullFailed
 
 DEFAULT_QUANT = "Q4_K_M"
 HF_HOSTS = ("hf.co", "huggingface.co")

@@ -32,13 +32,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from jupyter_llm.errors import InvalidRequest, ModelNotFound
-from jupyter_llm.limits import TEXT_LAYER
 from jupyter_llm.models.gguf_info import GGUFInfo, read_gguf_info
 from jupyter_llm.models.holds import BlobHolds, Hold, HoldUnreadable
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store_lock import store_lock
-from jupyter_llm.options import model_params
+from jupyter_llm.request.errors import InvalidRequest, ModelNotFound
+from jupyter_llm.request.limits import TEXT_LAYER
+from jupyter_llm.request.options import model_params
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_llm.options import DEFAULT_OPTIONS
+from jupyter_llm.request.options import DEFAULT_OPTIONS
 
 Span = tuple[int, int]  # the positions [start, end) of one image
 

@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from jupyter_llm.limits import EMBED_CHUNK_TOKENS, EMBED_TOKENS
+from jupyter_llm.request.limits import EMBED_CHUNK_TOKENS, EMBED_TOKENS
 from jupyter_llm.runner.protocol import EngineError, InputError
 
 # Time the embeddings may take from the loop while completions run, as a

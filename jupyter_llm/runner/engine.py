@@ -29,8 +29,8 @@ from typing import Any
 
 import llama_cpp
 
-from jupyter_llm.limits import repeat_window
-from jupyter_llm.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
+from jupyter_llm.request.limits import repeat_window
+from jupyter_llm.request.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
 from jupyter_llm.runner.constrained import Candidates
 from jupyter_llm.runner.context_window import (
     SlotView,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from jupyter_llm.errors import RunnerFailed
+from jupyter_llm.request.errors import RunnerFailed
 from jupyter_llm.runner_client.process import RunnerProcess
 
 log = logging.getLogger(__name__)

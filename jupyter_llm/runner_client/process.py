@@ -19,7 +19,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jupyter_llm.errors import AllocationFailed, InvalidRequest, RunnerFailed
+from jupyter_llm.request.errors import AllocationFailed, InvalidRequest, RunnerFailed
 from jupyter_llm.runner.protocol import ALLOCATION, INVALID, decode, encode, is_error_line
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from jupyter_llm.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
+from jupyter_llm.request.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
 from jupyter_llm.runner_client.process import RunnerProcess
 from jupyter_llm.runner_client.progress import report_load_progress

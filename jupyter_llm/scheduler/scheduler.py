@@ -32,15 +32,6 @@ from jupyter_llm.devices import (
     on_node,
     serving_gpus,
 )
-from jupyter_llm.errors import (
-    AllocationFailed,
-    InsufficientMemory,
-    ModelLoadFailed,
-    ModelUnloaded,
-    RunnerFailed,
-    ServerBusy,
-)
-from jupyter_llm.identity import LOCAL, Requester
 from jupyter_llm.memory import (
     Estimate,
     EstimateOptions,
@@ -53,6 +44,15 @@ from jupyter_llm.memory.measured import backend_names, measured_allocations
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.memory.projector import ProjectorInfo, read_projector_info
 from jupyter_llm.models.store import ModelEntry
+from jupyter_llm.request.errors import (
+    AllocationFailed,
+    InsufficientMemory,
+    ModelLoadFailed,
+    ModelUnloaded,
+    RunnerFailed,
+    ServerBusy,
+)
+from jupyter_llm.request.identity import LOCAL, Requester
 from jupyter_llm.runner_client.launch import LoadRequest, gpu_library
 from jupyter_llm.runner_client.progress import reporting_load_progress
 from jupyter_llm.scheduler import policy

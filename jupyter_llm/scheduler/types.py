@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from jupyter_llm.errors import RunnerFailed
 from jupyter_llm.memory import Allocation, Placement
 from jupyter_llm.models.store import ModelEntry
+from jupyter_llm.request.errors import RunnerFailed
 from jupyter_llm.runner_client.launch import LoadRequest
 
 

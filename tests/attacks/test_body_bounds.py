@@ -11,8 +11,8 @@ import json
 import pytest
 from harness import MAX_SLOWDOWN, slowdown
 
-from jupyter_llm.limits import BODY_BYTES, BODY_DEPTH, JSON_VALUES
-from jupyter_llm.untrusted_json import FAST_VALUES, BodyError, parse_json_object
+from jupyter_llm.request.limits import BODY_BYTES, BODY_DEPTH, JSON_VALUES
+from jupyter_llm.request.untrusted_json import FAST_VALUES, BodyError, parse_json_object
 
 LONE = '"\\ud800"'  # a lone surrogate, as a client's JSON encoder writes it
 

@@ -13,7 +13,7 @@ from test_routes import routes
 
 from jupyter_llm.api import handlers
 from jupyter_llm.api.ollama import BlobHandler, RootHandler
-from jupyter_llm.limits import (
+from jupyter_llm.request.limits import (
     BODY_BYTES,
     BODY_DEPTH,
     OPTION_BOUNDS,
@@ -22,7 +22,7 @@ from jupyter_llm.limits import (
     TABLE,
     Limit,
 )
-from jupyter_llm.options import OPTION_TYPES
+from jupyter_llm.request.options import OPTION_TYPES
 
 README = Path(__file__).parents[2] / "README.md"
 # Routes whose body is not JSON: a blob upload streams bytes to disk, bounded

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from harness import MAX_RSS_GROWTH, MAX_SLOWDOWN, rss, runner_pids, slowdown, tiny_generate
 
-from jupyter_llm.limits import EMBED_INPUTS, EMBED_TOKENS
+from jupyter_llm.request.limits import EMBED_INPUTS, EMBED_TOKENS
 
 VICTIM_TOKENS = 1500  # a stream long enough for a hundred chunks
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from harness import MAX_RSS_GROWTH, MAX_SLOWDOWN, Slowdown, rss, runner_pids, timed, tiny_generate
 
-from jupyter_llm.limits import ENUM_CHARS, ENUM_VALUES, SCHEMA_ALTERNATIVES
+from jupyter_llm.request.limits import ENUM_CHARS, ENUM_VALUES, SCHEMA_ALTERNATIVES
 
 ORIGINAL = [f"value-{i:06d}-xxxxx" for i in range(9990)]  # the attack as it was sent
 # 1000 look-alikes of 15 characters: at enum_values and at enum_chars both

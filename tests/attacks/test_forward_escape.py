@@ -20,7 +20,7 @@ from urllib.parse import unquote
 import pytest
 
 from jupyter_llm.api.forward import has_dot_segment, inside, route_path
-from jupyter_llm.errors import InvalidRequest
+from jupyter_llm.request.errors import InvalidRequest
 
 PREFIX = "/services/engine/llm/"  # the engine's API, as a Hub service
 ENGINE_TOKEN = "engine-secret-token"

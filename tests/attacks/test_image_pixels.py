@@ -16,9 +16,9 @@ import pytest
 from harness import MAX_RSS_GROWTH, rss, rss_growth, runner_pids
 from PIL import Image
 
-from jupyter_llm.images import image_size
-from jupyter_llm.limits import IMAGE_PIXELS, IMAGE_SIDE, REQUEST_PIXELS
 from jupyter_llm.models.store import ModelStore
+from jupyter_llm.request.images import image_size
+from jupyter_llm.request.limits import IMAGE_PIXELS, IMAGE_SIDE, REQUEST_PIXELS
 
 
 def bilevel_png(width: int, height: int) -> bytes:

@@ -31,7 +31,7 @@ from harness import record, runner_pids
 
 from jupyter_llm.chat_formats import read_template
 from jupyter_llm.demo import DemoModelSpec, byte_to_unicode, write_demo_model
-from jupyter_llm.errors import RunnerFailed
+from jupyter_llm.request.errors import RunnerFailed
 from jupyter_llm.runner.engine import Engine, LoadParams
 from jupyter_llm.runner.sequence import Completion, Job
 from jupyter_llm.runner_client.launch import LoadSpec

@@ -19,7 +19,7 @@ from harness import (
     tiny_generate,
 )
 
-from jupyter_llm.limits import STOP_CHARS, STOP_STRINGS
+from jupyter_llm.request.limits import STOP_CHARS, STOP_STRINGS
 
 
 def generate(**options) -> dict:

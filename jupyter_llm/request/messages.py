@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyter_llm.images import check_request_images, parse_image_url, parse_images
-from jupyter_llm.limits import SCHEMA_DEPTH
-from jupyter_llm.untrusted_json import BodyError, Refused, check_tree, parse_json_text
+from jupyter_llm.request.images import check_request_images, parse_image_url, parse_images
+from jupyter_llm.request.limits import SCHEMA_DEPTH
+from jupyter_llm.request.untrusted_json import BodyError, Refused, check_tree, parse_json_text
 
 ROLES = ("system", "user", "assistant", "tool")
 OPENAI_ROLES = {"developer": "system"}  # OpenAI's extra roles, as the template knows them
@@ -23,7 +23,7 @@ def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
 
     Ollama's messages may be empty (the request then only loads the model)
     and keep their ``tool_calls`` and ``images`` (base64, checked by
-    ``jupyter_llm.images``). With ``openai``, the list must not be empty,
+    ``jupyter_llm.request.images``). With ``openai``, the list must not be empty,
     ``developer`` means ``system`` and content may be a list of text and
     ``image_url`` parts (the images become the message's ``images``).
     """

@@ -31,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from jupyter_llm.limits import BODY_DEPTH, JSON_VALUES
+from jupyter_llm.request.limits import BODY_DEPTH, JSON_VALUES
 
 FAST_VALUES = 1 << 16  # values decoded here without a check first (a few ms of GIL)
 _SURROGATE = re.compile("[\ud800-\udfff]")

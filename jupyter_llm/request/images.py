@@ -17,7 +17,7 @@ import re
 import struct
 from typing import Any
 
-from jupyter_llm.limits import IMAGE_BYTES, IMAGE_PIXELS, IMAGE_SIDE, IMAGES, REQUEST_PIXELS
+from jupyter_llm.request.limits import IMAGE_BYTES, IMAGE_PIXELS, IMAGE_SIDE, IMAGES, REQUEST_PIXELS
 
 MAX_IMAGE_BYTES = IMAGE_BYTES.value  # one decoded image (the JSON body's cap is 32 MiB)
 MAX_IMAGES = IMAGES.value  # in one request, all messages together

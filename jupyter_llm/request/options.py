@@ -19,7 +19,7 @@ import logging
 import math
 from typing import Any, NamedTuple
 
-from jupyter_llm.limits import REPEAT_LAST_N, check_stops
+from jupyter_llm.request.limits import REPEAT_LAST_N, check_stops
 
 log = logging.getLogger(__name__)
 
