@@ -36,6 +36,7 @@ from typing import Any
 
 from jupyter_llm.chat_formats import read_template
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.runner.protocol import Complete
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
@@ -74,7 +75,7 @@ async def one(
     options = {"temperature": 1.0, "seed": seed, "num_predict": budget}
     calls, text, done = 0, "", {}
     async for batch in runner.complete(
-        messages=ASK, tools=[tool(argument)], tool_choice="required", options=options
+        Complete(messages=ASK, tools=[tool(argument)], tool_choice="required", options=options)
     ):
         for m in batch:
             if m["type"] == "tool_calls":

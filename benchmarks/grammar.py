@@ -20,6 +20,7 @@ from pathlib import Path
 
 from jupyter_llm.api.structured import parse_format
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.runner.protocol import Complete
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
@@ -40,7 +41,7 @@ async def rate(runner, grammar: str | None, n: int) -> float:
     request = {"prompt": "write:", "options": options}
     if grammar:
         request["grammar"] = grammar
-    async for batch in runner.complete(**request):
+    async for batch in runner.complete(Complete(**request)):
         for message in batch:
             if message["type"] == "done":
                 done = message

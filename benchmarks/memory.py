@@ -23,7 +23,7 @@ import psutil
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.memory import EstimateOptions, estimate, plan_layout
 from jupyter_llm.memory.model_info import read_model_info
-from jupyter_llm.runner.engine import LoadParams
+from jupyter_llm.runner.protocol import LoadParams
 from jupyter_llm.runner_client.process import RunnerProcess
 
 MiB = 1 << 20

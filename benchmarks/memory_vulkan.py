@@ -22,7 +22,7 @@ from jupyter_llm.devices.types import LAVAPIPE_MAX_TENSOR
 from jupyter_llm.memory import CPU, EstimateOptions, GpuSlot, estimate, plan_layout
 from jupyter_llm.memory.measured import KINDS
 from jupyter_llm.memory.model_info import read_model_info
-from jupyter_llm.runner.engine import LoadParams
+from jupyter_llm.runner.protocol import LoadParams
 from jupyter_llm.runner_client.process import RunnerProcess
 
 ROOT = Path(__file__).resolve().parents[1]

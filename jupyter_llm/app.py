@@ -40,6 +40,7 @@ SETTINGS_TRAITS = (
     "new_estimates",
     "load_timeout",
     "stream_interval",
+    "flash_attention",
     "num_threads",
     "python",
     "engine_url",
@@ -72,6 +73,9 @@ class LLMExtension(ExtensionApp):
     load_timeout = _duration("Give up on a model load after this: seconds, or '5m'.")
     num_threads = Int(None, allow_none=True, config=True, help="CPU threads; 0: automatic.")
     stream_interval = Float(None, allow_none=True, config=True, help="Token grouping (s).")
+    flash_attention = Unicode(
+        None, allow_none=True, config=True, help="Flash attention: auto, on or off."
+    )
     python = Unicode(
         None,
         allow_none=True,

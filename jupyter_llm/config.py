@@ -36,6 +36,7 @@ class Settings:
     load_timeout: float = 300.0
     num_threads: int = 0  # 0: the physical cores the runner may use (runner/cpu_threads.py)
     stream_interval: float = 0.1  # seconds a fast model's tokens are grouped for streaming
+    flash_attention: str = "auto"  # "auto" (llama.cpp's choice per backend), "on" or "off"
     python: str = ""  # interpreter for runner processes; "" = this one
     # a shared engine (``jupyter llm serve`` behind JupyterHub): this server then
     # starts no scheduler and forwards its ``/llm/`` routes there (``api.forward``)
@@ -57,7 +58,8 @@ class Settings:
                 values[f.name] = _parse(f.name, raw, name)
         for name, value in overrides.items():
             if value is not None:
-                values[name] = _parse(name, value, name) if name in DURATIONS else value
+                parsed = name in DURATIONS or name in CHOICES
+                values[name] = _parse(name, value, name) if parsed else value
         settings = replace(cls(), **values)
         settings = replace(settings, models_dir=Path(settings.models_dir).expanduser())
         if settings.engine_url:
@@ -82,6 +84,8 @@ ENV_NAMES = {"models_dir": "MODELS"}
 DURATIONS = ("keep_alive", "load_timeout")  # seconds or "5m"; negative: forever
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True}
 _BOOLS |= {"0": False, "false": False, "no": False, "off": False}
+_SWITCH = {"auto": "auto"} | {k: "on" if v else "off" for k, v in _BOOLS.items()}
+CHOICES = {"flash_attention": _SWITCH}  # fields of a few values, each with its spellings
 _EXPECTED = {
     "int": "an integer",
     "float": "a number",
@@ -103,6 +107,8 @@ def _parse(name: str, raw: Any, label: str) -> Any:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     try:
+        if name in CHOICES:
+            return CHOICES[name][str(raw).lower()]
         if kind == "bool":
             return _BOOLS[raw.lower()]
         if kind == "int":
@@ -113,4 +119,5 @@ def _parse(name: str, raw: Any, label: str) -> Any:
             return Path(raw)
         return raw
     except (KeyError, TypeError, ValueError):
-        raise ConfigError(f"invalid {label}: {raw!r}; expected {_EXPECTED[kind]}") from None
+        expected = "auto, on or off" if name in CHOICES else _EXPECTED[kind]
+        raise ConfigError(f"invalid {label}: {raw!r}; expected {expected}") from None

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from jupyter_llm.runner.engine import Engine, LoadParams
-from jupyter_llm.runner.protocol import InputError
-from jupyter_llm.runner.sequence import Completion, Job
-from jupyter_llm.runner.service import chat_prompt
+from jupyter_llm.runner.chat_plan import chat_prompt
+from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.protocol import Complete, Done, InputError, LoadParams
+from jupyter_llm.runner.sequence import Job
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
@@ -38,7 +38,7 @@ class Run:
 
     def __init__(self, engine: Engine, prompt: str, **options: Any) -> None:
         self.text: list[str] = []
-        self.done: Completion | None = None
+        self.done: Done | None = None
         self.error: Exception | None = None
         self.cancel = False
         grammar = options.pop("grammar", None)
@@ -56,7 +56,7 @@ class Run:
         )
         engine.submit(self.job)
 
-    def _finish(self, c: Completion) -> None:
+    def _finish(self, c: Done) -> None:
         self.done = c
 
     def _fail(self, e: Exception) -> None:
@@ -207,17 +207,19 @@ async def test_a_runner_serves_requests_while_another_streams(demo_gguf: Path):
     runner = await start_runner_with(spec, load_timeout=60)
     try:
         assert runner.n_seq == 2
-        endless = runner.complete(prompt="go", options=GREEDY, grammar=ENDLESS)
+        endless = runner.complete(Complete(prompt="go", options=GREEDY, grammar=ENDLESS))
         first = await anext(endless)  # it streams, and cannot end by itself
         assert first
         # served at once beside it (a runner serving one at a time would hang here)
         _, done = await asyncio.wait_for(
-            collect(runner.complete(prompt="hi", options={**GREEDY, "num_predict": 3})), 60
+            collect(runner.complete(Complete(prompt="hi", options={**GREEDY, "num_predict": 3}))),
+            60,
         )
         assert done["eval_count"] == 3
         await endless.aclose()  # the client leaves: the runner cancels the sequence
         _, done = await asyncio.wait_for(
-            collect(runner.complete(prompt="hi", options={**GREEDY, "num_predict": 3})), 60
+            collect(runner.complete(Complete(prompt="hi", options={**GREEDY, "num_predict": 3}))),
+            60,
         )
         assert done["eval_count"] == 3
     finally:

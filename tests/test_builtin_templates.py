@@ -18,8 +18,8 @@ from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.models.gguf_info import builtin_template, read_metadata
 from jupyter_llm.models.store import ModelStore
 from jupyter_llm.runner.chat_template import ChatTemplate
-from jupyter_llm.runner.engine import LoadParams
 from jupyter_llm.runner.model import Model
+from jupyter_llm.runner.protocol import LoadParams
 
 L3, IM, SEP, SYS, INST, GEM = (
     "<|start_header_id|>",

@@ -31,6 +31,14 @@ from jupyter_llm.request.errors import ConfigError
         ({"JUPYTER_LLM_GPU_OVERHEAD": "0"}, "gpu_overhead", 0),
         ({"JUPYTER_LLM_NEW_ESTIMATES": "0"}, "new_estimates", False),
         ({"JUPYTER_LLM_PYTHON": "/usr/bin/python3"}, "python", "/usr/bin/python3"),
+        ({}, "flash_attention", "auto"),
+        ({"JUPYTER_LLM_FLASH_ATTENTION": "auto"}, "flash_attention", "auto"),
+        ({"JUPYTER_LLM_FLASH_ATTENTION": "on"}, "flash_attention", "on"),
+        ({"JUPYTER_LLM_FLASH_ATTENTION": "off"}, "flash_attention", "off"),
+        ({"JUPYTER_LLM_FLASH_ATTENTION": "true"}, "flash_attention", "on"),
+        ({"JUPYTER_LLM_FLASH_ATTENTION": "1"}, "flash_attention", "on"),
+        ({"JUPYTER_LLM_FLASH_ATTENTION": "False"}, "flash_attention", "off"),
+        ({"JUPYTER_LLM_FLASH_ATTENTION": "0"}, "flash_attention", "off"),
     ],
 )
 def test_from_env(env, field, value):
@@ -52,6 +60,7 @@ def test_models_dir_expands_user():
         {"JUPYTER_LLM_MAX_QUEUE": "lots"},
         {"JUPYTER_LLM_NEW_ESTIMATES": "maybe"},
         {"JUPYTER_LLM_KEEP_ALIVE": "soon"},
+        {"JUPYTER_LLM_FLASH_ATTENTION": "sometimes"},
     ],
 )
 def test_bad_env_names_the_variable_and_the_value(env):
@@ -68,3 +77,7 @@ def test_bad_override_names_the_value():
 @pytest.mark.parametrize(("value", "expected"), [(-1, math.inf), ("10m", 600.0), (30, 30.0)])
 def test_keep_alive_override_is_parsed_like_the_env(value, expected):
     assert Settings.from_env({}, keep_alive=value).keep_alive == expected
+
+
+def test_flash_attention_override_is_parsed_like_the_env():
+    assert Settings.from_env({}, flash_attention="TRUE").flash_attention == "on"

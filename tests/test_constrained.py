@@ -21,9 +21,9 @@ from jupyter_llm.runner.constrained import (
     compile_triggers,
     trigger_start,
 )
-from jupyter_llm.runner.engine import Engine, LoadParams
-from jupyter_llm.runner.protocol import EngineError
-from jupyter_llm.runner.sequence import Completion, Job
+from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.protocol import Done, EngineError, LoadParams
+from jupyter_llm.runner.sequence import Job
 
 # -- pure ---------------------------------------------------------------------
 
@@ -58,9 +58,9 @@ def test_a_trigger_that_does_not_compile_is_refused():
 # -- in process ---------------------------------------------------------------
 
 
-def generate(engine: Engine, prompt: str, **job: Any) -> tuple[str, Completion]:
+def generate(engine: Engine, prompt: str, **job: Any) -> tuple[str, Done]:
     text: list[str] = []
-    done: list[Completion] = []
+    done: list[Done] = []
     errors: list[Exception] = []
     engine.submit(
         Job(
@@ -158,14 +158,14 @@ def byte_level(tmp_path_factory: pytest.TempPathFactory):
 def test_constrained_strings_are_utf8_and_their_length_is_pythons(byte_level, capsys):
     """240 generations at temperature 1, four at a time: every one parses
     and validates, and no replacement character appears."""
-    results: dict[int, tuple[list[str], list[Completion], list[Exception]]] = {}
+    results: dict[int, tuple[list[str], list[Done], list[Exception]]] = {}
     grammars = [schema_to_grammar(s) for s in SCHEMAS]
     runs = [(seed, i) for seed in range(40) for i in range(len(SCHEMAS))]
     pending = list(runs)
     while pending or any(not d and not e for _, d, e in results.values()):
         while pending and len(byte_level.waiting) < 4:
             seed, i = pending.pop()
-            out: tuple[list[str], list[Completion], list[Exception]] = ([], [], [])
+            out: tuple[list[str], list[Done], list[Exception]] = ([], [], [])
             results[seed * 100 + i] = out
             byte_level.submit(
                 Job(

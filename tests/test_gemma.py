@@ -9,7 +9,8 @@ from test_batching import ENDLESS, Run, drain
 
 from jupyter_llm.memory import EstimateOptions, estimate, plan_layout
 from jupyter_llm.memory.model_info import read_model_info
-from jupyter_llm.runner.engine import Engine, LoadParams
+from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.protocol import LoadParams
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 

@@ -1,10 +1,16 @@
 """From a placement to a runner's launch, and which GPUs serve: pure tables."""
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
+from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, serving_gpus
 from jupyter_llm.memory import Allocation, Placement
+from jupyter_llm.runner.protocol import LoadParams
 from jupyter_llm.runner_client.launch import LoadRequest, gpu_library, launch_spec, visibility_env
+from jupyter_llm.scheduler import LoadOptions, policy
 
 GiB = 1 << 30
 
@@ -121,3 +127,15 @@ def test_parallel_sequences_share_one_kv_cache():
 def test_gpu_library():
     assert gpu_library(request(placement())) == ""
     assert gpu_library(request(placement(("v", 3)), [gpu("v", "Vulkan")])) == "Vulkan"
+
+
+@pytest.mark.parametrize("flash_attn", ["auto", "on", "off"])
+def test_the_flash_attention_setting_reaches_the_load_message(flash_attn):
+    settings = Settings(flash_attention=flash_attn)
+    model = SimpleNamespace(context_length=0)  # what ``wanted`` reads of a model
+    entry = SimpleNamespace(model_path=Path("/m.gguf"), projector_path=None)
+    wanted = policy.wanted(LoadOptions(), model, settings)  # type: ignore[arg-type]
+    req = policy.load_request(entry, wanted, 1, placement(), [CPU], simulated=False)  # type: ignore[arg-type]
+    assert launch_spec(req, {}).load_params == LoadParams(
+        path="/m.gguf", n_ctx=settings.context_length, n_batch=512, flash_attn=flash_attn
+    )

@@ -22,10 +22,11 @@ from jupyter_llm.chat_formats.tool_grammar import (
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.json_grammar import literal
 from jupyter_llm.request.options import DEFAULT_SAMPLING
+from jupyter_llm.runner.completion import TokenStream
 from jupyter_llm.runner.constrained import Triggers
-from jupyter_llm.runner.engine import Engine, LoadParams
-from jupyter_llm.runner.sequence import Completion, Job, make_sampler
-from jupyter_llm.runner.service import TokenStream
+from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.protocol import Complete, Done, LoadParams
+from jupyter_llm.runner.sequence import Job, make_sampler
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.process import InvalidRequest
 from jupyter_llm.runner_client.proxy import start_runner_with
@@ -81,7 +82,7 @@ async def run(runner: Any, wait: float = 60, **request: Any) -> list[dict[str, A
 
     async def collect() -> list[dict[str, Any]]:
         seen: list[dict[str, Any]] = []
-        async for batch in runner.complete(**request):
+        async for batch in runner.complete(Complete(**request)):
             seen += batch
             if seen[-1]["type"] == "done":
                 return seen
@@ -234,9 +235,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory):
     engine.close()
 
 
-def generate(engine: Engine, **job: Any) -> tuple[str, Completion]:
+def generate(engine: Engine, **job: Any) -> tuple[str, Done]:
     text: list[str] = []
-    done: list[Completion] = []
+    done: list[Done] = []
     errors: list[Exception] = []
     engine.submit(
         Job(

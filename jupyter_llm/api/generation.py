@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from jupyter_llm.api.structured import OutputFormat, check_output
 from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
-from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.errors import InvalidRequest, RunnerFailed
 from jupyter_llm.request.identity import LOCAL, Requester
 from jupyter_llm.request.options import sampling_options
+from jupyter_llm.runner.protocol import Complete, Done, Embed, ProtocolError, read
 from jupyter_llm.scheduler import LoadOptions
 
 if TYPE_CHECKING:
@@ -126,73 +127,91 @@ async def complete(
     options = {**entry.params, **job.options}  # the model's parameters sit beneath
     load = load_options(options)
     async with services.scheduler.use(entry, load, job.keep_alive, requester) as lease:
-        request: dict[str, Any] = {
-            "options": sampling_options(options),
-            "stream_interval": services.settings.stream_interval,
-        }
-        if messages is not None:
-            request["messages"] = messages
-            request["tools"] = job.tools
-        else:
-            request["prompt"] = job.prompt or ""
-            if job.images:
-                request["images"] = job.images
-        if job.context:
-            request["context"] = job.context
-        if job.suffix:
-            request["suffix"] = job.suffix
-        if job.format is not None:
-            request["grammar"] = job.format.grammar
-        if job.tools:
-            request["model"] = entry.name.display  # for the runner's error messages
-        if job.parallel_tool_calls is not None:
-            request["parallel_tool_calls"] = job.parallel_tool_calls
-        if job.logprobs is not None:
-            request["logprobs"], request["top_logprobs"] = True, job.logprobs
-        if job.think is not None:
-            request["think"] = job.think
-        if job.tool_choice is not None:
-            request["tool_choice"] = job.tool_choice
-        if not job.truncate:
-            request["truncate"] = False
-        if not job.shift:
-            request["shift"] = False
-        stream = lease.runner.complete(**request)
+        request = runner_request(job, entry, messages, options, services.settings.stream_interval)
+        stream = lease.runner.complete(request)
         text: list[str] = []  # kept only to check a format
         try:
             async for batch in stream:
                 events: list[Event] = []
                 for message in batch:
-                    if message["type"] == "token":
-                        # asked not to think, a model that thinks anyway: never content
-                        if message.get("thinking") and job.think is not False:
-                            events.append(Thinking(message["thinking"]))
-                        if message.get("logprobs"):
-                            events.append(Logprobs(list(message["logprobs"])))
-                        if message.get("text"):
-                            events.append(message["text"])
-                            if job.format is not None:
-                                text.append(message["text"])
-                    elif message["type"] == "tool_calls":
-                        events.append(ToolCalls(list(message.get("tool_calls") or [])))
-                    elif message["type"] == "done":
-                        if job.format is not None and message.get("done_reason", "stop") == "stop":
-                            await check_format(job.format, "".join(text))
-                        events.append(
-                            Finished(
-                                done_reason=message.get("done_reason", "stop"),
-                                prompt_eval_count=message.get("prompt_eval_count", 0),
-                                prompt_eval_duration=message.get("prompt_eval_duration", 0),
-                                eval_count=message.get("eval_count", 0),
-                                eval_duration=message.get("eval_duration", 0),
-                                load_duration=lease.load_duration_ns,
-                                total_duration=time.perf_counter_ns() - started,
-                                context=message.get("context", []),
-                            )
-                        )
+                    events.extend(runner_events(message, job.think))
+                    if job.format is not None and message["type"] == "token":
+                        text.append(message.get("text", ""))
+                if events and isinstance(done := events[-1], Done):
+                    if job.format is not None and done.done_reason == "stop":
+                        await check_format(job.format, "".join(text))
+                    total = time.perf_counter_ns() - started
+                    events[-1] = finished(done, lease.load_duration_ns, total)
                 yield events
         finally:
             await stream.aclose()
+
+
+def runner_request(
+    job: GenerationRequest,
+    entry: ModelEntry,
+    messages: list[dict[str, Any]] | None,
+    options: dict[str, Any],
+    stream_interval: float,
+) -> Complete:
+    """The runner's ``complete`` message for ``job`` (``messages``: the chat
+    with the model's own history; ``options``: with the model's parameters)."""
+    chat = messages is not None
+    return Complete(
+        options=sampling_options(options),
+        stream_interval=stream_interval,
+        prompt="" if chat else job.prompt or "",
+        images=[] if chat else list(job.images),
+        messages=messages,
+        tools=job.tools if chat else None,
+        context=job.context or None,
+        suffix=job.suffix or None,
+        grammar=None if job.format is None else job.format.grammar,
+        model=entry.name.display if job.tools else "",  # for the runner's error messages
+        parallel_tool_calls=bool(job.parallel_tool_calls),
+        logprobs=job.logprobs is not None,
+        top_logprobs=job.logprobs or 0,
+        think=job.think,
+        tool_choice=job.tool_choice,
+        truncate=job.truncate,
+        shift=job.shift,
+    )
+
+
+def runner_events(message: dict[str, Any], think: bool | str | None) -> list[Event | Done]:
+    """One runner reply as events; ``done`` is read strictly (``protocol.read``)."""
+    kind = message["type"]
+    if kind == "token":
+        events: list[Event | Done] = []
+        # asked not to think, a model that thinks anyway: never content
+        if message.get("thinking") and think is not False:
+            events.append(Thinking(message["thinking"]))
+        if message.get("logprobs"):
+            events.append(Logprobs(list(message["logprobs"])))
+        if message.get("text"):
+            events.append(message["text"])
+        return events
+    if kind == "tool_calls":
+        return [ToolCalls(list(message.get("tool_calls") or []))]
+    if kind == "done":
+        try:
+            return [read(Done, message)]
+        except ProtocolError as e:
+            raise RunnerFailed(f"the runner's answer could not be read: {e}") from None
+    return []
+
+
+def finished(done: Done, load_duration: int, total_duration: int) -> Finished:
+    return Finished(
+        done_reason=done.done_reason,
+        prompt_eval_count=done.prompt_eval_count,
+        prompt_eval_duration=done.prompt_eval_duration,
+        eval_count=done.eval_count,
+        eval_duration=done.eval_duration,
+        load_duration=load_duration,
+        total_duration=total_duration,
+        context=done.context,
+    )
 
 
 async def check_format(fmt: OutputFormat, text: str) -> None:
@@ -273,11 +292,13 @@ async def embed(
     load = load_options({**entry.params, **(options or {})})
     async with services.scheduler.use(entry, load, keep_alive, requester) as lease:
         reply = await lease.runner.embed(
-            inputs=inputs,
-            truncate=truncate,
-            dimensions=dimensions,
-            normalize=normalize,
-            encoding=encoding,
+            Embed(
+                inputs=inputs,
+                truncate=truncate,
+                dimensions=dimensions,
+                normalize=normalize,
+                encoding=encoding,
+            )
         )
         return Embedded(
             vectors=reply["vectors"],

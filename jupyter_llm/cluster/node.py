@@ -24,6 +24,7 @@ from jupyter_llm.cluster.blobs import BlobReceiver
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw
 from jupyter_llm.request.errors import ModelLoadFailed
+from jupyter_llm.runner.protocol import Complete, Embed
 from jupyter_llm.runner_client.device_probe import discover_raw_devices
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
 from jupyter_llm.runner_client.progress import reporting_load_progress
@@ -116,18 +117,18 @@ class NodeRunner:
             raise ModelLoadFailed("no model is loaded on this node's runner")
         return self.runner
 
-    async def complete(self, request: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+    async def complete(self, request: Complete) -> AsyncIterator[list[dict[str, Any]]]:
         """The runner's batches of token messages; closing this generator (the
         engine cancelled it) cancels the request in the runner."""
-        stream = self._loaded().complete(**request)
+        stream = self._loaded().complete(request)
         try:
             async for batch in stream:
                 yield batch
         finally:
             await stream.aclose()
 
-    async def embed(self, request: dict[str, Any]) -> dict[str, Any]:
-        return await self._loaded().embed(**request)
+    async def embed(self, request: Embed) -> dict[str, Any]:
+        return await self._loaded().embed(request)
 
     async def health(self, timeout: float) -> bool:
         return self.runner is not None and await self.runner.health(timeout)

@@ -25,6 +25,7 @@ from ray.exceptions import RayError, RayTaskError
 from jupyter_llm.cluster.blobs import CHUNK, digest_of_name, file_digest, read_chunk
 from jupyter_llm.cluster.connect import Node, RayCluster
 from jupyter_llm.request.errors import LLMError, ModelLoadFailed, NodeLost, RunnerFailed
+from jupyter_llm.runner.protocol import Complete, Embed
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec
 from jupyter_llm.runner_client.progress import report_load_progress
 
@@ -147,7 +148,7 @@ class RayRunner:
         except asyncio.CancelledError:
             pass
 
-    async def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]:
+    async def complete(self, request: Complete) -> AsyncIterator[list[dict[str, Any]]]:
         if self._gone is not None:
             raise self._gone
         stream = self.actor.complete.options(num_returns="streaming").remote(request)
@@ -164,7 +165,7 @@ class RayRunner:
                 with contextlib.suppress(Exception):
                     ray.cancel(stream)
 
-    async def embed(self, **request: Any) -> dict[str, Any]:
+    async def embed(self, request: Embed) -> dict[str, Any]:
         if self._gone is not None:
             raise self._gone
         return await self._call(self.actor.embed.remote(request))

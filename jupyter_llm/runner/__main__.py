@@ -2,6 +2,6 @@
 
 import sys
 
-from jupyter_llm.runner.service import main
+from jupyter_llm.runner.serve import main
 
 sys.exit(main())

@@ -24,7 +24,6 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import llama_cpp
@@ -45,8 +44,8 @@ from jupyter_llm.runner.context_window import (
 from jupyter_llm.runner.embedding_context import EmbeddingContext
 from jupyter_llm.runner.logprobs import Logprobs
 from jupyter_llm.runner.model import Model
-from jupyter_llm.runner.protocol import EngineError, InputError
-from jupyter_llm.runner.sequence import Completion, Job, Sequence, make_sampler
+from jupyter_llm.runner.protocol import Done, EngineError, InputError, LoadParams
+from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
 from jupyter_llm.runner.vision import ImagePrompt, split_plain
 
@@ -54,19 +53,11 @@ Emit = Callable[[str], None]
 Cancelled = Callable[[], bool]
 
 
-@dataclass
-class LoadParams:
-    path: str
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_threads: int = 0
-    n_gpu_layers: int = 0
-    main_gpu: int = 0
-    tensor_split: list[float] = field(default_factory=list)
-    use_mmap: bool = True
-    flash_attn: bool = False
-    n_seq: int = 1  # sequences decoded together, sharing the n_ctx cells
-    projector: str = ""  # the image projector (mmproj GGUF) to load beside the model
+FLASH_ATTN_TYPES = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
 
 
 def context_params(params: LoadParams, n_ctx_train: int) -> Any:
@@ -86,11 +77,7 @@ def context_params(params: LoadParams, n_ctx_train: int) -> Any:
     cp.swa_full = False
     # llama.cpp's default (auto: on where the backend has it), as
     # llama-server; about 5 % more tokens/s with 4 streams on the CPU
-    cp.flash_attn_type = (
-        llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if params.flash_attn
-        else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
-    )
+    cp.flash_attn_type = FLASH_ATTN_TYPES[params.flash_attn]
     if params.n_threads > 0:
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads
@@ -236,9 +223,9 @@ class Engine:
         context: list[int] | None = None,
         suffix: str | None = None,
         images: list[bytes] | None = None,
-    ) -> Completion:
+    ) -> Done:
         """One request, run to its end on its own (tests, benchmarks)."""
-        done: list[Completion] = []
+        done: list[Done] = []
         errors: list[Exception] = []
         job = Job(
             rid=-1,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import llama_cpp
 
@@ -22,11 +22,8 @@ from jupyter_llm.runner.chat_template import ChatTemplate
 from jupyter_llm.runner.constrained import TokenTable, token_piece
 from jupyter_llm.runner.llama_backend import init_backend
 from jupyter_llm.runner.pooling import legacy_normalizes
-from jupyter_llm.runner.protocol import EngineError, InputError
+from jupyter_llm.runner.protocol import EngineError, InputError, LoadParams
 from jupyter_llm.runner.vision import ImagePrompt, Part, Vision
-
-if TYPE_CHECKING:
-    from jupyter_llm.runner.engine import LoadParams
 
 
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:

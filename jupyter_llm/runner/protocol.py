@@ -2,7 +2,14 @@
 
 Requests:  {"id": int, "op": "info"|"load"|"complete"|"embed"|"tokenize"|"health"|"cancel"
             |"close", ...}
-Replies:   {"id": int, "type": "result"|"token"|"done"|"embedding"|"progress"|"error", ...}
+Replies:   {"id": int, "type": "result"|"token"|"tool_calls"|"done"|"embedding"|"progress"
+            |"error", ...}
+
+The fields of ``load`` (``LoadParams``), ``complete`` (``Complete``),
+``embed`` (``Embed``) and ``done`` (``Done``) are these dataclasses, the one
+definition both sides use: ``read`` refuses a message with a field it does not
+know or without one it needs (``ProtocolError``), so a misspelt key fails at
+the boundary instead of being dropped.
 
 ``complete`` streams ``token`` messages then one ``done``; ``embed`` streams
 ``embedding`` messages (``vectors``: a part of the vectors in order, each the
@@ -14,7 +21,8 @@ JSON text of one response element, each line at most the request's
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, TypeVar
 
 # The "kind" of an error reply, for failures the server acts on:
 INVALID = "invalid"  # caused by the request itself (HTTP 400)
@@ -31,6 +39,109 @@ class InputError(EngineError):
 
 class AllocationError(EngineError):
     """llama.cpp reported a failed allocation while this request ran."""
+
+
+class ProtocolError(InputError):
+    """A message whose fields are not its type's: unknown or missing ones."""
+
+
+T = TypeVar("T")
+
+ENVELOPE = frozenset({"id", "op", "type"})  # every message's own fields
+
+
+def read(kind: type[T], message: dict[str, Any]) -> T:
+    """``message``'s fields (beside ``id``/``op``/``type``) as ``kind``."""
+    known = {f.name: f for f in fields(kind)}  # type: ignore[arg-type]
+    body = {k: v for k, v in message.items() if k not in ENVELOPE}
+    if unknown := sorted(set(body) - set(known)):
+        raise ProtocolError(f"{kind.__name__} has no field {', '.join(map(repr, unknown))}")
+    needed = (
+        name
+        for name, f in known.items()
+        if f.default is MISSING and f.default_factory is MISSING and name not in body
+    )
+    if missing := sorted(needed):
+        raise ProtocolError(f"{kind.__name__} needs {', '.join(map(repr, missing))}")
+    return kind(**body)
+
+
+def fields_of(message: Any) -> dict[str, Any]:
+    """A typed message's fields as they go on the wire."""
+    return asdict(message)
+
+
+@dataclass(frozen=True)
+class LoadParams:
+    """``load``: everything that fixes a runner at load time."""
+
+    path: str
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0  # 0: the physical cores the runner may use
+    n_gpu_layers: int = 0
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
+    use_mmap: bool = True
+    flash_attn: str = "auto"  # "auto" (llama.cpp's default), "on" or "off"
+    n_seq: int = 1  # sequences decoded together, sharing the n_ctx cells
+    projector: str = ""  # the image projector (mmproj GGUF) to load beside the model
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tensor_split", tuple(self.tensor_split))
+        if self.flash_attn not in FLASH_ATTENTION:
+            raise ProtocolError(f"flash_attn must be one of {', '.join(FLASH_ATTENTION)}")
+
+
+FLASH_ATTENTION = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class Complete:
+    """``complete``: a prompt (with its images) or a chat, and how to sample it."""
+
+    options: dict[str, Any] = field(default_factory=dict)  # sampling options (Ollama's)
+    stream_interval: float = 0.1  # seconds between two token messages
+    prompt: str = ""
+    images: list[str] = field(default_factory=list)  # base64 image files for the prompt
+    messages: list[dict[str, Any]] | None = None  # a chat, rendered by the model's template
+    tools: list[Any] | None = None
+    context: list[int] | None = None  # tokens of an earlier exchange, before the prompt
+    suffix: str | None = None  # fill-in-the-middle
+    grammar: str | None = None
+    model: str = ""  # the model's name, for error messages
+    parallel_tool_calls: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token, with ``logprobs``
+    think: bool | str | None = None  # None: the template's default
+    tool_choice: Any = None  # "auto" | "none" | "required" | {"name": ...}; None: auto
+    truncate: bool = True  # cut an over-long prompt (else refuse it)
+    shift: bool = True  # shift a full context (else stop, "length")
+
+
+@dataclass(frozen=True)
+class Done:
+    """``done``: how a completion ended (durations in nanoseconds)."""
+
+    done_reason: str = "stop"
+    prompt_eval_count: int = 0
+    prompt_eval_duration: int = 0
+    eval_count: int = 0
+    eval_duration: int = 0
+    context: list[int] = field(default_factory=list)
+    tool_calls_count: int = 0
+
+
+@dataclass(frozen=True)
+class Embed:
+    """``embed``: texts to embed, and the shape of their vectors."""
+
+    inputs: list[str]
+    truncate: bool = True
+    dimensions: int | None = None
+    normalize: bool | None = True  # None: as Ollama's legacy route does for this model
+    encoding: str = "float"  # "base64": float32 strings
+    part_bytes: int = 64 << 10  # JSON of one ``embedding`` reply at most
 
 
 ERROR_MARKERS = ("error", "failed to allocate", "out of memory", "ggml_assert", "exception")

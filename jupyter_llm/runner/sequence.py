@@ -19,22 +19,10 @@ import llama_cpp
 
 from jupyter_llm.runner.constrained import Candidates, GrammarSampler, TokenTable, Triggers
 from jupyter_llm.runner.context_window import num_keep
-from jupyter_llm.runner.protocol import EngineError
+from jupyter_llm.runner.protocol import Done, EngineError
 from jupyter_llm.runner.stops import StopScanner
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
-
-
-@dataclass
-class Completion:
-    """What a finished request reports (durations in nanoseconds)."""
-
-    done_reason: str = "stop"
-    prompt_eval_count: int = 0
-    prompt_eval_duration: int = 0
-    eval_count: int = 0
-    eval_duration: int = 0
-    context: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -45,7 +33,7 @@ class Job:
     tokens: list[int]
     options: dict[str, Any]
     emit: Callable[[str], None]
-    finish: Callable[[Completion], None]
+    finish: Callable[[Done], None]
     fail: Callable[[Exception], None]
     cancelled: Callable[[], bool] = lambda: False
     grammar: str | None = None
@@ -203,7 +191,7 @@ class Sequence:
         self.next_token = token
         return True
 
-    def result(self, reason: str, evaluated: int) -> Completion:
+    def result(self, reason: str, evaluated: int) -> Done:
         """The report, once finished; text still held back goes out unless a
         stop string ended it. ``evaluated``: prompt tokens really decoded."""
         tail = self.stops.pending + self._decoder.decode(b"", final=True)
@@ -212,7 +200,7 @@ class Sequence:
         now = time.perf_counter_ns()
         prompt = self.job.tokens
         done = self.prompt_done
-        return Completion(
+        return Done(
             done_reason=reason,
             prompt_eval_count=len(prompt) if done else evaluated,
             prompt_eval_duration=self.prompt_ns,

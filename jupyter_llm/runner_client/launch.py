@@ -2,17 +2,19 @@
 
 The scheduler decides *where* a model goes (a ``LoadRequest`` in its own terms:
 device ids, layers per GPU); this module knows how a runner is told so: the
-``LoadSpec`` it receives (layers to offload, tensor split, context size) and the
-environment that makes only the chosen GPUs visible to its backend.
+``LoadSpec``: the ``load`` message it receives (``protocol.LoadParams``: layers
+to offload, tensor split, context size) and the environment that makes only the
+chosen GPUs visible to its backend.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from jupyter_llm.devices import DeviceInfo
 from jupyter_llm.memory import Placement
+from jupyter_llm.runner.protocol import LoadParams
 
 VISIBILITY_ENV = {
     "CUDA": "CUDA_VISIBLE_DEVICES",
@@ -36,23 +38,20 @@ class LoadRequest:
     simulated: bool = False  # simulated GPUs: the runner computes on the CPU
     projector: str = ""  # the vision projector GGUF ("" = none)
     node: str = ""  # the cluster node it loads on ("": this machine)
+    flash_attn: str = "auto"  # "auto", "on" or "off" (``Settings.flash_attention``)
 
 
 @dataclass(frozen=True)
-class LoadSpec:
-    """Everything that fixes a runner at load time, as the runner receives it."""
+class LoadSpec(LoadParams):
+    """A runner's launch: its ``load`` message and the environment it starts in."""
 
-    path: str
-    n_ctx: int
-    n_batch: int = 512
-    n_threads: int = 0
-    n_gpu_layers: int = 0
-    main_gpu: int = 0
-    tensor_split: tuple[float, ...] = ()
-    use_mmap: bool = True
-    n_seq: int = 1  # sequences the runner decodes together
-    projector: str = ""  # the mmproj GGUF mtmd loads beside the model ("" = none)
     env: tuple[tuple[str, str], ...] = field(default=())  # device visibility for the runner
+
+    @property
+    def load_params(self) -> LoadParams:
+        """The ``load`` message: every field but the environment."""
+        names = {f.name for f in fields(LoadParams)}
+        return LoadParams(**{k: v for k, v in self.__dict__.items() if k in names})
 
 
 def gpu_library(request: LoadRequest) -> str:
@@ -71,6 +70,7 @@ def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
         n_threads=request.num_thread,
         use_mmap=request.use_mmap,
         projector=request.projector,
+        flash_attn=request.flash_attn,
     )
     placement = request.placement
     if request.simulated:

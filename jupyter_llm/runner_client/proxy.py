@@ -16,10 +16,11 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import asdict
+from dataclasses import replace
 from typing import Any
 
 from jupyter_llm.request.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
+from jupyter_llm.runner.protocol import Complete, Embed, fields_of
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
 from jupyter_llm.runner_client.process import RunnerProcess
 from jupyter_llm.runner_client.progress import report_load_progress
@@ -66,9 +67,7 @@ class RunnerProxy:
     async def load(self) -> None:
         """Load the model; the stall timer restarts whenever load progress moves."""
         started = time.perf_counter_ns()
-        args = {k: v for k, v in asdict(self.spec).items() if k != "env"}
-        args["tensor_split"] = list(self.spec.tensor_split)
-        replies = self.process.stream_batches("load", **args)
+        replies = self.process.stream_batches("load", **fields_of(self.spec.load_params))
         try:
             while not self.info:
                 batch = await asyncio.wait_for(anext(replies), self.stall_timeout)
@@ -110,26 +109,26 @@ class RunnerProxy:
         reply = await asyncio.wait_for(self.process.call("info"), 5.0)
         return list(reply.get("devices", []))
 
-    async def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]:
+    async def complete(self, request: Complete) -> AsyncIterator[list[dict[str, Any]]]:
         """Stream batches of ``token`` messages ending with ``done``."""
         async with self._watched():
-            stream = self.process.stream_batches("complete", **request)
+            stream = self.process.stream_batches("complete", **fields_of(request))
             try:
                 async for batch in stream:
                     yield batch
             finally:
                 await stream.aclose()
 
-    async def embed(self, **request: Any) -> dict[str, Any]:
+    async def embed(self, request: Embed) -> dict[str, Any]:
         """The runner's result with ``vectors``: each vector as the JSON text
         the response holds for it, gathered from the runner's small parts and
         never decoded here (the handler writes them as they are). What is
         held is bounded by ``EMBED_INPUTS`` vectors of at most the model's
         size; the runner refuses more than ``EMBED_TOKENS`` before any work."""
-        request = {**request, "part_bytes": min(self.process.limit // 4, EMBED_PART_BYTES)}
+        request = replace(request, part_bytes=min(self.process.limit // 4, EMBED_PART_BYTES))
         vectors: list[str] = []
         async with self._watched():
-            async for message in self.process.stream("embed", **request):
+            async for message in self.process.stream("embed", **fields_of(request)):
                 if message.get("type") == "embedding":
                     vectors.extend(message["vectors"])
                 else:

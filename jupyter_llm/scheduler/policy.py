@@ -79,6 +79,7 @@ def wanted(options: LoadOptions, info: ModelInfo, settings: Settings) -> Wanted:
         use_mmap=True if options.use_mmap is None else options.use_mmap,
         num_gpu=-1 if options.num_gpu is None else options.num_gpu,
         main_gpu=options.main_gpu or 0,
+        flash_attn=settings.flash_attention,
     )
 
 
@@ -195,6 +196,7 @@ def load_request(
         simulated=simulated,
         projector=str(entry.projector_path or ""),
         node=node,
+        flash_attn=wanted.flash_attn,
     )
 
 

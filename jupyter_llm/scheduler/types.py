@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from jupyter_llm.memory import Allocation, Placement
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import RunnerFailed
+from jupyter_llm.runner.protocol import Complete, Embed
 from jupyter_llm.runner_client.launch import LoadRequest
 
 
@@ -31,8 +32,8 @@ class Runner(Protocol):
     def n_seq(self) -> int: ...  # sequences it decodes at once: the model's slots
     @property
     def measured(self) -> dict[str, dict[str, int]]: ...
-    def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]: ...
-    async def embed(self, **request: Any) -> dict[str, Any]: ...
+    def complete(self, request: Complete) -> AsyncIterator[list[dict[str, Any]]]: ...
+    async def embed(self, request: Embed) -> dict[str, Any]: ...
     async def health(self, timeout: float = 5.0) -> bool: ...
     async def device_info(self) -> list[dict[str, Any]]: ...
     # ``reason``: what the requests still running end with (default: the runner's exit)
@@ -67,6 +68,7 @@ class Wanted:
     use_mmap: bool
     num_gpu: int
     main_gpu: int
+    flash_attn: str = "auto"  # the server's setting (``Settings.flash_attention``)
 
 
 @dataclass

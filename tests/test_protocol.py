@@ -1,0 +1,87 @@
+"""The runner's typed wire messages: one definition each, read strictly on
+both sides of the socket (an unknown or missing field is refused, never dropped)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_llm.api.generation import Finished, runner_events
+from jupyter_llm.request.errors import RunnerFailed
+from jupyter_llm.runner.protocol import (
+    Complete,
+    Done,
+    Embed,
+    LoadParams,
+    ProtocolError,
+    fields_of,
+    read,
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message", "expected"),
+    [
+        (LoadParams, {"id": 1, "op": "load", "path": "/m"}, LoadParams(path="/m")),
+        (
+            LoadParams,
+            {"path": "/m", "tensor_split": [1.0, 2.0], "flash_attn": "on"},
+            LoadParams(path="/m", tensor_split=(1.0, 2.0), flash_attn="on"),
+        ),
+        (Complete, {"id": 2, "op": "complete"}, Complete()),
+        (Complete, {"prompt": "hi", "truncate": False}, Complete(prompt="hi", truncate=False)),
+        (Embed, {"inputs": ["a"]}, Embed(inputs=["a"])),
+        (Done, {"id": 3, "type": "done", "eval_count": 2}, Done(eval_count=2)),
+    ],
+)
+def test_read(kind, message, expected):
+    assert read(kind, message) == expected
+
+
+@pytest.mark.parametrize(
+    ("kind", "message", "error"),
+    [
+        (LoadParams, {"path": "/m", "n_cxt": 8}, "LoadParams has no field 'n_cxt'"),
+        (LoadParams, {"n_ctx": 8}, "LoadParams needs 'path'"),
+        (LoadParams, {"path": "/m", "flash_attn": "yes"}, "flash_attn must be one of"),
+        (Complete, {"promt": "hi"}, "Complete has no field 'promt'"),
+        (Embed, {"input": ["a"]}, "Embed has no field 'input'"),
+        (Done, {"eval_count": 1, "evals": 2}, "Done has no field 'evals'"),
+    ],
+)
+def test_unknown_or_missing_fields_are_refused(kind, message, error):
+    with pytest.raises(ProtocolError, match=error):
+        read(kind, message)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        LoadParams(path="/m", tensor_split=(1.0,), flash_attn="off"),
+        Complete(prompt="hi", options={"temperature": 0}, logprobs=True, top_logprobs=2),
+        Embed(inputs=["a", "b"], dimensions=4, normalize=None),
+        Done(done_reason="length", eval_count=3, context=[1, 2]),
+    ],
+)
+def test_each_message_reads_back_as_itself(message):
+    assert read(type(message), {"id": 7, **fields_of(message)}) == message
+
+
+def test_the_server_reads_done_strictly():
+    done = {"type": "done", **fields_of(Done(eval_count=4))}
+    assert runner_events(done, None) == [Done(eval_count=4)]
+    with pytest.raises(RunnerFailed, match="Done has no field 'eval_cnt'"):
+        runner_events({"type": "done", "eval_cnt": 4}, None)
+
+
+@pytest.mark.parametrize(
+    ("message", "think", "events"),
+    [
+        ({"type": "token", "text": "a"}, None, ["a"]),
+        ({"type": "token", "text": "", "thinking": "t"}, None, ["t"]),
+        ({"type": "token", "text": "a", "thinking": "t"}, False, ["a"]),
+    ],
+)
+def test_token_events(message, think, events):
+    got = runner_events(message, think)
+    assert [getattr(e, "text", e) for e in got] == events
+    assert not any(isinstance(e, Finished) for e in got)
