@@ -26,7 +26,9 @@ from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import ServerBusy
 from jupyter_llm.scheduler import LoadOptions, Scheduler
-from jupyter_llm.testing import FakeRunnerFactory, simulated_environ, synthetic_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+from fakes import FakeRunnerFactory, simulated_environ, synthetic_model
 
 MiB, GiB = 1 << 20, 1 << 30
 

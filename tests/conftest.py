@@ -111,7 +111,7 @@ async def ndjson(response_body: bytes) -> list[dict]:
 
 @pytest.fixture
 def remote() -> Remote:
-    """A loopback registry / Hugging Face / file server's content (tests/loopback.py)."""
+    """A loopback registry / Hugging Face / file server's content (tests/support/loopback.py)."""
     return Remote()
 
 

@@ -293,7 +293,7 @@ def gated(tmp_path_factory, demo_gguf):
     root = tmp_path_factory.mktemp("gated")
     store = ModelStore(root / "models")
     store.create("tiny", {"t.gguf": store.add_blob_from_file(demo_gguf)})
-    script = Path(__file__).with_name("slow_load_runner.py")
+    script = Path(__file__).parent / "support" / "slow_load_runner.py"
     python = root / "slow-load-python"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     python.chmod(0o755)
@@ -415,12 +415,12 @@ async def test_the_scheduler_keeps_a_loading_models_progress():
     load ends; the loaded model then reports its slots."""
     import asyncio
 
+    from fakes import FakeRunnerFactory
     from test_scheduler import ONE_GPU, entry, make
 
     from jupyter_llm.api.ps import ps_body
     from jupyter_llm.runner_client.progress import report_load_progress
     from jupyter_llm.scheduler import LoadOptions
-    from jupyter_llm.testing import FakeRunnerFactory
 
     reported, proceed = asyncio.Event(), asyncio.Event()
 

@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+from fakes import synthetic_model
 
 from jupyter_llm.memory import (
     MIN_GPU_BYTES,
@@ -16,7 +17,6 @@ from jupyter_llm.memory import (
 )
 from jupyter_llm.memory.estimate import swa_cells, swa_layers
 from jupyter_llm.memory.model_info import read_model_info
-from jupyter_llm.testing import synthetic_model
 
 MiB, GiB = 1 << 20, 1 << 30
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from fakes import FakeRunnerFactory, simulated_environ, synthetic_model
 
 from jupyter_llm import scheduler as sched
 from jupyter_llm.api.ps import describe_loaded
@@ -18,7 +19,6 @@ from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import AllocationFailed, InsufficientMemory, ServerBusy
 from jupyter_llm.scheduler import LoadOptions, Scheduler, choose_victim, vram
-from jupyter_llm.testing import FakeRunnerFactory, simulated_environ, synthetic_model
 
 MiB, GiB = 1 << 20, 1 << 30
 

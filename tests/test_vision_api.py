@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from fakes import FakeRunnerFactory, simulated_environ, synthetic_model
 from projector_gguf import write_projector_header
 from tornado.httpclient import HTTPClientError
 
@@ -28,7 +29,6 @@ from jupyter_llm.request import images
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.messages import parse_messages
 from jupyter_llm.scheduler import LoadOptions, Scheduler
-from jupyter_llm.testing import FakeRunnerFactory, simulated_environ, synthetic_model
 
 MiB, GiB = 1 << 20, 1 << 30
 # each format's header, declaring a 2x2 image (what the server reads before any decoding)
