@@ -14,10 +14,11 @@ from jupyter_llm.request.errors import (
     ModelLoadFailed,
     RunnerFailed,
 )
+from jupyter_llm.runner.protocol import Complete, LoadParams, fields_of
 from jupyter_llm.runner.stops import StopScanner, split_at_stop
 from jupyter_llm.runner_client.device_probe import discover_raw_devices
 from jupyter_llm.runner_client.launch import LoadSpec
-from jupyter_llm.runner_client.process import describe_exit
+from jupyter_llm.runner_client.process import RunnerProcess, describe_exit
 from jupyter_llm.runner_client.proxy import start_runner_with
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
@@ -25,7 +26,7 @@ GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 
 async def collect(runner, **request):
     texts, done = [], None
-    async for batch in runner.complete(**request):
+    async for batch in runner.complete(Complete(**request)):
         for message in batch:
             if message["type"] == "token":
                 texts.append(message["text"])
@@ -74,7 +75,7 @@ async def test_stop_sequence(runner):
 
 
 async def test_cancel_stops_generation(runner):
-    stream = runner.complete(prompt="hello", options={**GREEDY, "num_predict": 100000})
+    stream = runner.complete(Complete(prompt="hello", options={**GREEDY, "num_predict": 100000}))
     async for _ in stream:
         break
     await stream.aclose()  # closing the stream sends cancel
@@ -86,7 +87,7 @@ async def test_cancel_stops_generation(runner):
 
 
 async def test_health_while_generating(runner):
-    stream = runner.complete(prompt="hello", options={**GREEDY, "num_predict": 100000})
+    stream = runner.complete(Complete(prompt="hello", options={**GREEDY, "num_predict": 100000}))
     async for _ in stream:
         break
     assert await runner.health(timeout=5)
@@ -95,7 +96,7 @@ async def test_health_while_generating(runner):
 
 async def test_sigkill_fails_in_flight_request_with_cause(runner):
     process = psutil.Process(runner.pid)  # psutil refuses to signal a reused pid
-    stream = runner.complete(prompt="hello", options={**GREEDY, "num_predict": 100000})
+    stream = runner.complete(Complete(prompt="hello", options={**GREEDY, "num_predict": 100000}))
     with pytest.raises(RunnerFailed, match="SIGKILL"):
         async for _ in stream:
             if process.is_running():
@@ -164,7 +165,7 @@ async def test_other_load_failures_are_not_allocation_failures(tmp_path):
 async def test_health_reports_main_loop_progress(runner):
     idle = await runner.process.call("health")
     assert idle["busy"] is None and idle["stalled_for"] == 0
-    stream = runner.complete(prompt="hello", options={**GREEDY, "num_predict": 100000})
+    stream = runner.complete(Complete(prompt="hello", options={**GREEDY, "num_predict": 100000}))
     async for _ in stream:
         break
     first = await runner.process.call("health")
@@ -236,7 +237,7 @@ async def test_load_reports_progress(runner):
 
 
 def test_token_stream_groups_fast_tokens_only():
-    from jupyter_llm.runner.service import TokenStream
+    from jupyter_llm.runner.completion import TokenStream
 
     sent: list[str] = []
     now = [100.0]
@@ -302,7 +303,7 @@ async def test_a_cancel_stops_a_long_prompt_in_the_runner(tmp_path, demo_gguf):
     spec = LoadSpec(path=str(demo_gguf), n_ctx=2048, n_batch=16, n_threads=2)
     runner = await start_runner_with(spec, python=gated, load_timeout=60)
     try:
-        stream = runner.complete(prompt="x" * 1600, options={**GREEDY, "num_predict": 1})
+        stream = runner.complete(Complete(prompt="x" * 1600, options={**GREEDY, "num_predict": 1}))
         first = asyncio.ensure_future(anext(stream))  # sends the request: 100 chunks
         async with asyncio.timeout(60):
             while (health := await runner.process.call("health"))["busy"] is None:
@@ -384,3 +385,32 @@ def test_stop_scanner_holds_a_long_stop_fed_one_character_at_a_time():
     assert emitted == "a" * (20000 - 16383) and len(scanner.pending) == 16383
     text, hit = scanner.feed("b")
     assert (text, hit) == ("", True)
+
+
+@pytest.mark.parametrize(
+    ("op", "fields", "expected"),
+    [
+        ("complete", {"prompt": "hi", "optoins": {}}, "Complete has no field 'optoins'"),
+        ("embed", {"input": ["hi"]}, "Embed has no field 'input'"),
+        ("embed", {}, "Embed needs 'inputs'"),
+    ],
+)
+async def test_a_misspelt_field_is_refused_not_dropped(runner, op, fields, expected):
+    with pytest.raises(InvalidRequest, match=expected):
+        await runner.process.call(op, **fields)
+    assert runner.alive  # the request failed, not the runner
+
+
+async def test_the_load_message_is_checked_and_carries_flash_attention(demo_gguf):
+    process = RunnerProcess(label="runner")
+    await process.start()
+    try:
+        with pytest.raises(InvalidRequest, match="LoadParams has no field 'n_cxt'"):
+            await process.call("load", path=str(demo_gguf), n_cxt=256)
+        with pytest.raises(InvalidRequest, match="flash_attn must be one of auto, on, off"):
+            await process.call("load", path=str(demo_gguf), flash_attn=True)
+        params = LoadParams(path=str(demo_gguf), n_ctx=256, n_threads=2, flash_attn="off")
+        loaded = await process.call("load", **fields_of(params))
+        assert loaded["n_ctx"] == 256
+    finally:
+        await process.close(timeout=5.0)

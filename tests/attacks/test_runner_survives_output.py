@@ -32,8 +32,9 @@ from harness import record, runner_pids
 from jupyter_llm.chat_formats import read_template
 from jupyter_llm.demo import DemoModelSpec, byte_to_unicode, write_demo_model
 from jupyter_llm.request.errors import RunnerFailed
-from jupyter_llm.runner.engine import Engine, LoadParams
-from jupyter_llm.runner.sequence import Completion, Job
+from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.protocol import Complete, Done, LoadParams
+from jupyter_llm.runner.sequence import Job
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
@@ -63,7 +64,7 @@ class Run:
         self, engine: Engine, prompt: str, breaks: str = "", after: int = 3, **options: Any
     ) -> None:
         self.text: list[str] = []
-        self.done: Completion | None = None
+        self.done: Done | None = None
         self.errors: list[Exception] = []
         self.breaks, self.after = breaks, after
         grammar = options.pop("grammar", None)
@@ -83,7 +84,7 @@ class Run:
             raise RecursionError("maximum recursion depth exceeded (planted)")
         self.text.append(text)
 
-    def _finish(self, c: Completion) -> None:
+    def _finish(self, c: Done) -> None:
         if "finish" in self.breaks:
             raise Planted("the reader failed at the end")
         self.done = c
@@ -135,7 +136,7 @@ def test_a_sequence_whose_output_work_fails_ends_alone(engine, breaks):
 def test_a_failure_no_sequence_owns_ends_the_completions_and_the_loop_goes_on(engine):
     """The service's step: a bug outside any sequence's work fails the
     completions in flight, frees their slots, and the next step serves."""
-    from jupyter_llm.runner.service import RunnerService
+    from jupyter_llm.runner.serve import RunnerService
 
     service = RunnerService.__new__(RunnerService)  # no socket: only ``step`` is used
     service.engine = engine
@@ -210,11 +211,13 @@ async def test_a_reader_bug_in_a_real_runner_ends_that_request_only(
     runner = await start_runner_with(spec, python=str(python), load_timeout=60)
     try:
         victim_request = {"prompt": "the victim", "options": {**GREEDY, "num_predict": 300}}
-        alone, _ = await asyncio.wait_for(answer(runner.complete(**victim_request)), 120)
+        alone, _ = await asyncio.wait_for(answer(runner.complete(Complete(**victim_request))), 120)
         pid = runner.pid
-        victim = runner.complete(**victim_request)
+        victim = runner.complete(Complete(**victim_request))
         first = await asyncio.wait_for(anext(victim), 60)  # it streams
-        attack = runner.complete(messages=ASK, tools=TOOLS, grammar=grammar, options=GREEDY)
+        attack = runner.complete(
+            Complete(messages=ASK, tools=TOOLS, grammar=grammar, options=GREEDY)
+        )
         with pytest.raises(RunnerFailed) as failed:
             await asyncio.wait_for(answer(attack), 60)
         error = str(failed.value)
@@ -225,7 +228,8 @@ async def test_a_reader_bug_in_a_real_runner_ends_that_request_only(
         assert done["eval_count"] == 300 and text == alone
         assert runner.pid == pid and runner.alive
         _, after = await asyncio.wait_for(
-            answer(runner.complete(prompt="next", options={**GREEDY, "num_predict": 3})), 60
+            answer(runner.complete(Complete(prompt="next", options={**GREEDY, "num_predict": 3}))),
+            60,
         )
         assert after["eval_count"] == 3
         record(f"{says}: attacked request got {error!r}; victim finished 300 tokens")
