@@ -15,7 +15,8 @@ import jsonschema
 import pytest
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.json_grammar import literal, schema_to_grammar
+from jupyter_llm.grammar.gbnf import literal
+from jupyter_llm.grammar.json_schema import schema_to_grammar
 from jupyter_llm.runner.constrained import (
     Triggers,
     compile_triggers,

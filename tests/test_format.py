@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from tornado.httpclient import HTTPClientError
 
 from jupyter_llm.api.structured import parse_format
-from jupyter_llm.json_grammar import Bound, integer_range, number_range, seq
+from jupyter_llm.grammar.gbnf import seq
+from jupyter_llm.grammar.numbers import Bound, integer_range, number_range
 from jupyter_llm.request.errors import InvalidRequest
 
 EXPECTED = '; expected "json" or a valid JSON Schema object'
@@ -110,7 +111,7 @@ def test_a_draft_4_schema_without_its_uri_is_accepted_and_checked_as_draft_4(pro
     ],
 )
 def test_what_the_grammar_cannot_enforce_is_ignored_and_logged(probe, caplog, schema, logged):
-    with caplog.at_level(logging.DEBUG, logger="jupyter_llm.json_grammar"):
+    with caplog.at_level(logging.DEBUG, logger="jupyter_llm.grammar.json_schema"):
         fmt = parse_format(schema)
     assert fmt.schema == schema
     assert probe.parses(fmt.grammar)
@@ -123,7 +124,7 @@ def test_enforced_keywords_log_nothing(caplog):
         "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
         "required": ["n"],
     }
-    with caplog.at_level(logging.DEBUG, logger="jupyter_llm.json_grammar"):
+    with caplog.at_level(logging.DEBUG, logger="jupyter_llm.grammar.json_schema"):
         parse_format(schema)
     assert caplog.records == []
 

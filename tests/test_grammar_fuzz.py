@@ -19,7 +19,7 @@ from test_runner_tools import SCHEMAS, TOOLS, WEATHER, calls_of, run, text_of
 
 from jupyter_llm.chat_formats import read_template
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.json_grammar import schema_to_grammar
+from jupyter_llm.grammar.json_schema import schema_to_grammar
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.process import InvalidRequest
 from jupyter_llm.runner_client.proxy import start_runner_with

@@ -20,7 +20,7 @@ from jupyter_llm.chat_formats.tool_grammar import (
     tool_grammar,
 )
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.json_grammar import literal
+from jupyter_llm.grammar.gbnf import literal
 from jupyter_llm.request.options import DEFAULT_SAMPLING
 from jupyter_llm.runner.completion import TokenStream
 from jupyter_llm.runner.constrained import Triggers

@@ -216,7 +216,7 @@ def finished(done: Done, load_duration: int, total_duration: int) -> Finished:
 
 async def check_format(fmt: OutputFormat, text: str) -> None:
     """Log output that does not match its ``format`` (the grammar is looser
-    than some schemas; see ``jupyter_llm/json_grammar.py``)."""
+    than some schemas; see ``jupyter_llm/grammar/``)."""
     loop = asyncio.get_running_loop()
     if problem := await loop.run_in_executor(None, check_output, fmt, text):
         log.warning("structured output check failed: %s", problem)

@@ -2,7 +2,7 @@
 
 Missing, null and "" mean no constraint; "json" is any JSON object; an object
 is a JSON Schema, checked against its meta-schema and converted to a grammar
-(``json_grammar``) before anything is scheduled. Every valid schema is
+(``jupyter_llm.grammar``) before anything is scheduled. Every valid schema is
 accepted: what the grammar cannot enforce is ignored, as Ollama does, and
 logged at DEBUG; the output is checked against the schema afterwards
 (``check_output``).
@@ -31,12 +31,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jupyter_llm.json_grammar import (
-    GrammarBudget,
-    GrammarTooLarge,
-    json_object_grammar,
-    schema_to_grammar,
-)
+from jupyter_llm.grammar.gbnf import GrammarBudget, GrammarTooLarge
+from jupyter_llm.grammar.json_schema import json_object_grammar, schema_to_grammar
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.limits import (
     ENUM_CHARS,
@@ -431,7 +427,7 @@ def _count(value: Any) -> int | None:
     return int(value)
 
 
-# a repeat count, as json_grammar reads one after a "{"
+# a repeat count, as the grammar reads one after a "{"
 _QUANTIFIER = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
 
 

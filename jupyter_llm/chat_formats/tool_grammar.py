@@ -1,6 +1,6 @@
 """GBNF grammars that make a model's tool calls valid: the call syntax of its
 format (``ChatFormat.tool_calls``), the name one of the offered tools, and
-the arguments that tool's parameter schema (``jupyter_llm.json_grammar``).
+the arguments that tool's parameter schema (``jupyter_llm.grammar.json_schema``).
 
 With ``tool_choice`` "auto" the grammar is lazy: the model writes freely
 until it opens a call (a trigger pattern matches its output), and from the
@@ -40,7 +40,8 @@ from jupyter_llm.chat_formats.detect import (
     DEEPSEEK_SEP,
     ChatFormat,
 )
-from jupyter_llm.json_grammar import Converter, GrammarBudget, literal
+from jupyter_llm.grammar.gbnf import GrammarBudget, literal
+from jupyter_llm.grammar.json_schema import Converter
 
 CHOICES = ("auto", "none", "required")
 _REGEX_SPECIAL = set("\\^$.|?*+()[]{}/")
