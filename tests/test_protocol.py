@@ -8,11 +8,17 @@ import pytest
 from jupyter_llm.api.generation import Finished, runner_events
 from jupyter_llm.request.errors import RunnerFailed
 from jupyter_llm.runner.protocol import (
+    INVALID,
     Complete,
     Done,
     Embed,
+    Error,
+    Health,
     LoadParams,
     ProtocolError,
+    Token,
+    ToolCallsReply,
+    compact,
     fields_of,
     read,
 )
@@ -60,10 +66,30 @@ def test_unknown_or_missing_fields_are_refused(kind, message, error):
         Complete(prompt="hi", options={"temperature": 0}, logprobs=True, top_logprobs=2),
         Embed(inputs=["a", "b"], dimensions=4, normalize=None),
         Done(done_reason="length", eval_count=3, context=[1, 2]),
+        Token("a", thinking="b", logprobs=[{"token": "a", "logprob": -0.5}]),
+        Token(""),
+        ToolCallsReply([{"id": "c", "name": "f", "arguments": {}}]),
+        Health("ok", loaded=True, busy=None, progress=3, stalled_for=0.0),
+        Error("no", INVALID),
+        Error("broken"),
     ],
 )
 def test_each_message_reads_back_as_itself(message):
     assert read(type(message), {"id": 7, **fields_of(message)}) == message
+    assert read(type(message), {"id": 7, **compact(message)}) == message
+
+
+@pytest.mark.parametrize(
+    ("message", "wire"),
+    [
+        (Token("a"), {"text": "a"}),
+        (Token("", logprobs=[{}]), {"text": "", "logprobs": [{}]}),
+        (Error("broken"), {"error": "broken"}),
+        (Error("no", INVALID), {"error": "no", "kind": INVALID}),
+    ],
+)
+def test_compact_leaves_out_what_is_at_its_default(message, wire):
+    assert compact(message) == wire
 
 
 def test_the_server_reads_done_strictly():

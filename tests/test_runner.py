@@ -410,7 +410,7 @@ async def test_the_load_message_is_checked_and_carries_flash_attention(demo_gguf
         with pytest.raises(InvalidRequest, match="flash_attn must be one of auto, on, off"):
             await process.call("load", path=str(demo_gguf), flash_attn=True)
         params = LoadParams(path=str(demo_gguf), n_ctx=256, n_threads=2, flash_attn="off")
-        loaded = await process.call("load", **fields_of(params))
-        assert loaded["n_ctx"] == 256
+        replies = [m async for m in process.stream("load", **fields_of(params))]
+        assert replies[-1]["type"] == "result" and replies[-1]["n_ctx"] == 256
     finally:
         await process.close(timeout=5.0)

@@ -21,7 +21,15 @@ from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest, RunnerFailed
 from jupyter_llm.request.identity import LOCAL, Requester
 from jupyter_llm.request.options import sampling_options
-from jupyter_llm.runner.protocol import Complete, Done, Embed, ProtocolError, read
+from jupyter_llm.runner.protocol import (
+    Complete,
+    Done,
+    Embed,
+    ProtocolError,
+    Token,
+    ToolCallsReply,
+    read,
+)
 from jupyter_llm.scheduler import LoadOptions
 
 if TYPE_CHECKING:
@@ -179,25 +187,30 @@ def runner_request(
 
 
 def runner_events(message: dict[str, Any], think: bool | str | None) -> list[Event | Done]:
-    """One runner reply as events; ``done`` is read strictly (``protocol.read``)."""
+    """One runner reply as events, read strictly (``protocol.read``)."""
+    try:
+        return reply_events(message, think)
+    except ProtocolError as e:
+        raise RunnerFailed(f"the runner's answer could not be read: {e}") from None
+
+
+def reply_events(message: dict[str, Any], think: bool | str | None) -> list[Event | Done]:
     kind = message["type"]
     if kind == "token":
+        token = read(Token, message)
         events: list[Event | Done] = []
         # asked not to think, a model that thinks anyway: never content
-        if message.get("thinking") and think is not False:
-            events.append(Thinking(message["thinking"]))
-        if message.get("logprobs"):
-            events.append(Logprobs(list(message["logprobs"])))
-        if message.get("text"):
-            events.append(message["text"])
+        if token.thinking and think is not False:
+            events.append(Thinking(token.thinking))
+        if token.logprobs:
+            events.append(Logprobs(list(token.logprobs)))
+        if token.text:
+            events.append(token.text)
         return events
     if kind == "tool_calls":
-        return [ToolCalls(list(message.get("tool_calls") or []))]
+        return [ToolCalls(list(read(ToolCallsReply, message).tool_calls))]
     if kind == "done":
-        try:
-            return [read(Done, message)]
-        except ProtocolError as e:
-            raise RunnerFailed(f"the runner's answer could not be read: {e}") from None
+        return [read(Done, message)]
     return []
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from jupyter_llm.chat_formats import OutputDelta, OutputStream
@@ -19,7 +19,12 @@ from jupyter_llm.runner.protocol import (
     AllocationError,
     Done,
     EngineError,
+    Error,
     InputError,
+    Token,
+    ToolCallsReply,
+    compact,
+    fields_of,
 )
 
 # Characters of one token message: even escaped (6 bytes a character at most)
@@ -93,13 +98,9 @@ class CompletionReplies:
         self.calls = 0
 
     def send_tokens(self, text: str, thinking: str = "") -> None:
-        reply: dict[str, Any] = {"id": self.rid, "type": "token", "text": text}
-        if thinking:
-            reply["thinking"] = thinking
-        if self.logprobs:
-            reply["logprobs"] = self.logprobs[:]
-            self.logprobs.clear()
-        self._send(reply)
+        token = Token(text, thinking, self.logprobs[:])
+        self.logprobs.clear()
+        self._send({"id": self.rid, "type": "token", **compact(token)})
 
     def deliver(self, delta: OutputDelta) -> None:
         if delta.content or delta.thinking:
@@ -110,7 +111,7 @@ class CompletionReplies:
             calls = [
                 {"id": c.id, "name": c.name, "arguments": c.arguments} for c in delta.tool_calls
             ]
-            self._send({"id": self.rid, "type": "tool_calls", "tool_calls": calls})
+            self._send({"id": self.rid, "type": "tool_calls", **fields_of(ToolCallsReply(calls))})
 
     def emit(self, text: str) -> None:
         if self.reader is None:
@@ -127,7 +128,7 @@ class CompletionReplies:
         if self.logprobs:  # tokens whose text never went out (a stop string)
             self.send_tokens("")
         self._ended()
-        done = asdict(replace(result, tool_calls_count=self.calls))
+        done = fields_of(replace(result, tool_calls_count=self.calls))
         self._send({"id": self.rid, **done, "type": "done"})
 
     def fail(self, error: Exception) -> None:
@@ -159,12 +160,16 @@ def read_output(read: Callable[..., OutputDelta], *text: str) -> OutputDelta:
 def error_reply(op: Any, e: Exception) -> dict[str, Any]:
     """The protocol's error message for ``e``: typed where the server acts on it."""
     if isinstance(e, InputError):
-        return {"type": "error", "kind": INVALID, "error": str(e)}
+        return error_message(Error(str(e), INVALID))
     if isinstance(e, AllocationError):
-        return {"type": "error", "kind": ALLOCATION, "error": str(e)}
+        return error_message(Error(str(e), ALLOCATION))
     if not isinstance(e, UnreadableOutput):  # its reader's failure is logged already
         trace = "".join(traceback.format_exception(e))
         print(f"runner error in {op}: {trace}", file=sys.stderr)
     # whatever the text, it goes out: a lone surrogate would fail the reply's encoding
     text = (str(e) or type(e).__name__).encode("utf-8", "backslashreplace").decode()
-    return {"type": "error", "error": text}
+    return error_message(Error(text))
+
+
+def error_message(error: Error) -> dict[str, Any]:
+    return {"type": "error", **compact(error)}

@@ -5,9 +5,11 @@ Requests:  {"id": int, "op": "info"|"load"|"complete"|"embed"|"tokenize"|"health
 Replies:   {"id": int, "type": "result"|"token"|"tool_calls"|"done"|"embedding"|"progress"
             |"error", ...}
 
-The fields of ``load`` (``LoadParams``), ``complete`` (``Complete``),
-``embed`` (``Embed``) and ``done`` (``Done``) are these dataclasses, the one
-definition both sides use: ``read`` refuses a message with a field it does not
+The fields of the requests ``load`` (``LoadParams``), ``complete``
+(``Complete``) and ``embed`` (``Embed``), of the replies ``token``
+(``Token``), ``tool_calls`` (``ToolCallsReply``), ``done`` (``Done``) and
+``error`` (``Error``), and of ``health``'s result (``Health``) are these
+dataclasses, the one definition both sides use: ``read`` refuses a message with a field it does not
 know or without one it needs (``ProtocolError``), so a misspelt key fails at
 the boundary instead of being dropped.
 
@@ -71,6 +73,18 @@ def fields_of(message: Any) -> dict[str, Any]:
     return asdict(message)
 
 
+def compact(message: Any) -> dict[str, Any]:
+    """A typed message's fields, less those at their default (the frequent
+    ``token`` stays short; ``read`` fills them back in)."""
+    out = {}
+    for f in fields(message):
+        value = getattr(message, f.name)
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if value != default or (f.default is MISSING and f.default_factory is MISSING):
+            out[f.name] = value
+    return out
+
+
 @dataclass(frozen=True)
 class LoadParams:
     """``load``: everything that fixes a runner at load time."""
@@ -130,6 +144,41 @@ class Done:
     eval_duration: int = 0
     context: list[int] = field(default_factory=list)
     tool_calls_count: int = 0
+
+
+@dataclass(frozen=True)
+class Token:
+    """``token``: generated text (and thinking), with its tokens' logprobs."""
+
+    text: str
+    thinking: str = ""
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ToolCallsReply:
+    """``tool_calls``: calls the model finished, ``{"id", "name", "arguments"}`` each."""
+
+    tool_calls: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Health:
+    """``health``'s result, answered by the reader thread even mid-generation."""
+
+    status: str
+    loaded: bool
+    busy: int | None  # the request in progress
+    progress: int  # main-loop steps so far
+    stalled_for: float  # seconds busy without a step
+
+
+@dataclass(frozen=True)
+class Error:
+    """``error``: why a request failed; ``kind`` when the server acts on it."""
+
+    error: str
+    kind: str | None = None  # INVALID, ALLOCATION
 
 
 @dataclass(frozen=True)

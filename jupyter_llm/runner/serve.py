@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jupyter_llm.runner.chat_plan import ChatPlanner
-from jupyter_llm.runner.completion import CompletionReplies, error_reply
+from jupyter_llm.runner.completion import CompletionReplies, error_message, error_reply
 from jupyter_llm.runner.context_window import num_keep
 from jupyter_llm.runner.embedding import EmbedJob
 from jupyter_llm.runner.protocol import (
@@ -29,10 +29,13 @@ from jupyter_llm.runner.protocol import (
     Complete,
     Embed,
     EngineError,
+    Error,
+    Health,
     InputError,
     LoadParams,
     decode,
     encode,
+    fields_of,
     read,
 )
 from jupyter_llm.runner.sequence import Job
@@ -63,13 +66,9 @@ class RunnerService:
         busy = self.busy_with
         if busy is None and self.engine is not None:
             busy = next(iter(self.engine.active_ids), None)
-        return {
-            "status": "ok",
-            "loaded": self.engine is not None,
-            "busy": busy,
-            "progress": self.progress,
-            "stalled_for": time.monotonic() - self.progress_at if busy is not None else 0.0,
-        }
+        stalled_for = time.monotonic() - self.progress_at if busy is not None else 0.0
+        health = Health("ok", self.engine is not None, busy, self.progress, stalled_for)
+        return fields_of(health)
 
     def send(self, message: dict[str, Any]) -> None:
         data = encode(message)
@@ -288,7 +287,7 @@ class RunnerService:
 
         def fail(error: Exception) -> None:
             if rid in self.cancelled:  # nobody waits for it: no traceback either
-                reply: dict[str, Any] = {"type": "error", "error": "cancelled"}
+                reply = error_message(Error("cancelled"))
             else:
                 reply = error_reply("embed", error)
             self.cancelled.discard(rid)

@@ -8,7 +8,6 @@ is used in the error a client sees when the runner fails.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import logging
@@ -20,7 +19,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from jupyter_llm.request.errors import AllocationFailed, InvalidRequest, RunnerFailed
-from jupyter_llm.runner.protocol import ALLOCATION, INVALID, decode, encode, is_error_line
+from jupyter_llm.runner.protocol import (
+    ALLOCATION,
+    INVALID,
+    Error,
+    ProtocolError,
+    decode,
+    encode,
+    is_error_line,
+    read,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +51,6 @@ class RunnerProcess:
         self.label = label
         self.limit = STREAM_LIMIT  # bytes of one reply line
         self.last_error: str = ""
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=50)
         self._proc: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Queue[Any]] = {}
@@ -170,11 +177,7 @@ class RunnerProcess:
                         raise RunnerFailed(f"{self.label} stopped answering")
                     if message.get("type") == "error":
                         finished = True
-                        if message.get("kind") == INVALID:
-                            raise InvalidRequest(message.get("error", "invalid request"))
-                        if message.get("kind") == ALLOCATION:
-                            raise AllocationFailed(message.get("error", "allocation failed"))
-                        raise RunnerFailed(self._explain(message.get("error", "unknown error")))
+                        raise self._failure(message)
                     out.append(message)
                     if message.get("type") in ("done", "result"):
                         finished = True
@@ -195,6 +198,18 @@ class RunnerProcess:
     def _raise_if_dead(self) -> None:
         if self._dead is not None:
             raise self._dead
+
+    def _failure(self, message: dict[str, Any]) -> Exception:
+        """The exception an ``error`` reply stands for."""
+        try:
+            error = read(Error, message)
+        except ProtocolError as e:
+            return RunnerFailed(f"the runner's error could not be read: {e}")
+        if error.kind == INVALID:
+            return InvalidRequest(error.error)
+        if error.kind == ALLOCATION:
+            return AllocationFailed(error.error)
+        return RunnerFailed(self._explain(error.error))
 
     def _explain(self, error: str) -> str:
         if self.last_error and self.last_error not in error:
@@ -254,7 +269,6 @@ class RunnerProcess:
             line = raw.decode(errors="replace").rstrip()
             if not line:
                 continue
-            self.stderr_tail.append(line)
             if is_error_line(line):
                 self.last_error = line.strip()
             log.debug("[%s %s] %s", self.label, self.pid, line)

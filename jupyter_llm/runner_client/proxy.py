@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from jupyter_llm.request.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
-from jupyter_llm.runner.protocol import Complete, Embed, fields_of
+from jupyter_llm.runner.protocol import Complete, Embed, Health, ProtocolError, fields_of, read
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
 from jupyter_llm.runner_client.process import RunnerProcess
 from jupyter_llm.runner_client.progress import report_load_progress
@@ -138,11 +138,11 @@ class RunnerProxy:
     async def health(self, timeout: float = 5.0) -> bool:
         """Alive, answering, and not stuck in the middle of a request."""
         try:
-            reply = await asyncio.wait_for(self.process.call("health"), timeout)
-        except (TimeoutError, RunnerFailed):
+            reply = read(Health, await asyncio.wait_for(self.process.call("health"), timeout))
+        except (TimeoutError, RunnerFailed, ProtocolError):
             return False
-        stuck = reply.get("busy") is not None and reply.get("stalled_for", 0) >= self.stall_timeout
-        return reply.get("status") == "ok" and not stuck
+        stuck = reply.busy is not None and reply.stalled_for >= self.stall_timeout
+        return reply.status == "ok" and not stuck
 
     async def close(self, reason: RunnerFailed | None = None) -> None:
         await self.process.close(reason=reason)
@@ -166,17 +166,19 @@ class RunnerProxy:
         for ``stall_timeout``. Progress is the runner's own counter of main-loop
         steps (prompt chunks, tokens, embeddings), read by its reader thread."""
         poll = min(HEALTH_POLL_MAX, max(self.stall_timeout / 4, 0.01))
-        seen: Any = None
+        seen: int | None = None
         since = time.monotonic()
         while self.alive:
             await asyncio.sleep(poll)
+            reply: Health | None
             try:
-                reply = await asyncio.wait_for(self.process.call("health"), max(poll, 1.0))
-            except (TimeoutError, RunnerFailed):
+                answer = await asyncio.wait_for(self.process.call("health"), max(poll, 1.0))
+                reply = read(Health, answer)
+            except (TimeoutError, RunnerFailed, ProtocolError):
                 reply = None  # silent: counts as no progress
             now = time.monotonic()
-            if reply is not None and (reply.get("busy") is None or reply.get("progress") != seen):
-                seen, since = reply.get("progress"), now
+            if reply is not None and (reply.busy is None or reply.progress != seen):
+                seen, since = reply.progress, now
             elif now - since >= self.stall_timeout:
                 self.process.kill(reason=f"made no progress for {self.stall_timeout:g}s")
                 return
