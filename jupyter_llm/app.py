@@ -102,7 +102,7 @@ class LLMExtension(ExtensionApp):
     )
 
     services: LLMServices | None = None  # None: the routes forward to ``engine``
-    engine: forward.Engine | None = None
+    engine: forward.SharedEngine | None = None
 
     @validate("keep_alive", "load_timeout")
     def _valid_duration(self, proposal: Any) -> Any:
@@ -137,7 +137,7 @@ class LLMExtension(ExtensionApp):
             self._refuse(self.serverapp, str(e))
         self._share_log_config()
         if self.services is None:
-            self.engine = forward.Engine.connect(settings)
+            self.engine = forward.SharedEngine.connect(settings)
             self.settings.update({"jupyter_llm_engine": self.engine})
             self.log.info("jupyter-llm: using the shared engine at %s", settings.engine_url)
             return

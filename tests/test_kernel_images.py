@@ -1,4 +1,4 @@
-"""Notebook values as images (``jupyter_llm.kernel.images``): what each kind
+"""Notebook values as images (``jupyter_llm.kernel.image_inputs``): what each kind
 of value becomes, and a clear error for everything else. Pure: no server."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from jupyter_llm.kernel.batch import Item, request_body, to_items
-from jupyter_llm.kernel.images import (
+from jupyter_llm.kernel.image_inputs import (
     ImageValueError,
     image_base64,
     image_bytes,

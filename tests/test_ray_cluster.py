@@ -26,7 +26,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from jupyter_llm.cluster.blobs import BlobMismatch, BlobReceiver, file_digest  # noqa: E402
-from jupyter_llm.cluster.connect import NAMESPACE  # noqa: E402
+from jupyter_llm.cluster.ray_cluster import NAMESPACE  # noqa: E402
 from jupyter_llm.demo import DemoModelSpec, write_demo_model  # noqa: E402
 from jupyter_llm.models.store import ModelStore  # noqa: E402
 
@@ -292,7 +292,7 @@ def test_a_blob_sent_to_a_node_is_verified(tmp_path, big_gguf):
 async def test_a_node_without_the_file_gets_a_verified_copy(gpu_nodes, big_gguf):
     """Where a node does not see the engine's path, the blob travels through
     Ray in chunks into the node's own store, checked by its digest."""
-    from jupyter_llm.cluster.connect import RayCluster
+    from jupyter_llm.cluster.ray_cluster import RayCluster
     from jupyter_llm.cluster.runner import RayRunner
 
     cluster = RayCluster(gpu_nodes.cluster.address)

@@ -57,7 +57,7 @@ LOCAL = (RootHandler, NotFoundHandler)  # routes this server answers itself
 
 
 @dataclass
-class Engine:
+class SharedEngine:
     """Where the shared engine is (its API base URL, ending in "/") and the
     one HTTP client (connection pool) this server uses to reach it."""
 
@@ -65,7 +65,7 @@ class Engine:
     client: httpx.AsyncClient
 
     @classmethod
-    def connect(cls, settings: Settings) -> Engine:
+    def connect(cls, settings: Settings) -> SharedEngine:
         headers = {"Accept-Encoding": "identity"}  # bytes pass through as sent
         if settings.engine_token:
             headers["Authorization"] = f"token {settings.engine_token}"
@@ -91,7 +91,7 @@ class ForwardHandler(LLMHandler):
     _body: asyncio.Queue[bytes | None]
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> SharedEngine:
         return self.settings["jupyter_llm_engine"]
 
     def error_body(self, status: int, message: str) -> Any:
@@ -303,4 +303,4 @@ def handlers(routes: list[tuple[str, type]]) -> list[tuple[str, type]]:
     ]
 
 
-__all__ = ["Engine", "ForwardHandler", "forwarding", "handlers"]
+__all__ = ["ForwardHandler", "SharedEngine", "forwarding", "handlers"]

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def ray_services(settings: Settings) -> tuple[RayDeviceSource, RunnerFactory]:
     """The device source and runner factory for ``settings.ray_address``."""
     try:
-        from jupyter_llm.cluster.connect import RayCluster
+        from jupyter_llm.cluster.ray_cluster import RayCluster
         from jupyter_llm.cluster.runner import start_ray_runner
         from jupyter_llm.cluster.source import RayDeviceSource
     except ImportError as e:

@@ -1,4 +1,4 @@
-"""What runs on each Ray node, as actors (``cluster.connect`` makes them remote).
+"""What runs on each Ray node, as actors (``cluster.ray_cluster`` makes them remote).
 
 ``NodeDiscovery`` (one per node) lists the node's devices with the same
 ``DeviceSource`` and discovery runner a single server uses, so a node's

@@ -23,7 +23,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 
 from jupyter_llm.cluster.blobs import CHUNK, digest_of_name, file_digest, read_chunk
-from jupyter_llm.cluster.connect import Node, RayCluster
+from jupyter_llm.cluster.ray_cluster import Node, RayCluster
 from jupyter_llm.request.errors import LLMError, ModelLoadFailed, NodeLost, RunnerFailed
 from jupyter_llm.runner.protocol import Complete, Embed
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec

@@ -26,7 +26,7 @@ from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
 from jupyter_llm.connect.endpoint import raise_for_error
 from jupyter_llm.connect.loading import LoadWatcher, loading_text, parallel_of
 from jupyter_llm.kernel.formats import structured_format
-from jupyter_llm.kernel.images import images_base64
+from jupyter_llm.kernel.image_inputs import images_base64
 from jupyter_llm.kernel.results import Metrics
 
 CANCEL_WAIT = 30.0  # seconds to wait for the cancelled requests to close
@@ -96,7 +96,7 @@ def summarize(values: list[Any]) -> str:
 def to_items(prompts: Iterable[Any]) -> list[Item]:
     """Each prompt is a string, or a dict with ``prompt`` and optionally
     ``system``, ``options`` (merged over the call's) and ``images`` (one image
-    or a list, as ``kernel.images`` reads them; they replace the call's)."""
+    or a list, as ``kernel.image_inputs`` reads them; they replace the call's)."""
     items = []
     for i, p in enumerate(prompts):
         if isinstance(p, str):

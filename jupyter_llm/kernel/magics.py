@@ -27,7 +27,7 @@ from jupyter_llm.connect.create import create_from_path
 from jupyter_llm.connect.loading import LoadWatcher, loading_text
 from jupyter_llm.connect.views import loaded_table, model_details, models_table
 from jupyter_llm.kernel.formats import structured_format
-from jupyter_llm.kernel.images import ImageValueError, image_files, images_from_namespace
+from jupyter_llm.kernel.image_inputs import ImageValueError, image_files, images_from_namespace
 from jupyter_llm.kernel.markdown import safe_markdown
 from jupyter_llm.kernel.results import Chat, Generation, Metrics
 

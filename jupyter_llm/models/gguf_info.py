@@ -91,11 +91,6 @@ class GGUFInfo:
         return str(n)
 
 
-def is_gguf(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == GGUF_MAGIC
-
-
 def load_header(path: Path, array_limit: int | None) -> GGUFHeader:
     """``read_header`` with a refused file as an ``InvalidRequest``. Blocking."""
     try:
