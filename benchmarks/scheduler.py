@@ -25,6 +25,7 @@ from jupyter_llm.memory import EstimateOptions, GpuSlot, ModelInfo, estimate, pl
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import ServerBusy
+from jupyter_llm.runner.protocol import Complete
 from jupyter_llm.scheduler import LoadOptions, Scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
@@ -105,7 +106,7 @@ async def overload(n_requests: int = 1000, max_queue: int = 64) -> tuple[int, in
         nonlocal ok, busy
         try:
             async with s.use(entry(i % 5), LoadOptions(num_ctx=2048), None) as lease:
-                async for _ in lease.runner.complete(prompt="x"):
+                async for _ in lease.runner.complete(Complete(prompt="x")):
                     pass
             ok += 1
         except ServerBusy:

@@ -12,7 +12,7 @@ import socket
 import sys
 
 from jupyter_llm.chat_formats.output import OutputStream
-from jupyter_llm.runner import service
+from jupyter_llm.runner import serve
 
 _feed, _finish = OutputStream.feed, OutputStream.finish
 
@@ -32,4 +32,4 @@ def finish(self, cut_off=False):
 
 OutputStream.feed, OutputStream.finish = feed, finish
 sock = socket.socket(fileno=int(sys.argv[sys.argv.index("--fd") + 1]))
-service.RunnerService(sock).serve()
+serve.RunnerService(sock).serve()

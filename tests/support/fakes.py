@@ -13,6 +13,7 @@ from typing import Any
 
 from jupyter_llm.memory import ModelInfo
 from jupyter_llm.request.errors import AllocationFailed, RunnerFailed
+from jupyter_llm.runner.protocol import Complete, Done, Embed, fields_of
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
 
 _pids = itertools.count(100_000)
@@ -50,12 +51,13 @@ class FakeRunner:
     def n_seq(self) -> int:
         return self.spec.n_seq
 
-    async def complete(self, **request: Any) -> AsyncIterator[list[dict[str, Any]]]:
+    async def complete(self, request: Complete) -> AsyncIterator[list[dict[str, Any]]]:
         if self.latency:
             await asyncio.sleep(self.latency)
-        yield [{"type": "done", "eval_count": 1}]
+        yield [{"type": "done", **fields_of(Done(eval_count=1))}]
 
-    async def embed(self, inputs: list[str], **options: Any) -> dict[str, Any]:
+    async def embed(self, request: Embed) -> dict[str, Any]:
+        inputs = request.inputs
         return {"embeddings": [[1.0, 0.0] for _ in inputs], "prompt_eval_count": len(inputs)}
 
     async def health(self, timeout: float = 5.0) -> bool:

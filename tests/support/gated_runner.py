@@ -12,7 +12,7 @@ import threading
 
 import llama_cpp
 
-from jupyter_llm.runner import service
+from jupyter_llm.runner import serve
 
 
 class Signalled(set):
@@ -27,7 +27,7 @@ class Signalled(set):
         self.arrived.set()
 
 
-runner = service.RunnerService(socket.socket(fileno=int(sys.argv[sys.argv.index("--fd") + 1])))
+runner = serve.RunnerService(socket.socket(fileno=int(sys.argv[sys.argv.index("--fd") + 1])))
 runner.cancelled = Signalled()
 chunks = [0]
 _decode = llama_cpp.llama_decode

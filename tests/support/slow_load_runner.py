@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from jupyter_llm.runner import engine, service
+from jupyter_llm.runner import engine, serve
 
 gate = Path(os.environ["JUPYTER_LLM_TEST_LOAD_GATE"])
 _init = engine.Engine.__init__
@@ -33,4 +33,4 @@ def init(self, params, progress=None):
 
 
 engine.Engine.__init__ = init
-sys.exit(service.main(sys.argv[sys.argv.index("--fd") :]))
+sys.exit(serve.main(sys.argv[sys.argv.index("--fd") :]))

@@ -8,7 +8,7 @@ Started as the runner "interpreter" through a wrapper script:
 import sys
 import threading
 
-from jupyter_llm.runner import model, service
+from jupyter_llm.runner import model, serve
 
 _prompt_tokens = model.Model.prompt_tokens
 
@@ -20,4 +20,4 @@ def prompt_tokens(self, prompt, *args, **kwargs):
 
 
 model.Model.prompt_tokens = prompt_tokens
-sys.exit(service.main(sys.argv[sys.argv.index("--fd") :]))
+sys.exit(serve.main(sys.argv[sys.argv.index("--fd") :]))
