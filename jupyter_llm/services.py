@@ -2,9 +2,8 @@
 the engine, the Jupyter extension (``app.py``) or the JupyterHub service
 (``hub/service.py``), with its start (``build_services``) and stop.
 
-Moved from ``app.py`` (``LLMServices``, ``build_services``) so that the API
-layer can type what it reaches through ``self.llm`` without importing the
-Jupyter extension.
+They live apart from ``app.py`` so that the API layer can type what it
+reaches through ``self.llm`` without importing the Jupyter extension.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Durations as clients and configuration write them: a pure function, table-tested.
 
-Moved from ``jupyter_llm/keep_alive.py``; it now raises a plain ``ValueError``
-(the message is what a user should read), which the HTTP edge
+It raises a plain ``ValueError`` (the message is what a user should read),
+which the HTTP edge
 (``api/requests.py``) turns into a 400 and ``config.py`` into a ``ConfigError``.
 """
 

@@ -1,9 +1,8 @@
 """Chat messages: the roles and the one validator both APIs use.
 
-Replaces ``ChatRequest.parse``'s loop (``api/requests.py``) and
-``chat_messages`` (``api/openai.py``); ``ROLES`` moved here from
-``api/requests.py``. Errors are plain ``ValueError``s naming the field;
-``api/requests.py`` turns them into 400s.
+Both APIs' chat bodies (Ollama's and OpenAI's) are checked here, outside HTTP
+code, so that they accept the same messages. Errors are plain ``ValueError``s
+naming the field; ``api/requests.py`` turns them into 400s.
 """
 
 from __future__ import annotations

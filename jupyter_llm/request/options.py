@@ -1,9 +1,9 @@
 """Ollama's options, the one table both APIs validate against.
 
-Moved here from ``api/requests.py`` (``OPTION_TYPES``, ``SAMPLING_OPTIONS``,
-the option check) and ``api/openai.py`` (``sampling_from``'s hand-coded ranges,
-now ``OPENAI_FIELDS``), so that the Modelfile parser, the Ollama handlers and
-the OpenAI handlers share them without importing HTTP code. Errors are plain
+``OPTION_TYPES`` and ``SAMPLING_OPTIONS`` (Ollama's options) and
+``OPENAI_FIELDS`` (OpenAI's sampling fields, with their ranges) live outside
+HTTP code so that the Modelfile parser, the Ollama handlers and the OpenAI
+handlers share them. Errors are plain
 ``ValueError``s whose message names the field; ``api/requests.py`` turns them
 into 400s.
 

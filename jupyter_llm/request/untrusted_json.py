@@ -5,7 +5,7 @@ RFC 8259 strictly (Python's parser also takes NaN and Infinity, which no
 option, duration or runner expects), nested at most ``BODY_DEPTH`` deep, at
 most ``JSON_VALUES`` values, and no lone UTF-16 surrogate in any string or
 key (``"\\ud800"`` is valid JSON but not text: it cannot be encoded for the
-model, and it used to surface as a 500 deep inside a handler).
+model, and would otherwise surface as a 500 deep inside a handler).
 
 Time on the event loop: the C decoder holds the GIL for its whole call,
 about 0.1 s per million values, so running it in a thread still freezes the

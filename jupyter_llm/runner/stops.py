@@ -1,8 +1,8 @@
 """Stop strings found in streamed text in time linear in the text.
 
 Every stop is checked after every token in the loop all sequences share, so
-the check must not grow with the square of a stop's length (a 16 KiB stop
-used to cost hundreds of millions of character comparisons per token). Each
+the check must not grow with the square of a stop's length (a naive check of
+a 16 KiB stop costs hundreds of millions of character comparisons per token). Each
 stop keeps a Knuth-Morris-Pratt state: how much of it the text ends with.
 Text that may still become a stop is held back; the rest may be emitted.
 """
