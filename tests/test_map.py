@@ -419,19 +419,20 @@ async def test_the_scheduler_keeps_a_loading_models_progress():
     from test_scheduler import ONE_GPU, entry, make
 
     from jupyter_llm.api.ps import ps_body
-    from jupyter_llm.runner_client.progress import report_load_progress
     from jupyter_llm.scheduler import LoadOptions
 
     reported, proceed = asyncio.Event(), asyncio.Event()
 
     class Paused(FakeRunnerFactory):
-        async def __call__(self, request):
-            report_load_progress(1.7)  # clamped
+        async def __call__(self, request, report):
+            self.report = report
+            report(1.7)  # held to 1.0
             reported.set()
             await proceed.wait()
-            return await super().__call__(request)
+            return await super().__call__(request, report)
 
-    scheduler, _ = make(ONE_GPU, Paused(), num_parallel=3)
+    factory = Paused()
+    scheduler, _ = make(ONE_GPU, factory, num_parallel=3)
     use = asyncio.ensure_future(scheduler.acquire(entry("m"), LoadOptions(), None))
     async with asyncio.timeout(10):
         await reported.wait()
@@ -445,5 +446,5 @@ async def test_the_scheduler_keeps_a_loading_models_progress():
     lease.release()
     body = ps_body(scheduler)
     assert body["loading"] == [] and [m["parallel"] for m in body["models"]] == [3]
-    report_load_progress(0.5)  # outside a load: goes nowhere
+    factory.report(0.5)  # after its load: goes nowhere
     assert scheduler.loading_models() == {}

@@ -219,6 +219,8 @@ def test_load_progress_is_kept_while_loading_and_held_to_0_1():
         report(-1)
         assert progress.loading() == {"m": 0.0}
     assert progress.loading() == {}
+    report(0.5)  # after the load: goes nowhere
+    assert progress.loading() == {}
 
 
 async def test_model_facts_read_each_file_once():

@@ -27,7 +27,6 @@ from jupyter_llm.request.errors import ModelLoadFailed
 from jupyter_llm.runner.protocol import Complete, Embed
 from jupyter_llm.runner_client.device_probe import discover_raw_devices
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
-from jupyter_llm.runner_client.progress import reporting_load_progress
 from jupyter_llm.runner_client.proxy import RunnerProxy, start_runner_with
 
 _DONE = object()
@@ -91,8 +90,9 @@ class NodeRunner:
 
         async def start() -> RunnerProxy:
             try:
-                with reporting_load_progress(progress.put_nowait):
-                    return await start_runner_with(spec, load_timeout=stall_timeout)
+                return await start_runner_with(
+                    spec, load_timeout=stall_timeout, report=progress.put_nowait
+                )
             finally:
                 progress.put_nowait(_DONE)
 

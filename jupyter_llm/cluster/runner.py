@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +27,6 @@ from jupyter_llm.cluster.ray_cluster import Node, RayCluster
 from jupyter_llm.request.errors import LLMError, ModelLoadFailed, NodeLost, RunnerFailed
 from jupyter_llm.runner.protocol import Complete, Embed
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec
-from jupyter_llm.runner_client.progress import report_load_progress
 
 log = logging.getLogger(__name__)
 
@@ -117,14 +116,17 @@ class RayRunner:
             await self._call(self.actor.write_blob.remote(digest, offset, data))
         return str(await self._call(self.actor.finish_blob.remote(digest)))
 
-    async def load(self, spec: LoadSpec, stall_timeout: float) -> None:
+    async def load(
+        self, spec: LoadSpec, stall_timeout: float, report: Callable[[float], None]
+    ) -> None:
+        """Load ``spec`` on the node, telling ``report`` each fraction loaded."""
         self.spec = spec
         stream = self.actor.load.options(num_returns="streaming").remote(spec, stall_timeout)
         try:
             async for ref in stream:
                 item = await ref
                 if "progress" in item:
-                    report_load_progress(float(item["progress"]))
+                    report(float(item["progress"]))
                 else:
                     self.info = dict(item["info"])
                     self._pid = item.get("pid")
@@ -201,10 +203,14 @@ class RayRunner:
 
 
 async def start_ray_runner(
-    request: LoadRequest, *, cluster: RayCluster, load_timeout: float
+    request: LoadRequest,
+    report: Callable[[float], None],
+    *,
+    cluster: RayCluster,
+    load_timeout: float,
 ) -> RayRunner:
-    """A runner actor on the request's node, with the model loaded; nothing
-    is left behind on failure."""
+    """A runner actor on the request's node, with the model loaded (``report``
+    told its progress); nothing is left behind on failure."""
     node = cluster.node(request.node)
     try:
         spec: LoadSpec = await node.discovery.launch.remote(request)
@@ -219,7 +225,7 @@ async def start_ray_runner(
             path=await runner.ship(spec.path),
             projector=await runner.ship(spec.projector) if spec.projector else "",
         )
-        await runner.load(spec, load_timeout)
+        await runner.load(spec, load_timeout, report)
     except BaseException:
         runner.kill()
         raise

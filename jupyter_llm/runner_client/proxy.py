@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +23,6 @@ from jupyter_llm.request.errors import AllocationFailed, ModelLoadFailed, Runner
 from jupyter_llm.runner.protocol import Complete, Embed, Health, ProtocolError, fields_of, read
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
 from jupyter_llm.runner_client.process import RunnerProcess
-from jupyter_llm.runner_client.progress import report_load_progress
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +63,9 @@ class RunnerProxy:
         """The CPU threads the runner decodes with (its default unless the spec set one)."""
         return int(self.info.get("n_threads", self.spec.n_threads))
 
-    async def load(self) -> None:
-        """Load the model; the stall timer restarts whenever load progress moves."""
+    async def load(self, report: Callable[[float], None] | None = None) -> None:
+        """Load the model; the stall timer restarts whenever load progress
+        moves, and ``report`` is told each fraction."""
         started = time.perf_counter_ns()
         replies = self.process.stream_batches("load", **fields_of(self.spec.load_params))
         try:
@@ -74,7 +74,8 @@ class RunnerProxy:
                 for message in batch:
                     if message.get("type") == "progress":
                         self.progress = float(message.get("progress", 0.0))
-                        report_load_progress(self.progress)
+                        if report is not None:
+                            report(self.progress)
                     else:
                         self.info = message
         except TimeoutError:
@@ -186,26 +187,33 @@ class RunnerProxy:
 
 async def start_serving_runner(
     request: LoadRequest,
+    report: Callable[[float], None],
     *,
     python: str = "",
     load_timeout: float,
     environ: Mapping[str, str] | None = None,
 ) -> RunnerProxy:
     """Spawn a runner and load ``request`` into it; no runner is left behind on
-    failure. ``load_timeout`` is both the load's stall timer and the watchdog's."""
+    failure; ``report`` is told the load's progress. ``load_timeout`` is both
+    the load's stall timer and the watchdog's."""
     spec = launch_spec(request, os.environ if environ is None else environ)
-    return await start_runner_with(spec, python=python, load_timeout=load_timeout)
+    return await start_runner_with(spec, python=python, load_timeout=load_timeout, report=report)
 
 
 async def start_runner_with(
-    spec: LoadSpec, *, python: str = "", load_timeout: float
+    spec: LoadSpec,
+    *,
+    python: str = "",
+    load_timeout: float,
+    report: Callable[[float], None] | None = None,
 ) -> RunnerProxy:
-    """Spawn a runner and load an explicit ``LoadSpec`` (tests, benchmarks)."""
+    """Spawn a runner and load an explicit ``LoadSpec`` (tests, benchmarks, a
+    cluster node), telling ``report`` the load's progress."""
     process = RunnerProcess(python=python, env=dict(spec.env), label="runner")
     await process.start()
     runner = RunnerProxy(process, spec, stall_timeout=load_timeout)
     try:
-        await runner.load()
+        await runner.load(report)
     except BaseException:
         await process.close(timeout=2.0)
         raise

@@ -19,13 +19,17 @@ class LoadProgress:
     @contextlib.contextmanager
     def tracking(self, model: str) -> Iterator[Callable[[float], None]]:
         """Within this block ``model`` loads: the callback yielded takes each
-        fraction its runner reports (held to 0..1)."""
+        fraction its runner reports (held to 0..1); after the block it takes
+        nothing."""
         self._loading[model] = 0.0
+        loading = True
 
         def report(fraction: float) -> None:
-            self._loading[model] = min(1.0, max(0.0, fraction))
+            if loading:
+                self._loading[model] = min(1.0, max(0.0, fraction))
 
         try:
             yield report
         finally:
+            loading = False
             self._loading.pop(model, None)

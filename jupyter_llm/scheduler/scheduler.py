@@ -54,7 +54,6 @@ from jupyter_llm.request.errors import (
 )
 from jupyter_llm.request.identity import LOCAL, Requester
 from jupyter_llm.runner_client.launch import LoadRequest, gpu_library
-from jupyter_llm.runner_client.progress import reporting_load_progress
 from jupyter_llm.scheduler import policy
 from jupyter_llm.scheduler.fair_queue import unload_now
 from jupyter_llm.scheduler.keep_alive import start_timer, stop_timer
@@ -390,8 +389,8 @@ class Scheduler:
 
     async def _start_tracked(self, key: str, request: LoadRequest) -> Runner:
         """The runner factory, with the load's progress kept under ``key``."""
-        with self._progress.tracking(key) as report, reporting_load_progress(report):
-            return await self._start_runner(request)
+        with self._progress.tracking(key) as report:
+            return await self._start_runner(request, report)
 
     def _loaded_record(
         self,

@@ -41,9 +41,13 @@ class Runner(Protocol):
     def kill(self) -> None: ...
 
 
-# Starts a runner and loads the model into it; raises ``ModelLoadFailed``
-# (``AllocationFailed`` when llama.cpp could not get the memory).
-RunnerFactory = Callable[[LoadRequest], Awaitable[Runner]]
+# Takes each fraction (0..1) of a model's load as its runner reports it.
+ProgressReport = Callable[[float], None]
+
+# Starts a runner and loads the model into it, passing the load's progress to
+# the report; raises ``ModelLoadFailed`` (``AllocationFailed`` when llama.cpp
+# could not get the memory).
+RunnerFactory = Callable[[LoadRequest, ProgressReport], Awaitable[Runner]]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from jupyter_llm.memory import ModelInfo
@@ -91,7 +91,7 @@ class FakeRunnerFactory:
         self.runners: list[FakeRunner] = []
         self.fail, self.gpus, self.measured, self.latency = fail, gpus, measured, latency
 
-    async def __call__(self, request: LoadRequest) -> FakeRunner:
+    async def __call__(self, request: LoadRequest, report: Callable[[float], None]) -> FakeRunner:
         spec = launch_spec(request, environ={})
         self.specs.append(spec)
         await asyncio.sleep(0)
