@@ -21,15 +21,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jupyter_llm.runner.chat_plan import ChatPlanner
-from jupyter_llm.runner.completion import CompletionReplies, error_message, error_reply
+from jupyter_llm.runner.completion import CompletionReplies, error_reply
 from jupyter_llm.runner.context_window import num_keep
+from jupyter_llm.runner.embed_replies import EmbedReplies
 from jupyter_llm.runner.embedding import EmbedJob
 from jupyter_llm.runner.protocol import (
     AllocationError,
     Complete,
     Embed,
     EngineError,
-    Error,
     Health,
     InputError,
     LoadParams,
@@ -261,38 +261,14 @@ class RunnerService:
         if encoding not in ("float", "base64"):
             raise InputError('encoding must be "float" or "base64"')
         texts = [str(t) for t in request.inputs]
-        part_bytes = int(request.part_bytes)
-        part: list[str] = []
-        size = [0]
-
-        def flush() -> None:
-            if part:
-                self.send({"id": rid, "type": "embedding", "vectors": part[:]})
-                part.clear()
-                size[0] = 0
-
-        def emit(vectors: list[str]) -> None:
-            for vector in vectors:
-                if part and size[0] + len(vector) > part_bytes:
-                    flush()
-                part.append(vector)
-                size[0] += len(vector) + 3
-
-        def finish(count: int) -> None:
-            flush()
-            self.cancelled.discard(rid)
-            self.send(
-                {"id": rid, "type": "result", "prompt_eval_count": count, "count": len(texts)}
-            )
-
-        def fail(error: Exception) -> None:
-            if rid in self.cancelled:  # nobody waits for it: no traceback either
-                reply = error_message(Error("cancelled"))
-            else:
-                reply = error_reply("embed", error)
-            self.cancelled.discard(rid)
-            self.send({"id": rid, **reply})
-
+        replies = EmbedReplies(
+            rid,
+            self.send,
+            int(request.part_bytes),
+            len(texts),
+            cancelled=lambda: rid in self.cancelled,
+            ended=lambda: self.cancelled.discard(rid),
+        )
         engine.embeddings.submit(
             EmbedJob(
                 rid=rid,
@@ -301,13 +277,12 @@ class RunnerService:
                 dimensions=request.dimensions,
                 normalize=None if request.normalize is None else bool(request.normalize),
                 encoding=encoding,
-                emit=emit,
-                finish=finish,
-                fail=fail,
+                emit=replies.emit,
+                finish=replies.finish,
+                fail=replies.fail,
                 cancelled=lambda: rid in self.cancelled,
             )
         )
-        return None
 
     def op_tokenize(self, message: dict[str, Any]) -> dict[str, Any]:
         return {"tokens": self._engine().model.tokenize(str(message.get("text", "")))}
