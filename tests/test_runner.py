@@ -277,7 +277,7 @@ async def test_sampling_options_change_the_output(runner, extra):
 
 # -- a client that leaves during a long prompt -----------------------------------------
 def test_prompt_evaluation_checks_for_cancel_between_batches(demo_gguf):
-    from jupyter_llm.runner.engine import Engine, LoadParams
+    from jupyter_llm.runner.engine import Engine
 
     engine = Engine(LoadParams(path=str(demo_gguf), n_ctx=2048, n_batch=16, n_threads=2))
     try:
