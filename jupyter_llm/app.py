@@ -45,6 +45,8 @@ SETTINGS_TRAITS = (
     "python",
     "engine_url",
     "ray_address",
+    "hf_endpoint",
+    "trusted_auth_hosts",
 )
 
 
@@ -93,6 +95,16 @@ class LLMExtension(ExtensionApp):
         "and forwards its /llm/ routes there, as its user.",
     )
 
+    hf_endpoint = Unicode(
+        None, allow_none=True, config=True, help="Hugging Face (or a mirror) for hf.co/ pulls."
+    )
+    trusted_auth_hosts = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="Token hosts trusted beside each registry's own ('host' or 'host:port', "
+        "comma-separated).",
+    )
     ray_address = Unicode(
         None,
         allow_none=True,

@@ -43,6 +43,9 @@ class Settings:
     engine_url: str = ""
     engine_token: str = field(default="", repr=False)  # "": $JUPYTERHUB_API_TOKEN
     ray_address: str = ""  # a Ray cluster for the runners ("auto", "head:6379"); "": none
+    hf_endpoint: str = "https://huggingface.co"  # Hugging Face (or a mirror) for hf.co/ pulls
+    # token hosts trusted beside each registry's own, "host" or "host:port", comma-separated
+    trusted_auth_hosts: str = ""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
@@ -81,6 +84,9 @@ def _with_engine(settings: Settings, env: Any) -> Settings:
 
 
 ENV_NAMES = {"models_dir": "MODELS"}
+FOREIGN_ENV_NAMES = {
+    "hf_endpoint": "HF_ENDPOINT"
+}  # variables other tools read too, as they spell them
 DURATIONS = ("keep_alive", "load_timeout")  # seconds or "5m"; negative: forever
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True}
 _BOOLS |= {"0": False, "false": False, "no": False, "off": False}
@@ -95,6 +101,8 @@ _EXPECTED = {
 
 def env_name(field: str) -> str:
     """The environment variable of a ``Settings`` field."""
+    if field in FOREIGN_ENV_NAMES:
+        return FOREIGN_ENV_NAMES[field]
     return f"JUPYTER_LLM_{ENV_NAMES.get(field, field.upper())}"
 
 

@@ -69,5 +69,9 @@ def build_services(settings: Settings) -> LLMServices:
         store=store,
         devices=devices,
         scheduler=Scheduler(settings, start, devices),
-        puller=Puller(store),
+        puller=Puller(
+            store,
+            hf_endpoint=settings.hf_endpoint,
+            trusted_hosts=settings.trusted_auth_hosts,
+        ),
     )

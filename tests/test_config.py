@@ -39,6 +39,10 @@ from jupyter_llm.request.errors import ConfigError
         ({"JUPYTER_LLM_FLASH_ATTENTION": "1"}, "flash_attention", "on"),
         ({"JUPYTER_LLM_FLASH_ATTENTION": "False"}, "flash_attention", "off"),
         ({"JUPYTER_LLM_FLASH_ATTENTION": "0"}, "flash_attention", "off"),
+        ({}, "hf_endpoint", "https://huggingface.co"),
+        ({"HF_ENDPOINT": "https://mirror.example"}, "hf_endpoint", "https://mirror.example"),
+        ({}, "trusted_auth_hosts", ""),
+        ({"JUPYTER_LLM_TRUSTED_AUTH_HOSTS": "a.example"}, "trusted_auth_hosts", "a.example"),
     ],
 )
 def test_from_env(env, field, value):

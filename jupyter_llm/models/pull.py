@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import shutil
 from collections.abc import AsyncIterator
@@ -36,7 +35,6 @@ from jupyter_llm.models.download import DEFAULT_RETRY, Download, RetryNote, Retr
 from jupyter_llm.models.fetch import MAX_HF_API, MAX_MANIFEST, MAX_TOKEN, Answer, read_capped
 from jupyter_llm.models.holds import Hold
 from jupyter_llm.models.hosts import (
-    TRUSTED_AUTH_HOSTS_ENV,
     check_realm,
     is_loopback,
     trusted_auth_hosts,
@@ -66,16 +64,17 @@ class Puller:
     def __init__(
         self,
         store: ModelStore,
-        hf_endpoint: str | None = None,
+        hf_endpoint: str = "https://huggingface.co",
+        trusted_hosts: str = "",
         retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
+        """``hf_endpoint`` and ``trusted_hosts`` come from ``Settings``
+        (``HF_ENDPOINT``, ``JUPYTER_LLM_TRUSTED_AUTH_HOSTS``)."""
         self.store = store
         self.retry = retry  # attempts and backoff for an interrupted blob
-        self.hf_endpoint = (
-            hf_endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-        ).rstrip("/")
+        self.hf_endpoint = (hf_endpoint or "https://huggingface.co").rstrip("/")
         # token hosts trusted beside each registry's own (see models/hosts.py)
-        self.trusted_auth_hosts = trusted_auth_hosts(os.environ.get(TRUSTED_AUTH_HOSTS_ENV, ""))
+        self.trusted_auth_hosts = trusted_auth_hosts(trusted_hosts)
         self._downloads: dict[str, Download] = {}
         self.running = 0  # pulls begun and not yet ended (their HTTP client closed)
 
