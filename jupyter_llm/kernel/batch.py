@@ -18,6 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, Any
 
 import httpx
@@ -194,27 +195,11 @@ def map_prompts(
     items = to_items(list(prompts))
     fmt, parse = structured_format(format) if format is not None else (None, None)
     options = dict(options or {})
-    shared = images_base64(images)
-    run = BatchRun(
-        endpoint or find_server(),
-        model,
-        items,
-        lambda item: request_body(
-            model,
-            item,
-            mode=mode,
-            system=system,
-            options=options,
-            fmt=fmt,
-            keep_alive=keep_alive,
-            images=shared,
-        ),
-        "message" if mode == "chat" else "response",
-        parse,
-        concurrency,
-        options,
-        on_result,
-    )
+    shape = dict(mode=mode, system=system, options=options, fmt=fmt, keep_alive=keep_alive)
+    body = partial(request_body, model, images=images_base64(images), **shape)
+    field = "message" if mode == "chat" else "response"
+    server = endpoint or find_server()
+    run = BatchRun(server, model, items, body, field, parse, concurrency, options, on_result)
     values = run.wait(progress) if items else []
     if any(isinstance(v, MapError) for v in values):
         print(f"map: {summarize(values)}", file=sys.stderr)
