@@ -7,6 +7,7 @@ import signal
 import psutil
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from waiting import until
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 
@@ -352,18 +353,18 @@ async def test_client_disconnect_cancels_generation(
     assert loaded.refcount == 1
     writer.close()
 
-    async with asyncio.timeout(30):  # released within a few tokens
-        while loaded.refcount != 0:
-            await asyncio.sleep(0.02)
+    await until(lambda: loaded.refcount == 0, 30, "the request's release")  # within a few tokens
     assert loaded.expires_at is not None
-    # seen through /api/ps: the keep_alive timer runs (expires_at no longer moves)
+    # seen through /api/ps: the keep_alive timer runs (expires_at stays put while
+    # the runner goes on to stop)
     first = json.loads((await jp_fetch("llm", "api", "ps")).body)["models"][0]["expires_at"]
-    await asyncio.sleep(0.05)
+
+    async def idle() -> bool:
+        return (await loaded.runner.process.call("health"))["busy"] is None
+
+    await until(idle, 30, "the runner to stop")  # within a token or so
     again = json.loads((await jp_fetch("llm", "api", "ps")).body)["models"][0]["expires_at"]
     assert first == again
-    async with asyncio.timeout(30):  # the runner stops within a token or so
-        while (await loaded.runner.process.call("health"))["busy"] is not None:
-            await asyncio.sleep(0.01)
 
 
 async def test_generate_context_continues_a_conversation(jp_fetch, installed_model):

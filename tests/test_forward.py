@@ -9,7 +9,6 @@ forwarding one is the test's own ``jp_serverapp``."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import socket
@@ -21,6 +20,7 @@ import pytest
 from live_server import LiveServer
 from test_authorization import EXPECTED, RecordingAuthorizer, fetch
 from tornado.httpclient import HTTPClientError
+from waiting import until
 
 from jupyter_llm.config import Settings
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
@@ -86,12 +86,6 @@ async def holders(engine: LiveServer) -> list[dict]:
 
 def _auth(engine: LiveServer) -> dict[str, str]:
     return {"Authorization": f"token {engine.token}"}
-
-
-async def until(condition, timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await condition():
-            await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize(("path", "method"), sorted(EXPECTED))

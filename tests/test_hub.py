@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ import httpx
 import psutil
 import pytest
 from test_kernel import iopub_until
+from waiting import until_sync
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.hub.service import Where, where
@@ -46,6 +48,8 @@ REQUIRED = bool(os.environ.get("CI"))
 BIN = Path(sys.executable).parent
 LONG_CTX = 1 << 16  # a greedy generation of the demo model cannot end before it is stopped
 USERS = ("alice", "bob")
+# the Hub and its servers refuse connections while they start
+wait_until = partial(until_sync, poll=0.05, ignore=(httpx.TransportError,))
 
 
 def require(ok: bool, reason: str) -> None:
@@ -60,20 +64,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str, poll: float = 0.05):
-    """``condition()``'s first true value; fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if value := condition():
-                return value
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(poll)
 
 
 HUB_CONFIG = """

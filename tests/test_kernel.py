@@ -9,6 +9,7 @@ import json
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from live_server import LiveServer
+from waiting import until_sync
 
 from jupyter_llm.connect import ServerEndpoint
 from jupyter_llm.kernel.magics import (
@@ -396,18 +397,6 @@ def endless(live, tmp_path_factory):
     live.client.post("api/generate", json={"model": "long", "keep_alive": 0})
 
 
-def wait_until(condition, timeout: float, what: str, poll: float = 0.02):
-    """Return ``condition()``'s first true value; fail after ``timeout`` seconds."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(poll)
-    return value
-
-
 def in_use(live, name: str) -> bool:
     """The server's own view: a loaded model with a request in flight has no
     keep_alive timer, so its ``expires_at`` moves with every ``/api/ps``; once
@@ -487,7 +476,7 @@ def test_interrupt_cancels_generation_on_the_server(live, endless):
             kc, msg_id, lambda m: m["msg_type"] == "execute_result", 30, "the cell's result"
         )
         assert "interrupted" in result["content"]["data"]["text/markdown"]
-        wait_until(lambda: not in_use(live, endless), 20, "the server to release the runner")
+        until_sync(lambda: not in_use(live, endless), 20, "the server to release the runner")
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -10,13 +10,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from live_server import LiveServer
+from waiting import until_sync
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.models.store import ModelStore
@@ -259,11 +259,8 @@ def test_sidebar_shows_a_loaded_model_and_unloads_it(page, lab_home: Path) -> No
         page.wait_for_function(
             "() => !document.querySelector('[data-device=\"GPU-0\"] .jp-LLM-segment-weights')"
         )
-        for _ in range(100):  # /api/ps drops the model as its runner starts to exit
-            if not server.runners():
-                break
-            time.sleep(0.1)
-        assert server.runners() == []
+        # /api/ps drops the model as its runner starts to exit
+        until_sync(lambda: not server.runners(), 10, "the runner to exit")
         page.screenshot(path=ARTIFACTS / "sidebar-unloaded.png")
 
         # a hidden sidebar stands by: no requests until it is shown again

@@ -8,6 +8,7 @@ import httpx
 import pytest
 from loopback import DEADLINE, Pause, etag, pull_events, sha
 from tornado.httpclient import HTTPClientError
+from waiting import until
 
 from jupyter_llm.models.download import (
     Interrupted,
@@ -245,14 +246,6 @@ async def open_pull(jp_serverapp, jp_base_url, http_server_port, body):
     )
     await writer.drain()
     return reader, writer
-
-
-async def until(condition):
-    import asyncio
-
-    async with asyncio.timeout(DEADLINE):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 async def test_a_shared_download_outlives_the_pull_that_began_it(

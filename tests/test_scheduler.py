@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeRunnerFactory, simulated_environ, synthetic_model
+from waiting import until
 
 from jupyter_llm import scheduler as sched
 from jupyter_llm.api.ps import describe_loaded
@@ -66,13 +67,6 @@ def make(env, factory=None, **settings) -> tuple[Scheduler, Factory]:
 async def use(scheduler, e, keep_alive=None, **options):
     async with scheduler.use(e, LoadOptions(**options), keep_alive) as lease:
         return lease.loaded
-
-
-async def until(condition, deadline: float = 10.0) -> None:
-    """Wait for ``condition()`` to hold, failing after ``deadline`` seconds."""
-    async with asyncio.timeout(deadline):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 ONE_GPU = simulated([("gpu0", 24 * GiB, False)])

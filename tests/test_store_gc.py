@@ -9,22 +9,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
+from waiting import until_sync
 
 from jupyter_llm.models.store import ModelStore
 
 DEADLINE = 30.0
-
-
-def wait_for(condition, what: str, deadline: float = DEADLINE) -> None:
-    """Poll ``condition`` until it holds; fail with ``what`` after the deadline."""
-    end = time.monotonic() + deadline
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def digests(store: ModelStore, name: str) -> set[str]:
@@ -66,7 +57,9 @@ def race_delete_at_write(store: ModelStore, victim: str, monkeypatch) -> threadi
     def write(path, data):
         monkeypatch.setattr(ModelStore, "_write_atomic", staticmethod(real_write))
         thread.start()
-        wait_for(lambda: done.is_set() or lock_waiting(store), "the delete to run or wait")
+        until_sync(
+            lambda: done.is_set() or lock_waiting(store), DEADLINE, "the delete to run or wait"
+        )
         real_write(path, data)
 
     monkeypatch.setattr(ModelStore, "_write_atomic", staticmethod(write))
@@ -157,7 +150,9 @@ def test_a_second_process_copying_while_this_one_deletes(store, tmp_path):
         done = threading.Event()
         thread = threading.Thread(target=lambda: (store.delete("a"), done.set()))
         thread.start()
-        wait_for(lambda: done.is_set() or lock_waiting(store), "the delete to run or wait")
+        until_sync(
+            lambda: done.is_set() or lock_waiting(store), DEADLINE, "the delete to run or wait"
+        )
         child.stdin.write("\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "copied"
