@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 from tornado.httpclient import AsyncHTTPClient
+from waiting import until
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -200,10 +201,7 @@ async def test_a_clean_stop_leaves_no_actor_and_no_runner(jp_fetch, jp_serverapp
     assert all(psutil.pid_exists(p) for p in pids)
     await jp_serverapp.extension_manager.stop_all_extensions()
     assert await gone(pids)
-    end = time.monotonic() + 30
-    while our_actors() and time.monotonic() < end:
-        await asyncio.sleep(0.1)
-    assert our_actors() == []
+    await until(lambda: not our_actors(), 30, "the runner actors to go", poll=0.1)
 
 
 async def test_a_node_killed_mid_stream_costs_its_requests_only(

@@ -11,6 +11,7 @@ from contextlib import aclosing
 import pytest
 from tornado import web
 from tornado.httpclient import HTTPClientError
+from waiting import until
 
 from jupyter_llm.api import base
 from jupyter_llm.api.base import NDJSON, SSE, LLMHandler
@@ -199,14 +200,12 @@ async def test_a_client_that_leaves_a_whole_answer_cancels_it(
         + data
     )
     await writer.drain()
-    async with asyncio.timeout(30):  # the generation has started
-        while loaded.refcount == 0:
-            await asyncio.sleep(0.01)
+    await until(lambda: loaded.refcount, 30, "the generation to start")
     writer.close()
-    async with asyncio.timeout(60):
-        while not recorded:
-            await asyncio.sleep(0.01)
+    await until(lambda: recorded, 60, "the cancel to be recorded")
     assert recorded == ["cancelled"]
-    async with asyncio.timeout(30):  # the runner is released and stops generating
-        while loaded.refcount or (await loaded.runner.process.call("health"))["busy"]:
-            await asyncio.sleep(0.01)
+
+    async def released() -> bool:
+        return not loaded.refcount and not (await loaded.runner.process.call("health"))["busy"]
+
+    await until(released, 30, "the runner to be released and stop generating")
