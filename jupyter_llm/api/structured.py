@@ -33,6 +33,7 @@ from typing import Any
 
 from jupyter_llm.grammar.gbnf import GrammarBudget, GrammarTooLarge
 from jupyter_llm.grammar.json_schema import json_object_grammar, schema_to_grammar
+from jupyter_llm.grammar.output import OutputFormat
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.limits import (
     ENUM_CHARS,
@@ -90,15 +91,6 @@ LIMITS = SchemaLimits()
 # at SCHEMA_BYTES and its grammar (about 2 MiB each) stay in memory
 FORMATS_CACHED = 16
 COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
-
-
-@dataclass(frozen=True)
-class OutputFormat:
-    """A grammar for the sampler and, for a schema, the schema to check against."""
-
-    grammar: str
-    schema: dict[str, Any] | None = None  # None: any JSON object
-    validator: Any = None  # the jsonschema validator class the schema is valid for
 
 
 def invalid_format(value: object) -> InvalidRequest:
@@ -470,20 +462,3 @@ def _bound_pattern(pattern: str, where: str, costs: _Costs) -> str:
             out.append(ch)
             i += 1
     return "".join(out)
-
-
-def check_output(fmt: OutputFormat, text: str) -> str | None:
-    """None if ``text`` parses (and validates); else what is wrong."""
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        return f"output is not JSON: {e}"
-    if fmt.schema is None:
-        return None if isinstance(value, dict) else "output is not a JSON object"
-    from jsonschema.exceptions import best_match
-
-    # as jsonschema.validate, without checking the schema again: parse_format did
-    error = best_match(fmt.validator(fmt.schema).iter_errors(value))
-    if error is not None:
-        return f"output does not match the schema: {error.message}"
-    return None

@@ -1,0 +1,36 @@
+"""The output check: what a grammar-constrained generation wrote, parsed and
+validated against the schema it was asked to follow. A grammar produces a
+subset of what a schema accepts, except for the keywords it cannot enforce;
+this check catches those before an answer goes out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """A grammar for the sampler and, for a schema, the schema to check against."""
+
+    grammar: str
+    schema: dict[str, Any] | None = None  # None: any JSON object
+    validator: Any = None  # the jsonschema validator class the schema is valid for
+
+
+def check_output(fmt: OutputFormat, text: str) -> str | None:
+    """None if ``text`` parses (and validates); else what is wrong."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        return f"output is not JSON: {e}"
+    if fmt.schema is None:
+        return None if isinstance(value, dict) else "output is not a JSON object"
+    from jsonschema.exceptions import best_match
+
+    # as jsonschema.validate, without checking the schema again: parse_format did
+    error = best_match(fmt.validator(fmt.schema).iter_errors(value))
+    if error is not None:
+        return f"output does not match the schema: {error.message}"
+    return None
