@@ -43,7 +43,7 @@ def __getattr__(name: str) -> object:
     if name in ("image_base64", "image_url"):
         # a PIL image, matplotlib figure, image bytes or path for the official
         # clients: ollama's ``images=[...]``, OpenAI's ``image_url`` part
-        from jupyter_llm.kernel import images
+        from jupyter_llm.kernel import image_inputs
 
-        return getattr(images, name)
+        return getattr(image_inputs, name)
     raise AttributeError(f"module 'jupyter_llm' has no attribute {name!r}")

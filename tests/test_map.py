@@ -236,7 +236,8 @@ def test_interrupt_cancels_every_request_and_keeps_what_finished(gated, tmp_path
     requests, the server cancels them, and the model serves a new request."""
     import psutil
     from jupyter_client.manager import start_new_kernel
-    from test_kernel import LONG_CTX, in_use, interrupt, iopub_until, wait_until
+    from test_kernel import LONG_CTX, in_use, interrupt, iopub_until
+    from waiting import until_sync
 
     from jupyter_llm.demo import DemoModelSpec, write_demo_model
 
@@ -263,7 +264,7 @@ def test_interrupt_cancels_every_request_and_keeps_what_finished(gated, tmp_path
             return lambda m: m["msg_type"] == "stream" and text in m["content"]["text"]
 
         iopub_until(kc, msg_id, printed("FINISHED 0"), 60, "the short item")
-        wait_until(lambda: in_use(gated, "long:latest"), 60, "the next generation to run")
+        until_sync(lambda: in_use(gated, "long:latest"), 60, "the next generation to run")
         interrupt(kernel)
         out = iopub_until(kc, msg_id, printed("RESULT"), 60, "map's results")
         assert (
@@ -278,7 +279,7 @@ def test_interrupt_cancels_every_request_and_keeps_what_finished(gated, tmp_path
             timeout=60,
         )  # fmt: skip
         assert reply.status_code == 200 and reply.json()["done"]
-        wait_until(lambda: not in_use(gated, "long:latest"), 20, "the server to release it")
+        until_sync(lambda: not in_use(gated, "long:latest"), 20, "the server to release it")
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
