@@ -65,7 +65,7 @@ DRAFT_4 = {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum":
 
 
 def test_a_draft_4_schema_without_its_uri_is_accepted_and_checked_as_draft_4(probe):
-    from jupyter_llm.grammar.output import check_output
+    from jupyter_llm.grammar.check import check_output
 
     fmt = parse_format(DRAFT_4)
     assert not probe.accepts(fmt.grammar, "0") and probe.accepts(fmt.grammar, "1")

@@ -24,9 +24,9 @@ from jupyter_llm.api.structured import (
 )
 from jupyter_llm.chat_formats import detect_format, read_template
 from jupyter_llm.chat_formats.tool_grammar import tool_grammar
+from jupyter_llm.grammar.check import check_output
 from jupyter_llm.grammar.gbnf import GrammarBudget, GrammarTooLarge, enum_expr, json_literal
 from jupyter_llm.grammar.json_schema import schema_to_grammar
-from jupyter_llm.grammar.output import check_output
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.limits import (
     ENUM_CHARS,

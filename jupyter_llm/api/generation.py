@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jupyter_llm.grammar.output import OutputFormat, check_output
+from jupyter_llm.grammar.check import OutputFormat, check_output
 from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest, RunnerFailed

@@ -39,7 +39,7 @@ from jupyter_llm.api.requests import (
     tools_field,
 )
 from jupyter_llm.api.structured import invalid_format, parse_format
-from jupyter_llm.grammar.output import OutputFormat
+from jupyter_llm.grammar.check import OutputFormat
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest

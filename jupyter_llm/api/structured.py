@@ -31,9 +31,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jupyter_llm.grammar.check import OutputFormat
 from jupyter_llm.grammar.gbnf import GrammarBudget, GrammarTooLarge
 from jupyter_llm.grammar.json_schema import json_object_grammar, schema_to_grammar
-from jupyter_llm.grammar.output import OutputFormat
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.limits import (
     ENUM_CHARS,

@@ -19,7 +19,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from jupyter_llm.cluster.node import NodeDiscovery, NodeRunner
-from jupyter_llm.cluster.policy import serving_nodes
+from jupyter_llm.cluster.rules import serving_nodes
 from jupyter_llm.request.errors import NodeLost
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from jupyter_llm.cluster.policy import as_node_devices, node_used
 from jupyter_llm.cluster.ray_cluster import Node, RayCluster
+from jupyter_llm.cluster.rules import as_node_devices, node_used
 from jupyter_llm.devices import DeviceInfo, DeviceSource, NodeInfo, sort_devices
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from test_scheduler import GiB, entry, info, make, simulated, use
 
-from jupyter_llm.cluster.policy import as_node_devices, node_used, serving_nodes
+from jupyter_llm.cluster.rules import as_node_devices, node_used, serving_nodes
 from jupyter_llm.devices import DeviceInfo, DeviceSource, nodes_by_free, on_node
 from jupyter_llm.scheduler import LoadOptions, eviction_node
 
