@@ -6,10 +6,9 @@ from __future__ import annotations
 import base64
 import io
 import re
-from dataclasses import asdict
-from typing import Any
 
 import pytest
+from generation_fields import fields
 from PIL import Image
 
 from jupyter_llm.api.base import COMPACT, json_pieces
@@ -24,7 +23,6 @@ from jupyter_llm.api.ollama_shapes import (
     format_parameters,
     generate_call,
 )
-from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.request.errors import InvalidRequest
 
 
@@ -37,34 +35,6 @@ def png() -> str:
 PNG = png()
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
 USER = {"role": "user", "content": "Hi"}
-NOT_SET = {
-    "options": {},
-    "keep_alive": None,
-    "prompt": None,
-    "images": [],
-    "messages": None,
-    "tools": None,
-    "context": None,
-    "suffix": None,
-    "format": None,
-    "think": None,
-    "logprobs": None,
-    "tool_choice": None,
-    "parallel_tool_calls": None,
-    "truncate": True,
-    "shift": True,
-}
-
-
-def fields(call: Any) -> dict[str, Any]:
-    """The request's fields that differ from an empty one, the format as its kind."""
-    got = asdict(call.generation)
-    assert got.pop("model") == asdict(parse_model_name("m"))
-    if got["format"] is not None:
-        got["format"] = "set"
-    return {k: v for k, v in got.items() if v != NOT_SET[k]}
-
-
 # (body, the request's fields that are set, stream, only_load)
 GENERATE = [
     ({"model": "m", "prompt": "Hi"}, {"messages": [USER]}, True, False),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict
 from typing import Any
 
+import generation_fields
 import pytest
 
 from jupyter_llm.api.base import COMPACT, json_pieces
@@ -22,38 +22,15 @@ from jupyter_llm.api.openai_shapes import (
     embeddings_call,
     text_completion,
 )
-from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.request.errors import InvalidRequest
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
 USER = {"role": "user", "content": "Hi"}
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}  # OpenAI's, not Ollama's
-NOT_SET = {
-    "options": OPENAI_DEFAULTS,
-    "keep_alive": None,
-    "prompt": None,
-    "images": [],
-    "messages": None,
-    "tools": None,
-    "context": None,
-    "suffix": None,
-    "format": None,
-    "think": None,
-    "logprobs": None,
-    "tool_choice": None,
-    "parallel_tool_calls": None,
-    "truncate": True,
-    "shift": True,
-}
 
 
 def fields(call: Any) -> dict[str, Any]:
-    """The request's fields that differ from an empty one, the format as its kind."""
-    got = asdict(call.generation)
-    assert got.pop("model") == asdict(parse_model_name("m"))
-    if got["format"] is not None:
-        got["format"] = "set"
-    return {k: v for k, v in got.items() if v != NOT_SET[k]}
+    return generation_fields.fields(call, OPENAI_DEFAULTS)
 
 
 # (body, the request's fields that are set, stream, include_usage)
