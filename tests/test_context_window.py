@@ -10,7 +10,6 @@ from jupyter_llm.runner.context_window import (
     keep_count,
     shift_span,
     swa_reusable,
-    truncate_prompt,
     truncation,
 )
 
@@ -77,9 +76,10 @@ def test_shift_span(n_past, num_keep, span):
         (100, 16, 50, 14, 1),  # num_keep never leaves no room for the end
     ],
 )
-def test_truncate_prompt(n_tokens, n_ctx, num_keep, head, tail):
+def test_truncation_keeps_the_head_and_the_end(n_tokens, n_ctx, num_keep, head, tail):
     tokens = list(range(n_tokens))
-    cut = truncate_prompt(tokens, n_ctx, num_keep)
+    kept_head, kept_tail = truncation(n_tokens, n_ctx, num_keep)
+    cut = tokens[:kept_head] + tokens[kept_tail:]
     assert cut[:head] == tokens[:head] and len(cut) == min(n_tokens, n_ctx - 1)
     if tail:
         assert cut[head:] == tokens[-tail:]

@@ -12,7 +12,6 @@ import re
 import resource
 import struct
 import threading
-import time
 import tracemalloc
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -496,14 +495,13 @@ async def test_server_refuses_hostile_uploads_and_stays_responsive(
     other = AsyncHTTPClient(force_instance=True)
     url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/tags"
     auth = {"Authorization": f"token {jp_serverapp.identity_provider.token}"}
-    latencies: list[float] = []
+    answers: list[bytes] = []
     done = asyncio.Event()
 
     async def poll_tags():
         while not done.is_set():
-            start = time.monotonic()
             r = await other.fetch(url, headers=auth, request_timeout=10)
-            latencies.append(time.monotonic() - start)
+            answers.append(r.body)
             assert json.loads(r.body)["models"] == []
             await asyncio.sleep(0.01)
 
@@ -517,13 +515,13 @@ async def test_server_refuses_hostile_uploads_and_stays_responsive(
             for name, e in zip(digests, errors, strict=True):
                 assert e.code == 400, name
                 assert json.loads(e.response.body)["error"].startswith("invalid model file: "), name
-            served.append(len(latencies))
+            served.append(len(answers))
     finally:
         done.set()
         await poller
     # the loop kept answering while the hostile files were checked (no timed bound:
     # each poll has its own 10 s deadline, and the answers must keep coming)
-    assert served[-1] > 0 and latencies, (served, latencies)
+    assert served[-1] > 0, served
     assert readers and threading.get_ident() not in readers  # never on the server's loop
 
 

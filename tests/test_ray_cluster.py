@@ -144,16 +144,17 @@ def our_actors() -> list[str]:
     ]
 
 
-async def gone(pids: list[int], deadline: float = 30.0) -> bool:
-    """Every pid has exited (or is a zombie) within ``deadline`` seconds."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        left = [p for p in pids if psutil.pid_exists(p)]
-        left = [p for p in left if psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if not left:
-            return True
-        await asyncio.sleep(0.1)
-    return False
+def running(pids: list[int]) -> list[int]:
+    """The pids still running (a zombie has exited)."""
+    alive = [p for p in pids if psutil.pid_exists(p)]
+    return [p for p in alive if psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+async def gone(pids: list[int]) -> bool:
+    """Waits until every pid has exited (the test fails after 30 s)."""
+    return await until(
+        lambda: not running(pids), 30, f"pids {pids} to exit", ignore=(psutil.NoSuchProcess,)
+    )
 
 
 async def test_two_models_that_cannot_share_a_node_land_on_different_nodes(

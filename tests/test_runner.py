@@ -4,9 +4,11 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+from waiting import until
 
 from jupyter_llm.request.errors import (
     AllocationFailed,
@@ -15,7 +17,7 @@ from jupyter_llm.request.errors import (
     RunnerFailed,
 )
 from jupyter_llm.runner.protocol import Complete, LoadParams, fields_of
-from jupyter_llm.runner.stops import StopScanner, split_at_stop
+from jupyter_llm.runner.stops import StopScanner
 from jupyter_llm.runner_client.device_probe import discover_raw_devices
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.process import RunnerProcess, describe_exit
@@ -207,8 +209,8 @@ async def test_discovery_reports_cpu():
         ("a<|im", ["<|im_end|>", "zz"], ("a", False)),
     ],
 )
-def test_split_at_stop(pending, stops, expected):
-    assert split_at_stop(pending, stops) == expected
+def test_a_stop_in_one_piece(pending, stops, expected):
+    assert StopScanner(stops).feed(pending) == expected
 
 
 @pytest.mark.parametrize(
@@ -297,6 +299,12 @@ def test_prompt_evaluation_checks_for_cancel_between_batches(demo_gguf):
         engine.close()
 
 
+async def health_when(runner: Any, busy: bool) -> dict[str, Any] | None:
+    """The runner's health reply, if it is (or is not) busy with a request."""
+    health = await runner.process.call("health")
+    return health if (health["busy"] is not None) == busy else None
+
+
 async def test_a_cancel_stops_a_long_prompt_in_the_runner(tmp_path, demo_gguf):
     script = Path(__file__).parent / "support" / "gated_runner.py"
     gated = wrapper(tmp_path, "gated-python", f'exec {sys.executable} {script} "$@"')
@@ -305,15 +313,11 @@ async def test_a_cancel_stops_a_long_prompt_in_the_runner(tmp_path, demo_gguf):
     try:
         stream = runner.complete(Complete(prompt="x" * 1600, options={**GREEDY, "num_predict": 1}))
         first = asyncio.ensure_future(anext(stream))  # sends the request: 100 chunks
-        async with asyncio.timeout(60):
-            while (health := await runner.process.call("health"))["busy"] is None:
-                pass
+        health = await until(lambda: health_when(runner, busy=True), 60, "the prompt to start")
         first.cancel()  # the client leaves: closing the stream sends cancel
         with pytest.raises(asyncio.CancelledError):
             await first
-        async with asyncio.timeout(60):
-            while (after := await runner.process.call("health"))["busy"] is not None:
-                pass
+        after = await until(lambda: health_when(runner, busy=False), 60, "the runner to stop")
         # the gate held the prompt at its third chunk: one more at most, not 97
         assert after["progress"] - health["progress"] < 10
         _, done = await collect(runner, prompt="x", options={**GREEDY, "num_predict": 2})

@@ -108,13 +108,6 @@ def truncation(n_tokens: int, n_ctx: int, num_keep: int, spans: Sequence[Span] =
     return head, tail
 
 
-def truncate_prompt(tokens: list[int], n_ctx: int, num_keep: int) -> list[int]:
-    """``tokens`` cut to fit ``n_ctx`` with room for one generated token: the
-    first ``num_keep`` and the end."""
-    head, tail = truncation(len(tokens), n_ctx, num_keep)
-    return tokens[:head] + tokens[tail:]
-
-
 def fit_history(
     messages: list[dict[str, Any]], fits: Callable[[list[dict[str, Any]]], bool]
 ) -> list[dict[str, Any]]:

@@ -57,9 +57,3 @@ class StopScanner:
         cut = len(self.pending) - max(matched, default=0)
         out, self.pending = self.pending[:cut], self.pending[cut:]
         return out, False
-
-
-def split_at_stop(pending: str, stops: list[str]) -> tuple[str, bool]:
-    """How much of ``pending`` may be emitted, and whether a stop was hit,
-    for text seen whole (``StopScanner`` over one piece)."""
-    return StopScanner(stops).feed(pending)
