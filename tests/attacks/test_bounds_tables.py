@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_routes import routes
+from routes import routes
 
 from jupyter_llm.api import handlers
 from jupyter_llm.api.ollama import BlobHandler, RootHandler

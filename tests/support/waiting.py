@@ -55,3 +55,26 @@ def until_sync(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(poll)
+
+
+def iopub_until(kc, msg_id: str, match, timeout: float, what: str) -> dict:
+    """The first message of cell ``msg_id`` that ``match``es; fails at the
+    deadline, on an error, or when the cell ends without one."""
+    import queue
+    import time
+
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            msg = kc.get_iopub_msg(timeout=left)
+        except queue.Empty:
+            break
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if match(msg):
+            return msg
+        if msg["msg_type"] == "error":
+            pytest.fail(f"the cell failed while waiting for {what}: {msg['content']}")
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            pytest.fail(f"the cell ended before {what}")
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")

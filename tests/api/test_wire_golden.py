@@ -2,7 +2,7 @@
 APIs: a reshape of the code must not change what a client receives.
 
 Each request's status, content type and body are compared with
-``tests/golden/wire.json``, after the values that differ from run to run
+``tests/api/golden/wire.json``, after the values that differ from run to run
 (times, durations, ids) are replaced by their key's name. A stream's pieces
 are compared joined: the runner sends the tokens ready at each flush as one
 piece, so where a stream splits its text depends on the machine's load; the
@@ -703,7 +703,7 @@ async def test_responses_are_the_recorded_ones(jp_fetch, models_dir, installed_m
     if RECORD:
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps(seen, indent=1, ensure_ascii=False) + "\n")
-        pytest.skip("recorded tests/golden/wire.json")
+        pytest.skip("recorded tests/api/golden/wire.json")
     recorded = json.loads(GOLDEN.read_text())
     assert list(seen) == list(recorded)
     for name in recorded:

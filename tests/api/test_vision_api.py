@@ -1,6 +1,6 @@
 """Images on the server side: request validation, the projector in the store,
 create and show, the scheduler's load request, the memory estimate and the
-measured allocations. The end-to-end image path is in tests/test_vision_e2e.py."""
+measured allocations. The end-to-end image path is in tests/runner/test_vision_e2e.py."""
 
 from __future__ import annotations
 

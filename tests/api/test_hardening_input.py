@@ -375,7 +375,7 @@ def test_the_package_requires_a_jinja2_without_the_known_sandbox_escapes():
 
     from packaging.requirements import Requirement
 
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     (jinja,) = [
         Requirement(r)
         for r in pyproject["project"]["dependencies"]

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pytest
 from jupyter_server.auth import Authorizer
-from test_routes import routes
+from routes import routes
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 LLM, MODELS = "llm", "llm.models"

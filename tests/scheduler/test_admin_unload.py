@@ -12,8 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from scheduler_env import ONE_GPU, entry, make
 from test_fair_queue import ANN, ROOT
-from test_scheduler import ONE_GPU, entry, make, until
+from waiting import until
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.models.store import ModelStore

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_scheduler import GiB, entry, info
+from scheduler_env import GiB, entry, info
 
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, on_node

@@ -10,7 +10,7 @@ import pytest
 
 from jupyter_llm.devices.notices import HostGPU
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
 gpu_check = importlib.util.module_from_spec(spec)
 sys.modules["gpu_check"] = gpu_check  # its dataclasses look their module up

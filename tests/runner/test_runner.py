@@ -179,7 +179,7 @@ async def test_health_reports_main_loop_progress(runner):
 
 
 async def test_a_stuck_runner_is_killed_and_its_request_fails(tmp_path, demo_gguf):
-    script = Path(__file__).parent / "support" / "stuck_runner.py"
+    script = Path(__file__).parents[1] / "support" / "stuck_runner.py"
     stuck = wrapper(tmp_path, "stuck-python", f'exec {sys.executable} {script} "$@"')
     spec = LoadSpec(path=str(demo_gguf), n_ctx=256, n_threads=2)
     runner = await start_runner_with(spec, python=stuck, load_timeout=5.0)
@@ -306,7 +306,7 @@ async def health_when(runner: Any, busy: bool) -> dict[str, Any] | None:
 
 
 async def test_a_cancel_stops_a_long_prompt_in_the_runner(tmp_path, demo_gguf):
-    script = Path(__file__).parent / "support" / "gated_runner.py"
+    script = Path(__file__).parents[1] / "support" / "gated_runner.py"
     gated = wrapper(tmp_path, "gated-python", f'exec {sys.executable} {script} "$@"')
     spec = LoadSpec(path=str(demo_gguf), n_ctx=2048, n_batch=16, n_threads=2)
     runner = await start_runner_with(spec, python=gated, load_timeout=60)

@@ -35,7 +35,7 @@ from jupyter_llm.chat_formats.detect import (
 )
 
 DS_USER, DS_ASSISTANT = "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>"
-TEMPLATES = Path(__file__).parent.parent / "jupyter_llm" / "chat_formats" / "templates"
+TEMPLATES = Path(__file__).parents[2] / "jupyter_llm" / "chat_formats" / "templates"
 
 
 def template(name: str) -> str:

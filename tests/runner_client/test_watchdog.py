@@ -18,7 +18,7 @@ def llm_config():
 
 @pytest.fixture(autouse=True)
 def stuck_interpreter(tmp_path, monkeypatch):
-    script = Path(__file__).parent / "support" / "stuck_runner.py"
+    script = Path(__file__).parents[1] / "support" / "stuck_runner.py"
     wrapper = tmp_path / "stuck-python"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     wrapper.chmod(0o755)

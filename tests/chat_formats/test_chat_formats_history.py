@@ -11,7 +11,7 @@ import pytest
 from jupyter_llm.chat_formats import ToolArguments, detect_format, template_messages
 from jupyter_llm.runner.chat_template import ChatTemplate
 
-TEMPLATES = Path(__file__).parent.parent / "jupyter_llm" / "chat_formats" / "templates"
+TEMPLATES = Path(__file__).parents[2] / "jupyter_llm" / "chat_formats" / "templates"
 WITH_TOOLS = sorted(
     p.stem
     for p in TEMPLATES.glob("*.jinja")

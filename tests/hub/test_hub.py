@@ -34,15 +34,14 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from test_kernel import iopub_until
-from waiting import until_sync
+from waiting import iopub_until, until_sync
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.hub.service import Where, where
 from jupyter_llm.models.store import ModelStore
 from jupyter_llm.request.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHP = REPO / "tests" / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
 REQUIRED = bool(os.environ.get("CI"))
 BIN = Path(sys.executable).parent

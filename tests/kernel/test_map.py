@@ -236,8 +236,8 @@ def test_interrupt_cancels_every_request_and_keeps_what_finished(gated, tmp_path
     requests, the server cancels them, and the model serves a new request."""
     import psutil
     from jupyter_client.manager import start_new_kernel
-    from test_kernel import LONG_CTX, in_use, interrupt, iopub_until
-    from waiting import until_sync
+    from test_kernel import LONG_CTX, in_use, interrupt
+    from waiting import iopub_until, until_sync
 
     from jupyter_llm.demo import DemoModelSpec, write_demo_model
 
@@ -294,7 +294,7 @@ def gated(tmp_path_factory, demo_gguf):
     root = tmp_path_factory.mktemp("gated")
     store = ModelStore(root / "models")
     store.create("tiny", {"t.gguf": store.add_blob_from_file(demo_gguf)})
-    script = Path(__file__).parent / "support" / "slow_load_runner.py"
+    script = Path(__file__).parents[1] / "support" / "slow_load_runner.py"
     python = root / "slow-load-python"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     python.chmod(0o755)

@@ -21,7 +21,7 @@ from waiting import until_sync
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.models.store import ModelStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = os.environ.get("JUPYTER_LLM_CHROMIUM", "/usr/bin/chromium")
 # Chromium on a machine with no network but loopback: no background fetches.

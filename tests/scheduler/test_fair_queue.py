@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_scheduler import ONE_GPU, entry, make, until
+from scheduler_env import ONE_GPU, entry, make
+from waiting import until
 
 from jupyter_llm.api.ps import ps_body
 from jupyter_llm.request.errors import AllocationFailed, ModelLoadFailed

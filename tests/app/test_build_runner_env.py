@@ -16,7 +16,7 @@ from jupyter_server.serverapp import ServerApp
 
 from jupyter_llm.app import LLMExtension
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build-runner-env"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-runner-env"
 
 
 def load_script():

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import pytest
-from test_scheduler import GiB, entry, info, make, simulated, use
+from scheduler_env import GiB, entry, info, make, simulated, use
 
 from jupyter_llm.cluster.rules import as_node_devices, node_used, serving_nodes
 from jupyter_llm.devices import DeviceInfo, DeviceSource, nodes_by_free, on_node

@@ -177,7 +177,7 @@ async def test_no_valid_token_is_a_403_that_says_how_to_send_one(
 def test_the_message_points_at_a_readme_section_that_exists():
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert f"\n## {README_SECTION}\n" in readme
     assert TOKEN_NEEDED.split(":")[0] in readme  # Troubleshooting quotes it
 

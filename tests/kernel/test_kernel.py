@@ -9,7 +9,7 @@ import json
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from live_server import LiveServer
-from waiting import until_sync
+from waiting import iopub_until, until_sync
 
 from jupyter_llm.connect import ServerEndpoint
 from jupyter_llm.kernel.magics import (
@@ -425,29 +425,6 @@ def interrupt(process) -> None:
         process.send_signal(signal.SIGINT)  # psutil re-checks the pid's identity
     except psutil.NoSuchProcess:
         pytest.fail("the kernel died before the interrupt")
-
-
-def iopub_until(kc, msg_id: str, match, timeout: float, what: str) -> dict:
-    """The first message of cell ``msg_id`` that ``match``es; fails at the
-    deadline, on an error, or when the cell ends without one."""
-    import queue
-    import time
-
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            msg = kc.get_iopub_msg(timeout=left)
-        except queue.Empty:
-            break
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if match(msg):
-            return msg
-        if msg["msg_type"] == "error":
-            pytest.fail(f"the cell failed while waiting for {what}: {msg['content']}")
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            pytest.fail(f"the cell ended before {what}")
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def test_interrupt_cancels_generation_on_the_server(live, endless):

@@ -470,7 +470,7 @@ async def test_generate_suffix_fill_in_the_middle(jp_fetch, installed_model):
 
 
 async def test_an_image_that_is_not_one_is_refused(jp_fetch, installed_model):
-    await expect_error(  # "hi": base64, but not an image (tests/test_vision_api.py has the rest)
+    await expect_error(  # "hi": base64, but not an image (test_vision_api.py has the rest)
         jp_fetch,
         "api/generate",
         {"model": "tiny", "prompt": "x", "images": ["aGk="]},

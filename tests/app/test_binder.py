@@ -16,7 +16,7 @@ import pytest
 import yaml
 from live_server import LiveServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BINDER = ROOT / "binder"
 LIMIT = 1.5e9  # bytes
 
