@@ -20,7 +20,7 @@ LABEXT_SOURCES := $(LABEXT)/package.json $(LABEXT)/package-lock.json \
 	$(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/*)
 NODE_MODULES := $(LABEXT)/node_modules/.package-lock.json
 CHROMIUM := /usr/bin/chromium
-# npm's configurable-http-proxy, for the JupyterHub test (tests/test_hub.py)
+# npm's configurable-http-proxy, for the JupyterHub test (tests/hub/test_hub.py)
 HUB_PROXY := tests/hub/node_modules/.package-lock.json
 
 GPU ?=

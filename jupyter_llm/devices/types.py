@@ -31,7 +31,7 @@ class DeviceInfo:
         """The largest tensor its ggml backend takes (0: no known limit).
         ggml-vulkan refuses an operation with a tensor past the device's
         storage buffer range; Mesa's lavapipe (llvmpipe) has 128 MiB, as its
-        measured placements show (tests/test_memory.py)."""
+        measured placements show (tests/memory/test_memory.py)."""
         if self.library == "Vulkan" and self.description.startswith("llvmpipe"):
             return LAVAPIPE_MAX_TENSOR
         return 0

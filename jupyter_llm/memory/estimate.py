@@ -218,7 +218,7 @@ def gpu_graphs(
     batch of ``batch`` tokens (n_ubatch) over ``context`` cells, flash attention on.
 
     Measured on ggml-vulkan (lavapipe) over demo models and Gemma 3 270M
-    (tests/test_memory.py): the GPU's peak is a block's (its f16 masks, the
+    (tests/memory/test_memory.py): the GPU's peak is a block's (its f16 masks, the
     residual stream and the feed-forward activations) or the output's (a
     batch's logits). Split, the GPU also runs the big matrix products of the
     CPU's layers (op offload, a batch of 32 or more), each weight copied into
