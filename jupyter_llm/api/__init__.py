@@ -7,7 +7,7 @@ from typing import Any
 
 from tornado import web
 
-from jupyter_llm.api import ollama, openai, openai_shapes
+from jupyter_llm.api import anthropic, ollama, openai, openai_shapes
 from jupyter_llm.api.base import LLMHandler, token_needed
 
 # A path that no route takes, with a trailing "/" too: jupyter_server's
@@ -64,7 +64,12 @@ class NotFoundHandler(LLMHandler):
 def handlers() -> list[tuple[str, type]]:
     """Every route, relative to ``{base_url}llm/``: the one list the app
     mounts; the catch-all last."""
-    return [*ollama.handlers(), *openai.handlers(), (UNKNOWN, NotFoundHandler)]
+    return [
+        *ollama.handlers(),
+        *openai.handlers(),
+        *anthropic.handlers(),
+        (UNKNOWN, NotFoundHandler),
+    ]
 
 
 __all__ = ["NotFoundHandler", "handlers"]

@@ -191,6 +191,12 @@ class Framing:
     frame: Callable[[str], str]  # one JSON text -> what is written
     trailer: str = ""  # written after the last value (or the in-stream error)
     headers: dict[str, str] = field(default_factory=dict)
+    named: bool = False  # each SSE event named by its value's "type" (Anthropic's streams)
+
+    def encode(self, value: Any) -> str:
+        """One value as written on the wire."""
+        framed = self.frame(json.dumps(value))
+        return f"event: {value['type']}\n{framed}" if self.named else framed
 
 
 NDJSON = Framing("application/x-ndjson", lambda text: text + "\n")
@@ -199,6 +205,12 @@ SSE = Framing(
     lambda text: f"data: {text}\n\n",
     trailer="data: [DONE]\n\n",
     headers={"Cache-Control": "no-cache"},
+)
+NAMED_SSE = Framing(  # event: <type> before each data line, no [DONE]
+    "text/event-stream",
+    lambda text: f"data: {text}\n\n",
+    headers={"Cache-Control": "no-cache"},
+    named=True,
 )
 
 
@@ -211,6 +223,9 @@ class LLMHandler(APIHandler):
     """
 
     max_body = MAX_JSON_BODY
+    # a header that may carry the token instead of Authorization (Anthropic's
+    # x-api-key): read as a bearer token by jupyter_server's identity provider
+    api_key_header: str | None = None
     _chunks: list[bytes]
     _received = 0
     _client_gone = False  # streams stop (and cancel their generation) once this is set
@@ -225,15 +240,27 @@ class LLMHandler(APIHandler):
         which only a browser session has. One that came with a login cookie
         (a browser) keeps jupyter_server's check."""
         if getattr(self, "_jupyter_current_user", True) is None:  # resolved: nobody
-            raise token_needed()
+            raise self.token_refused()
         super().check_xsrf_cookie()
 
     def get_login_url(self) -> str:
         """A GET or HEAD without a valid token: ``@web.authenticated`` asks for
         a login page, which an API answers with ``token_needed`` (same 403)."""
         if not self.current_user:
-            raise token_needed()
+            raise self.token_refused()
         return super().get_login_url()
+
+    def token_refused(self) -> web.HTTPError:
+        """The error of a request without a valid token (a flavour may say it its way)."""
+        return token_needed()
+
+    def api_key_as_bearer(self) -> None:
+        """A token in ``api_key_header`` goes to jupyter_server as a bearer
+        token when no Authorization header came, so that its identity
+        provider (and its constant-time compare, or the Hub's check) decides."""
+        key = self.request.headers.get(self.api_key_header or "")
+        if key and "Authorization" not in self.request.headers:
+            self.request.headers["Authorization"] = f"Bearer {key}"
 
     async def authorize(self, action: str) -> None:
         """What ``@authorized`` checks, for a handler that must know before its
@@ -247,6 +274,8 @@ class LLMHandler(APIHandler):
             )
 
     async def prepare(self) -> None:  # type: ignore[override]
+        if self.api_key_header:
+            self.api_key_as_bearer()
         await super().prepare()
         self._chunks = []
         length = self.request.headers.get("Content-Length", "")
@@ -347,7 +376,7 @@ class LLMHandler(APIHandler):
                     if not begun:
                         self._begin(framing)
                         begun = True
-                    self.write("".join(framing.frame(json.dumps(v)) for v in values))
+                    self.write("".join(framing.encode(v) for v in values))
                     await self.flush()
         except StreamClosedError:
             return  # the client left while we wrote: batches are closed already
@@ -357,7 +386,7 @@ class LLMHandler(APIHandler):
             status, message = self._error_of(e)
             if status >= 500 and not isinstance(e, LLMError):
                 log.exception("%s %s failed mid-stream", self.request.method, self.request.path)
-            self.write(framing.frame(json.dumps({"error": self.error_body(status, message)})))
+            self.write(framing.encode(self.error_value(status, message)))
         if self._client_gone:
             return
         if not begun:
@@ -401,6 +430,10 @@ class LLMHandler(APIHandler):
         """The value of ``"error"`` in an error response: Ollama's is the message."""
         return message
 
+    def error_value(self, status: int, message: str) -> Any:
+        """The whole error response (and a stream's error value)."""
+        return {"error": self.error_body(status, message)}
+
     def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, LLMError):
@@ -424,7 +457,7 @@ class LLMHandler(APIHandler):
                 f"it answers {', '.join(allowed) or 'none'}"
             )
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"error": self.error_body(status_code, message)}))
+        self.finish(json.dumps(self.error_value(status_code, message)))
 
     def allowed_methods(self) -> list[str]:
         """The methods this route answers (a forwarded route: its engine's)."""

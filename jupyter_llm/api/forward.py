@@ -97,6 +97,12 @@ class ForwardHandler(LLMHandler):
     def error_body(self, status: int, message: str) -> Any:
         return self.stands_for.error_body(self, status, message)  # type: ignore[arg-type]
 
+    def error_value(self, status: int, message: str) -> Any:
+        return self.stands_for.error_value(self, status, message)  # type: ignore[arg-type]
+
+    def token_refused(self) -> web.HTTPError:
+        return self.stands_for.token_refused(self)  # type: ignore[arg-type]
+
     async def prepare(self) -> None:  # type: ignore[override]
         """Authorize as the engine's handler would, then start the request so
         that the body streams on as it arrives."""
@@ -289,6 +295,7 @@ def forwarding(handler: type[LLMHandler], route: str) -> type[ForwardHandler]:
             "route": route,
             "auth_resource": handler.auth_resource,
             "max_body": handler.max_body,
+            "api_key_header": handler.api_key_header,
         },
     )
 

@@ -72,6 +72,7 @@ class Finished:
     load_duration: int
     total_duration: int
     context: list[int]
+    stop_sequence: str = ""  # the stop string that ended it, if one did
 
 
 @dataclass
@@ -224,6 +225,7 @@ def finished(done: Done, load_duration: int, total_duration: int) -> Finished:
         load_duration=load_duration,
         total_duration=total_duration,
         context=done.context,
+        stop_sequence=done.stop_sequence,
     )
 
 

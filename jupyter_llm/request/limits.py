@@ -83,7 +83,7 @@ TEXT_LAYER = Limit(
 # -- sampling -------------------------------------------------------------------------------
 STOP_STRINGS = Limit(
     "stop_strings",
-    "options.stop, stop",
+    "options.stop, stop, stop_sequences",
     64,
     "strings",
     "each is checked after every token in the loop all users share; OpenAI allows 4, "
@@ -91,7 +91,7 @@ STOP_STRINGS = Limit(
 )
 STOP_CHARS = Limit(
     "stop_chars",
-    "options.stop, stop (all strings together)",
+    "options.stop, stop, stop_sequences (all strings together)",
     16384,
     "characters",
     "the text held back while a stop may still match grows with the longest stop",
@@ -249,6 +249,33 @@ TOOLS = Limit(
     "OpenAI's bound",
 )
 
+# -- Anthropic's Messages API (/v1/messages) ---------------------------------------------------
+CONTENT_BLOCKS = Limit(
+    "content_blocks",
+    "system blocks, messages[].content blocks and tool_result content blocks "
+    "(/v1/messages; all together)",
+    16384,
+    "blocks",
+    "a long agent session holds a few thousand (a text, tool_use and tool_result block "
+    "per step); each block is one more message or part for the chat template",
+)
+SYSTEM_BYTES = Limit(
+    "system_bytes",
+    "system (/v1/messages; all its text blocks together, as UTF-8)",
+    4 * MiB,
+    "bytes",
+    "as a model's system layer (text_layer); coding agents' system prompts are under 100 KiB",
+    shown="4 MiB",
+)
+TOOL_NAME = Limit(
+    "tool_name",
+    "tools[].name, tool_choice.name, tool_use.name (/v1/messages)",
+    128,
+    "characters",
+    "names are identifiers; MCP tools' names, prefixed with their server's, stay well "
+    "under it. Each name is spelled out in the tool-call grammar",
+)
+
 # -- table ----------------------------------------------------------------------------------
 TABLE: tuple[Limit, ...] = (
     BODY_BYTES,
@@ -276,6 +303,9 @@ TABLE: tuple[Limit, ...] = (
     ENUM_CHARS,
     SCHEMA_ALTERNATIVES,
     TOOLS,
+    CONTENT_BLOCKS,
+    SYSTEM_BYTES,
+    TOOL_NAME,
 )
 BY_KEY = {limit.key: limit for limit in TABLE}
 

@@ -144,6 +144,7 @@ class Done:
     eval_duration: int = 0
     context: list[int] = field(default_factory=list)
     tool_calls_count: int = 0
+    stop_sequence: str = ""  # the stop string that ended it (Anthropic reports it)
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,7 @@ class Sequence:
         done = self.prompt_done
         return Done(
             done_reason=reason,
+            stop_sequence=self.stops.hit,
             prompt_eval_count=len(prompt) if done else evaluated,
             prompt_eval_duration=self.prompt_ns,
             eval_count=len(self.generated),

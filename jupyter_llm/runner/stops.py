@@ -32,6 +32,7 @@ class StopScanner:
         self._failure = [_failure(s) for s in self.stops]
         self._matched = [0] * len(self.stops)  # chars of each stop the text ends with
         self.pending = ""  # text held back: it may be the start of a stop
+        self.hit = ""  # the stop that ended the text, once one did
 
     def __bool__(self) -> bool:
         return bool(self.stops)
@@ -51,7 +52,7 @@ class StopScanner:
                     k += 1
                 if k == len(stop):
                     out = self.pending[: i + 1 - k]
-                    self.pending = ""
+                    self.pending, self.hit = "", stop
                     return out, True
                 matched[n] = k
         cut = len(self.pending) - max(matched, default=0)
