@@ -26,6 +26,8 @@ from jupyter_llm.api.generation import (
 )
 from jupyter_llm.api.openai_shapes import stream_flag
 from jupyter_llm.api.requests import checked, messages_field, tools_field
+from jupyter_llm.api.structured import invalid_format, parse_format
+from jupyter_llm.grammar.check import OutputFormat
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.images import parse_image
@@ -48,6 +50,7 @@ SAMPLING = {
     "top_k": ("top_k", 0, None),
 }
 DEFAULTS = {"temperature": 1.0, "top_p": 1.0}  # Anthropic's: no nucleus cut unless asked
+THINKING_DEFAULT = ("adaptive", "between_tools")  # the model decides: its template's default
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # and "tool", naming one
 USER_BLOCKS = "user turns take text, image and tool_result"
 ASSISTANT_BLOCKS = "assistant turns take text, thinking, redacted_thinking and tool_use"
@@ -120,6 +123,7 @@ def generation(body: dict[str, Any], max_tokens: int | None) -> GenerationReques
         tool_choice=choice,
         parallel_tool_calls=parallel,
         think=thinking_of(body.get("thinking"), max_tokens),
+        format=output_format(body.get("output_config")),
     )
 
 
@@ -140,17 +144,21 @@ def sampling(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def thinking_of(raw: Any, max_tokens: int | None) -> bool | None:
-    """``thinking`` as ``think``: enabled, disabled, or (absent) the template's default.
-    ``budget_tokens`` is checked as Anthropic checks it, below ``max_tokens``;
+    """``thinking`` as ``think``: enabled, disabled, or the template's default
+    when absent or when the model may decide (``adaptive``, ``between_tools``).
+    ``budget_tokens`` must be below ``max_tokens``, as Anthropic checks it;
     ``max_tokens`` bounds thinking and answer together."""
     if raw is None:
         return None
     kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind in THINKING_DEFAULT:
+        return None
     if kind == "disabled":
         return False
     if kind != "enabled":
         raise InvalidRequest(
-            'thinking must be {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}'
+            'thinking.type must be "enabled" (with budget_tokens), "adaptive", '
+            '"between_tools" or "disabled"'
         )
     budget = raw.get("budget_tokens")
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
@@ -158,6 +166,25 @@ def thinking_of(raw: Any, max_tokens: int | None) -> bool | None:
     if max_tokens is not None and budget >= max_tokens:
         raise InvalidRequest("thinking.budget_tokens must be less than max_tokens")
     return True
+
+
+def output_format(raw: Any) -> OutputFormat | None:
+    """``output_config.format``: a JSON Schema the output follows, through
+    the grammar. ``output_config.effort`` is accepted and has no effect."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InvalidRequest("output_config must be an object")
+    fmt = raw.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise InvalidRequest(
+            'output_config.format must be {"type": "json_schema", "schema": {...}}'
+        )
+    if not isinstance(fmt.get("schema"), dict):
+        raise invalid_format(fmt.get("schema"))
+    return parse_format(fmt["schema"], "output_config.format.schema")
 
 
 def tool_name(value: Any, where: str) -> str:

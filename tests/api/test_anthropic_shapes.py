@@ -148,7 +148,13 @@ def test_tool_choice(choice, runner, parallel):
 
 @pytest.mark.parametrize(
     ("thinking", "think"),
-    [(None, None), ({"type": "enabled", "budget_tokens": 4}, True), ({"type": "disabled"}, False)],
+    [
+        (None, None),
+        ({"type": "enabled", "budget_tokens": 4, "display": "summarized"}, True),
+        ({"type": "disabled"}, False),
+        ({"type": "adaptive"}, None),
+        ({"type": "between_tools"}, None),
+    ],
 )
 def test_thinking_is_think(thinking, think):
     assert call(thinking=thinking).think is think
@@ -171,7 +177,9 @@ def test_thinking_is_think(thinking, think):
         ({"stop_sequences": "x"}, "stop_sequences must be a list of strings"),
         ({"thinking": {"type": "enabled"}}, "budget_tokens must be a positive integer"),
         ({"thinking": {"type": "enabled", "budget_tokens": 8}}, "less than max_tokens"),
-        ({"thinking": {"type": "on"}}, "thinking must be"),
+        ({"thinking": {"type": "on"}}, "thinking.type must be"),
+        ({"output_config": {"format": {"type": "json"}}}, "output_config.format must be"),
+        ({"output_config": {"format": {"type": "json_schema", "schema": 3}}}, "invalid format"),
         ({"tools": [{"type": "web_search_20250305", "name": "w"}]}, "is a server tool"),
         ({"tools": [{"name": "t"}]}, r"tools\[0\].input_schema must be a JSON Schema"),
         ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "x"}}, "not in tools"),
@@ -195,6 +203,14 @@ def test_bad_bodies_are_refused(fields, match):
 def test_bad_images_are_refused(source, match):
     content = [{"type": "image", "source": source}]
     refused(match, messages=[{"role": "user", "content": content}])
+
+
+def test_output_config_format_is_a_grammar_and_effort_has_no_effect():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    config = {"effort": "high", "format": {"type": "json_schema", "schema": schema}}
+    r = call(output_config=config)
+    assert r.format is not None and "root" in r.format.grammar
+    assert call(output_config={"effort": "low"}).format is None
 
 
 def test_count_tokens_evaluates_the_prompt_and_generates_nothing():

@@ -32,6 +32,8 @@ EXPECTED = {
     ("v1/chat/completions", "POST"): (EXECUTE, LLM),
     ("v1/completions", "POST"): (EXECUTE, LLM),
     ("v1/embeddings", "POST"): (EXECUTE, LLM),
+    ("v1/messages", "POST"): (EXECUTE, LLM),
+    ("v1/messages/count_tokens", "POST"): (EXECUTE, LLM),
     (BLOB, "HEAD"): (READ, MODELS),
     (BLOB, "POST"): (WRITE, MODELS),
     ("api/create", "POST"): (WRITE, MODELS),

@@ -69,11 +69,15 @@ async def test_chat_uses_template(runner):
 async def test_stop_sequence(runner):
     text, _ = await collect(runner, prompt="hello", options={**GREEDY, "num_predict": 40})
     stop = text[5:8]
+    stops = ["\x01never", stop]
     short, done = await collect(
-        runner, prompt="hello", options={**GREEDY, "num_predict": 40, "stop": [stop]}
+        runner, prompt="hello", options={**GREEDY, "num_predict": 40, "stop": stops}
     )
     assert done["done_reason"] == "stop"
+    assert done["stop_sequence"] == stop  # which one ended it (Anthropic's stop_sequence)
     assert stop not in short and text.startswith(short)
+    _, done = await collect(runner, prompt="hello", options={**GREEDY, "num_predict": 3})
+    assert done["stop_sequence"] == ""  # none ended it
 
 
 async def test_cancel_stops_generation(runner):
@@ -210,7 +214,9 @@ async def test_discovery_reports_cpu():
     ],
 )
 def test_a_stop_in_one_piece(pending, stops, expected):
-    assert StopScanner(stops).feed(pending) == expected
+    scanner = StopScanner(stops)
+    assert scanner.feed(pending) == expected
+    assert bool(scanner.hit) == expected[1] and (not scanner.hit or scanner.hit in pending)
 
 
 @pytest.mark.parametrize(
