@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from pathlib import Path
 
 import anthropic
@@ -105,6 +106,24 @@ async def test_stop_sequences_say_which_one_ended_it(client, installed_model):
     async with client.messages.stream(**kwargs, stop_sequences=[stop]) as stream:
         final = await stream.get_final_message()
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
+
+
+async def test_output_config_format_holds_the_answer_to_a_schema(client, installed_model):
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "city": {"type": "string", "maxLength": 8}},
+        "required": ["ok", "city"],
+        "additionalProperties": False,
+    }
+    r = await client.messages.create(
+        model="tiny",
+        messages=ASK,
+        max_tokens=200,
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+        extra_body=GREEDY,
+    )
+    assert r.stop_reason == "end_turn"
+    jsonschema.validate(json.loads(r.content[0].text), schema)
 
 
 async def test_count_tokens_is_the_prompt_the_model_sees(client, installed_model):

@@ -17,6 +17,7 @@ from jupyter_llm.api.anthropic_shapes import (
     message,
     messages_call,
 )
+from jupyter_llm.api.base import NAMED_SSE
 from jupyter_llm.api.generation import Finished, Reply, Thinking, ToolCalls
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.limits import CONTENT_BLOCKS, STOP_STRINGS, SYSTEM_BYTES, TOOL_NAME
@@ -329,3 +330,11 @@ def test_errors_in_anthropics_shape(status, kind):
         "type": "error",
         "error": {"type": kind, "message": "m"},
     }
+
+
+def test_each_event_is_named_by_its_type_an_error_mid_stream_too():
+    assert NAMED_SSE.encode({"type": "message_stop"}) == (
+        'event: message_stop\ndata: {"type": "message_stop"}\n\n'
+    )
+    assert NAMED_SSE.encode(anthropic_error(500, "gone")).startswith("event: error\ndata: ")
+    assert NAMED_SSE.trailer == ""  # no [DONE]: message_stop ends it

@@ -268,3 +268,21 @@ def test_engine_settings(env, url, token):
 def test_a_bad_engine_url_names_the_variable(url):
     with pytest.raises(ConfigError, match="JUPYTER_LLM_ENGINE_URL"):
         Settings.from_env({"JUPYTER_LLM_ENGINE_URL": url})
+
+
+async def test_the_anthropic_client_is_forwarded_with_its_x_api_key(
+    jp_serverapp, jp_base_url, http_server, http_server_port, engine
+):
+    """x-api-key is read here as on the engine (the token of this server,
+    never sent on), and a wrong one is Anthropic's 401 here too."""
+    import anthropic
+
+    base = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm"
+    token = jp_serverapp.identity_provider.token
+    client = anthropic.AsyncAnthropic(base_url=base, api_key=token, max_retries=0)
+    r = await client.messages.create(model="tiny", max_tokens=3, messages=_hi())
+    assert r.model == "tiny:latest" and r.usage.output_tokens == 3
+    wrong = anthropic.AsyncAnthropic(base_url=base, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as info:
+        await wrong.messages.count_tokens(model="tiny", messages=_hi())
+    assert info.value.body["error"]["type"] == "authentication_error"
