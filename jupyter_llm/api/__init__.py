@@ -7,7 +7,7 @@ from typing import Any
 
 from tornado import web
 
-from jupyter_llm.api import anthropic, ollama, openai, openai_shapes
+from jupyter_llm.api import anthropic, ollama, openai, openai_shapes, plan
 from jupyter_llm.api.base import LLMHandler, token_needed
 
 # A path that no route takes, with a trailing "/" too: jupyter_server's
@@ -66,6 +66,7 @@ def handlers() -> list[tuple[str, type]]:
     mounts; the catch-all last."""
     return [
         *ollama.handlers(),
+        *plan.handlers(),
         *openai.handlers(),
         *anthropic.handlers(),
         (UNKNOWN, NotFoundHandler),

@@ -69,7 +69,8 @@ def describe_loaded(loaded: Loaded, users: list[dict[str, Any]] | None = None) -
         "node": loaded.node,  # the cluster node it runs on ("": this machine)
         "allocations": [
             {"device": on_node(loaded.node, a.device), "weights": a.weights, "kv_cache": a.kv_cache,
-             "graph": a.graph, "measured": loaded.measured}
+             "graph": a.graph, "measured": loaded.measured,
+             "layers": loaded.placement.layers_on(a.device)}
             for a in loaded.allocations
         ],
     }  # fmt: skip

@@ -65,6 +65,12 @@ class Placement:
     def on(self, device: str) -> int:
         return sum(a.total for a in self.allocations if a.device == device)
 
+    def layers_on(self, device: str) -> int:
+        """Layers (the output layer counting as one) placed on ``device``."""
+        if device == CPU:
+            return self.n_layers - self.n_gpu_layers
+        return sum(n for d, n in self.gpu_layers if d == device)
+
 
 class LayoutFailure(Exception):
     """No acceptable layout with the memory that is free now."""

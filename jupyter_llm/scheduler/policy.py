@@ -98,6 +98,14 @@ def held_bytes(loaded: Iterable[Loaded]) -> dict[str, int]:
     return held
 
 
+def with_freed(devices: list[DeviceInfo], gone: Iterable[Loaded]) -> list[DeviceInfo]:
+    """``devices`` as they would be with the ``gone`` models unloaded."""
+    held = held_bytes(gone)
+    return [
+        replace(d, free_memory=d.free_memory + held.get(on_node(d.node, d.id), 0)) for d in devices
+    ]
+
+
 def gpu_slots(devices: list[DeviceInfo], backoff: int) -> list[GpuSlot]:
     """The serving GPUs, free memory shrunk by the backoff."""
     keep = 1.0 - 0.1 * backoff
@@ -156,11 +164,7 @@ def fits_emptied(
     gpu_overhead: int,
 ) -> bool:
     """Would the model fit on ``node`` with its models unloaded?"""
-    held = held_bytes(m for m in loaded if m.node == node)
-    freed = [
-        replace(d, free_memory=d.free_memory + held.get(on_node(node, d.id), 0))
-        for d in node_devices(devices, node)
-    ]
+    freed = node_devices(with_freed(devices, [m for m in loaded if m.node == node]), node)
     try:
         plan_on_node(est, wanted, freed, 0, False, gpu_overhead)
     except LayoutFailure:

@@ -19,27 +19,11 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 
 from jupyter_llm.config import Settings
-from jupyter_llm.devices import (
-    DeviceInfo,
-    DeviceSource,
-    device_from_raw,
-    gpu_max_tensor,
-    node_devices,
-    on_node,
-    serving_gpus,
-)
-from jupyter_llm.memory import (
-    Estimate,
-    EstimateOptions,
-    LayoutFailure,
-    ModelInfo,
-    Placement,
-    estimate,
-)
+from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw, node_devices, on_node
+from jupyter_llm.memory import LayoutFailure, ModelInfo
 from jupyter_llm.memory.measured import backend_names, measured_allocations
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.memory.projector import ProjectorInfo, read_projector_info
@@ -54,7 +38,7 @@ from jupyter_llm.request.errors import (
 )
 from jupyter_llm.request.identity import LOCAL, Requester
 from jupyter_llm.runner_client.launch import LoadRequest, gpu_library
-from jupyter_llm.scheduler import policy
+from jupyter_llm.scheduler import fit, policy
 from jupyter_llm.scheduler.fair_queue import unload_now
 from jupyter_llm.scheduler.keep_alive import start_timer, stop_timer
 from jupyter_llm.scheduler.load_progress import LoadProgress
@@ -199,6 +183,23 @@ class Scheduler:
 
         return await self.devices.devices(used=used, fresh=fresh)
 
+    async def plan(self, entry: ModelEntry, options: LoadOptions) -> fit.LoadPlan:
+        """What a request for ``entry`` would do now, doing none of it: the fit
+        loop's own decisions (``fit.next_move``) over a copy of the state. The
+        GGUF is read off the loop, and no lock is taken, so a load in progress
+        delays no plan (a plan made meanwhile sees the models loaded so far)."""
+        info = await self._facts.model(entry.model_path)
+        wanted = policy.wanted(options, info, self.settings)
+        devices = await self.current_devices()
+        loaded = self.loaded_models()
+        current = next((m for m in loaded if m.key == entry.name.display), None)
+        if current is not None and not policy.needs_reload(current, entry, wanted):
+            return fit.reuse_plan(current, devices)
+        projector = await self._facts.projector(entry.projector_path)
+        est = fit.estimate_on(info, wanted, devices, projector)
+        parallel = policy.parallel_slots(info, self.settings)
+        return fit.plan_load(est, wanted, parallel, devices, loaded, self.settings, current)
+
     # -- unloading -----------------------------------------------------------------
     async def unload(self, name: str, requester: Requester = LOCAL) -> bool:
         """Unload now if idle, or as soon as its requests end. Another user's
@@ -330,20 +331,24 @@ class Scheduler:
         """The fit loop: place, evicting others while that is what it takes."""
         parallel = policy.parallel_slots(info, self.settings)
         projector = await self._facts.projector(entry.projector_path)
-        opts = EstimateOptions(num_ctx=wanted.num_ctx, num_batch=wanted.num_batch)
         backoff = 0
         while True:
             if self._closing:
                 raise ModelLoadFailed("the server is shutting down")
-            devices = await self.current_devices()
-            # what the serving GPUs' backend refuses stays on the CPU
-            limit = gpu_max_tensor(serving_gpus(devices))
-            est = estimate(info, replace(opts, gpu_max_tensor=limit), projector)
-            if await self._make_room_for_count(devices):
+            if await self._drop_dead():
                 continue  # something was unloaded: look at the devices again
-            if (placed := await self._place_or_evict(est, wanted, devices, backoff)) is None:
+            devices = await self.current_devices()
+            est = fit.estimate_on(info, wanted, devices, projector)
+            try:
+                move = fit.next_move(
+                    est, wanted, devices, self.loaded_models(), self.settings, backoff
+                )
+            except LayoutFailure as failure:
+                raise InsufficientMemory(str(failure)) from None
+            if isinstance(move, fit.Evict):
+                await self._evict(move.victim)
                 continue  # a model was evicted: look at the devices again
-            node, placement = placed
+            node, placement = move.node, move.placement
             request = policy.load_request(
                 entry, wanted, parallel, placement, node_devices(devices, node),
                 self.devices.simulated, node,
@@ -364,28 +369,6 @@ class Scheduler:
                 log.info("allocation failed, retrying with %d %% less free memory", 10 * backoff)
                 continue
             return self._loaded_record(entry, runner, wanted, request, keep_alive)
-
-    async def _place_or_evict(
-        self, est: Estimate, wanted: Wanted, devices: list[DeviceInfo], backoff: int
-    ) -> tuple[str, Placement] | None:
-        """Where the model goes; None when it fits nowhere and a model on the
-        node that could make room was evicted. Raises ``InsufficientMemory``
-        when no eviction would help."""
-        loaded = self.loaded_models()
-        overhead = self.settings.gpu_overhead
-        try:
-            return policy.place(est, wanted, devices, backoff, loaded, overhead)
-        except LayoutFailure as failure:
-            # one node's models make room on that node only
-            where = policy.eviction_node(
-                devices,
-                loaded,
-                lambda n: policy.fits_emptied(est, wanted, devices, n, loaded, overhead),
-            )
-            if others := [m for m in loaded if m.node == where]:
-                await self._evict(policy.choose_victim(others))
-                return None
-            raise InsufficientMemory(str(failure)) from None
 
     async def _start_tracked(self, key: str, request: LoadRequest) -> Runner:
         """The runner factory, with the load's progress kept under ``key``."""
@@ -419,17 +402,12 @@ class Scheduler:
         )
 
     # -- eviction ------------------------------------------------------------------
-    async def _make_room_for_count(self, devices: list[DeviceInfo]) -> bool:
-        """Drop dead runners and keep below max_loaded_models; True if it unloaded."""
-        changed = False
-        for dead in [m for m in self._loaded.values() if not m.runner.alive]:
-            await self._unload(dead)
-            changed = True
-        gpus = sum(1 for d in devices if d.is_gpu)
-        while len(self.loaded_models()) >= policy.max_loaded(self.settings, gpus):
-            await self._evict(policy.choose_victim(self.loaded_models()))
-            changed = True
-        return changed
+    async def _drop_dead(self) -> bool:
+        """Unload the runners that died; True if there were any."""
+        dead = [m for m in self._loaded.values() if not m.runner.alive]
+        for loaded in dead:
+            await self._unload(loaded)
+        return bool(dead)
 
     async def _evict(self, victim: Loaded | None) -> None:
         """Unload ``victim`` now if it is idle (or dead); if it is busy, raise

@@ -25,6 +25,7 @@ EXPECTED = {
         for method in ("GET", "HEAD")
     },
     ("api/show", "POST"): (READ, LLM),
+    ("api/plan", "POST"): (READ, LLM),
     ("api/generate", "POST"): (EXECUTE, LLM),
     ("api/chat", "POST"): (EXECUTE, LLM),
     ("api/embed", "POST"): (EXECUTE, LLM),

@@ -20,6 +20,7 @@ ROUTES = [
     "api/embed",
     "api/embeddings",
     "api/show",
+    "api/plan",
     "api/copy",
     "api/create",
     "api/blobs/sha256:" + "0" * 64,
