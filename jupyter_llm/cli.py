@@ -3,6 +3,7 @@ embedded engine when none runs).
 
     jupyter llm list | ps | pull NAME | create NAME [-f Modelfile] | rm NAME...
     jupyter llm cp SRC DST | show NAME | run NAME [PROMPT] | doctor
+    jupyter llm plan NAME [--num-ctx N] [--num-gpu N]   (what a load would do now)
     jupyter llm serve   (the engine alone, as a JupyterHub service: jupyter_llm.hub)
 
 Finding the server, the requests and what they print live in ``connect``,
@@ -24,7 +25,13 @@ from jupyter_llm.connect.create import create_from_path
 from jupyter_llm.connect.doctor import doctor_report
 from jupyter_llm.connect.loading import LoadWatcher, loading_text
 from jupyter_llm.connect.terminal import terminal_text
-from jupyter_llm.connect.views import loaded_table, model_details, models_table
+from jupyter_llm.connect.views import (
+    loaded_table,
+    model_details,
+    models_table,
+    plan_request,
+    plan_text,
+)
 
 Command = Callable[[ServerEndpoint, argparse.Namespace], int]
 
@@ -93,6 +100,13 @@ def cmd_show(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
     info = endpoint.request("POST", "api/show", {"model": args.name})
     print(json.dumps(info, indent=2) if args.json else model_details(info))
     return 0
+
+
+def cmd_plan(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
+    """What loading the model would do now; exits 1 when it does not fit."""
+    plan = endpoint.request("POST", "api/plan", plan_request(args.name, args.num_ctx, args.num_gpu))
+    print(json.dumps(plan, indent=2) if args.json else plan_text(plan))
+    return 0 if plan["fits"] else 1
 
 
 def cmd_run(endpoint: ServerEndpoint, args: argparse.Namespace) -> int:
@@ -203,6 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--json", action="store_true", help="everything, as JSON")
     p.set_defaults(run=cmd_show)
+    p = sub.add_parser(
+        "plan", help="where a model would load now, and what it would evict (loads nothing)"
+    )
+    p.add_argument("name")
+    p.add_argument("--num-ctx", type=int, help="context length to plan for")
+    p.add_argument("--num-gpu", type=int, help="layers on GPUs (-1 automatic, 0 CPU only)")
+    p.add_argument("--json", action="store_true", help="the server's /api/plan, as JSON")
+    p.set_defaults(run=cmd_plan)
     p = sub.add_parser("run", help="chat with a model (one prompt, or interactively)")
     p.add_argument("name")
     p.add_argument("prompt", nargs="*")

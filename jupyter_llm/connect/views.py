@@ -74,3 +74,37 @@ def model_details(info: dict[str, Any]) -> str:
     if info.get("license"):
         lines.append("\n  License\n    " + info["license"].strip().splitlines()[0])
     return terminal_text("\n".join(str(line) for line in lines))
+
+
+def plan_request(model: str, num_ctx: int | None, num_gpu: int | None) -> dict[str, Any]:
+    """The ``/api/plan`` body of ``jupyter llm plan`` and ``%llm plan``."""
+    options = {k: v for k, v in (("num_ctx", num_ctx), ("num_gpu", num_gpu)) if v is not None}
+    return {"model": model, "options": options}
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    """``/api/plan``: whether the model fits, what it evicts, and per device
+    its layers and bytes by kind (the sizes as ``ps`` shows them)."""
+    model = plan["model"]
+    if not plan["fits"]:
+        head = f"{model} does not fit: {plan['reason']}"
+    elif plan["loaded"]:
+        head = f"{model} is loaded as asked: a request uses it as it is"
+    else:
+        head = f"{model} fits: {plan['num_gpu_layers']}/{plan['num_layers']} layers on GPUs"
+    lines = [head]
+    if plan["fits"]:
+        lines.append(f"context {plan['context_length']}, {plan['parallel']} parallel")
+    if plan["evicts"]:
+        busy = set(plan.get("busy") or [])
+        names = [f"{n} (after its requests end)" if n in busy else n for n in plan["evicts"]]
+        lines.append("evicts " + ", ".join(names))
+    rows = [
+        [e["device"], e["name"], e["library"], str(e["layers"]), human_size(e["weights"]),
+         human_size(e["kv_cache"]), human_size(e["graph"]), human_size(e["free_memory"])]
+        for e in plan["layout"]
+    ]  # fmt: skip
+    if rows:
+        header = ["DEVICE", "NAME", "LIBRARY", "LAYERS", "WEIGHTS", "KV CACHE", "GRAPH", "FREE"]
+        lines.append(table(rows, header))
+    return terminal_text("\n".join(lines))

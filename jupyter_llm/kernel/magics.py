@@ -25,7 +25,7 @@ from traitlets import Float, Unicode
 from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
 from jupyter_llm.connect.create import create_from_path
 from jupyter_llm.connect.loading import LoadWatcher, loading_text
-from jupyter_llm.connect.views import loaded_table, model_details, models_table
+from jupyter_llm.connect.views import loaded_table, model_details, models_table, plan_request
 from jupyter_llm.kernel.formats import structured_format
 from jupyter_llm.kernel.image_inputs import ImageValueError, image_files, images_from_namespace
 from jupyter_llm.kernel.markdown import safe_markdown
@@ -40,7 +40,8 @@ HELP = """%%llm MODEL [options]   (the prompt is the cell body)
     list or Series VAR; runs them all, as many at once as the model's slots
     (or N), with a progress bar; -o stores the results (in order)
 %llm models | ps | pull NAME [--insecure] | create NAME FILE_OR_MODELFILE | rm NAME
-%llm show NAME | unload NAME|--all | devices | help"""
+%llm show NAME | unload NAME|--all | devices | help
+%llm plan MODEL [--num-ctx N] [--num-gpu N]: what loading it would do now (loads nothing)"""
 
 
 class MagicUsageError(Exception):
@@ -368,10 +369,27 @@ class LLMMagics(Magics):
             self.endpoint.request("POST", "api/generate", {"model": name, "keep_alive": 0})
             print(f"unloaded '{name}'")
 
+    def _cmd_plan(self, rest: list[str]) -> Any:
+        from jupyter_llm.kernel.plan_view import PlanView
+
+        body = parse_plan_args(rest, "%llm plan")
+        plan = self.endpoint.request("POST", "api/plan", body)
+        return PlanView(plan, self.endpoint.request("GET", "api/ps")["models"])
+
     def _cmd_devices(self, rest: list[str]) -> Any:
         from jupyter_llm.kernel.widgets import DeviceDashboard
 
         return DeviceDashboard(self.endpoint)
+
+
+def parse_plan_args(words: list[str], prog: str) -> dict[str, Any]:
+    """``MODEL [--num-ctx N] [--num-gpu N]`` as an ``/api/plan`` body."""
+    p = _Parser(prog=prog, add_help=False)
+    p.add_argument("model")
+    p.add_argument("--num-ctx", type=int)
+    p.add_argument("--num-gpu", type=int)
+    a = p.parse_args(words)
+    return plan_request(a.model, a.num_ctx, a.num_gpu)
 
 
 def _one(rest: list[str], usage: str) -> str:

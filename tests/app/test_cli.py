@@ -209,3 +209,23 @@ def test_doctor_explains_an_idle_gpu(idle_gpu_live):
     assert "H200" in out.stdout and "fix: make lab GPU=cuda" in out.stdout
     out = cli("doctor", "--json", env=idle_gpu_live.client_env)
     assert out.returncode == 1 and json.loads(out.stdout)["notices"][0]["kind"] == "idle_gpu"
+
+
+def test_plan_prints_the_layout_and_loads_nothing(live):
+    env = live.client_env
+    assert cli("cp", "tiny", "planned", env=env).returncode == 0  # a name no other test loads
+    out = cli("plan", "planned", "--num-ctx", "512", env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "planned:latest fits: 0/3 layers on GPUs"
+    assert lines[1] == "context 512, 4 parallel"
+    header = ["DEVICE", "NAME", "LIBRARY", "LAYERS", "WEIGHTS", "KV", "CACHE", "GRAPH", "FREE"]
+    assert lines[-2].split() == header
+    assert lines[-1].split()[:4] == ["cpu", "CPU", "CPU", "3"]
+    plan = json.loads(cli("plan", "planned", "--num-gpu", "0", "--json", env=env).stdout)
+    assert plan["fits"] is True and plan["context_length"] == 2048  # the model's trained context
+    assert [e["device"] for e in plan["layout"]] == ["cpu"]
+    assert "planned:latest" not in cli("ps", env=env).stdout  # nothing was loaded
+    out = cli("plan", "nothere", env=env)
+    assert out.returncode == 1 and "model 'nothere:latest' not found" in out.stderr
+    cli("rm", "planned", env=env)
