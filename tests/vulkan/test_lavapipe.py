@@ -275,6 +275,49 @@ async def test_gemma_per_device_matches_the_estimate(
         assert within(measured[device].graph, est.graph, graph_tolerance), (device, est)
 
 
+async def plan(jp_fetch, model: str, **options) -> dict:
+    body = json.dumps({"model": model, "options": options})
+    return json.loads((await jp_fetch("llm", "api", "plan", method="POST", body=body)).body)
+
+
+def planned_layers(planned: dict) -> list[tuple[str, int]]:
+    return [(e["device"], e["layers"]) for e in planned["layout"]]
+
+
+def assert_plan_is_the_load(planned: dict, entry: dict, model) -> None:
+    """Layers per device and the context exactly; the bytes exactly the load's
+    own estimate, and within what that estimate claims (``TOLERANCE``) of
+    llama.cpp's measured buffers, which ``/api/ps`` shows here."""
+    assert planned["fits"] is True
+    assert planned_layers(planned) == [(a["device"], a["layers"]) for a in entry["allocations"]]
+    for key in ("context_length", "num_gpu_layers", "num_layers"):
+        assert planned[key] == entry[key], key
+    kinds = ("weights", "kv_cache", "graph")
+    assert [(e["device"], *(e[k] for k in kinds)) for e in planned["layout"]] == [
+        (a.device, *(getattr(a, k) for k in kinds)) for a in model.placement.allocations
+    ]
+    for e in planned["layout"]:
+        real = by_device(entry)[e["device"]]
+        for kind in ("weights", "kv_cache"):
+            assert within(real[kind], e[kind], TOLERANCE), (e, real)
+
+
+@pytest.mark.parametrize("num_gpu", [-1, 4], ids=["all layers", "4 layers"])
+async def test_the_plan_is_what_the_load_does(
+    jp_fetch, jp_serverapp, models_dir, small_gguf, num_gpu
+):
+    install(models_dir, small_gguf, "small")
+    planned = await plan(jp_fetch, "small", num_gpu=num_gpu, num_ctx=1024)
+    assert await ps(jp_fetch) == []  # a plan loads nothing
+    assert planned["layout"][0]["name"] == "Vulkan0"
+    assert planned["layout"][0]["library"] == "Vulkan"
+    await generate(jp_fetch, "small", num_gpu=num_gpu, num_ctx=1024)
+    (entry,) = await ps(jp_fetch)
+    assert_plan_is_the_load(planned, entry, loaded(jp_serverapp, "small:latest"))
+    assert planned_layers(planned) == [("Vulkan0", 9 if num_gpu < 0 else 4),
+                                       ("cpu", 0 if num_gpu < 0 else 5)]  # fmt: skip
+
+
 async def test_a_second_big_model_evicts_the_first(jp_fetch, big_models, lavapipe):
     await generate(jp_fetch, "big")
     (first,) = await ps(jp_fetch)
@@ -287,8 +330,12 @@ async def test_a_second_big_model_evicts_the_first(jp_fetch, big_models, lavapip
     (vulkan,) = [d for d in body["devices"] if d["id"] == "Vulkan0"]
     assert vulkan["free_memory"] <= lavapipe["total_memory"] - one
 
+    planned = await plan(jp_fetch, "big2")  # the plan says so first
+    assert planned["evicts"] == ["big:latest"] and planned["fits"] is True
+    assert [m["name"] for m in await ps(jp_fetch)] == ["big:latest"]
     await generate(jp_fetch, "big2")
     (second,) = await ps(jp_fetch)
+    assert planned_layers(planned) == [(a["device"], a["layers"]) for a in second["allocations"]]
     assert second["name"] == "big2:latest"
     assert second["num_gpu_layers"] == second["num_layers"]
     assert second["pid"] != first["pid"]
