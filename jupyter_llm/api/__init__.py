@@ -7,13 +7,12 @@ from typing import Any
 
 from tornado import web
 
-from jupyter_llm.api import anthropic, ollama, openai, openai_shapes, plan
+from jupyter_llm.api import anthropic, ollama, openai, openai_responses, openai_shapes, plan
 from jupyter_llm.api.base import LLMHandler, token_needed
 
 # A path that no route takes, with a trailing "/" too: jupyter_server's
 # TrailingSlashHandler would answer those with a redirect (GET) or an HTML 403.
 UNKNOWN = r"(?P<path>.+)"
-NOT_YET = ("v1/responses",)  # OpenAI routes clients call that a later release serves
 SHOWN_PATH = 200  # characters of a path quoted back in a 404
 
 
@@ -21,7 +20,7 @@ class NotFoundHandler(LLMHandler):
     """Any other path under ``{base_url}llm/``: a 404 in the error shape of the
     API it is under (OpenAI's under ``v1/``, Ollama's elsewhere), so that a
     client reports what went wrong instead of choking on jupyter_server's
-    HTML page (openai-agents calls ``v1/responses`` by default).
+    HTML page.
 
     Like every route but the heartbeat, it needs a token (without one, the
     403 that says how to send it), as jupyter_server's own 404 does under
@@ -39,17 +38,10 @@ class NotFoundHandler(LLMHandler):
         shown = self.request.path
         if len(shown) > SHOWN_PATH:
             shown = shown[:SHOWN_PATH] + "..."
-        if any(path == p or path.startswith(p + "/") for p in NOT_YET):
-            why = (
-                "is not a route this server has yet: OpenAI's Responses API is not served; "
-                "use v1/chat/completions (openai-agents: "
-                "set_default_openai_api('chat_completions'))"
-            )
-        else:
-            why = (
-                "is not a route this server has: Ollama's API is under llm/api/ and "
-                "OpenAI's under llm/v1/ (GET llm/v1/models lists the models)"
-            )
+        why = (
+            "is not a route this server has: Ollama's API is under llm/api/ and "
+            "OpenAI's under llm/v1/ (GET llm/v1/models lists the models)"
+        )
         if path.endswith("/"):
             why += "; routes take no trailing '/'"
         raise web.HTTPError(404, "%s " + why, shown)  # the path as an argument: it may hold "%"
@@ -68,6 +60,7 @@ def handlers() -> list[tuple[str, type]]:
         *ollama.handlers(),
         *plan.handlers(),
         *openai.handlers(),
+        *openai_responses.handlers(),
         *anthropic.handlers(),
         (UNKNOWN, NotFoundHandler),
     ]

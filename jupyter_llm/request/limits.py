@@ -276,6 +276,62 @@ TOOL_NAME = Limit(
     "under it. Each name is spelled out in the tool-call grammar",
 )
 
+# -- OpenAI's Responses API (/v1/responses) -------------------------------------------------
+INPUT_ITEMS = Limit(
+    "input_items",
+    "input items and their content parts (/v1/responses; all together)",
+    16384,
+    "items",
+    "as content_blocks: a long agent session sends back a few thousand messages, "
+    "function calls and their outputs; each is one more message or part for the template",
+)
+INSTRUCTIONS_BYTES = Limit(
+    "instructions_bytes",
+    "instructions (/v1/responses, as UTF-8)",
+    4 * MiB,
+    "bytes",
+    "as system_bytes: agents' instructions are under 100 KiB",
+    shown="4 MiB",
+)
+RESPONSE_ID = Limit(
+    "response_id",
+    "previous_response_id, input[].call_id, tool names (/v1/responses)",
+    128,
+    "characters",
+    "ids this server writes are under 40 characters; clients' call ids and tool names "
+    "are identifiers",
+)
+METADATA_KEYS = Limit(
+    "metadata_keys",
+    "metadata (/v1/responses): pairs, each key up to 64 and value up to 512 characters",
+    16,
+    "pairs",
+    "OpenAI's bounds; the pairs are echoed in the response and kept with a stored one",
+)
+STORED_RESPONSES = Limit(
+    "stored_responses",
+    "responses kept for previous_response_id, per user (store: true)",
+    64,
+    "responses",
+    "an agent continues from its last response; older ones are dropped first",
+)
+STORED_BYTES = Limit(
+    "stored_bytes",
+    "the conversations kept for previous_response_id, all users together (as JSON)",
+    256 * MiB,
+    "bytes",
+    "held in the server's memory: the oldest are dropped first to stay under it",
+    shown="256 MiB",
+)
+STORED_SECONDS = Limit(
+    "stored_seconds",
+    "how long a stored response stays usable as previous_response_id",
+    3600,
+    "seconds",
+    "long enough for an agent's session between two calls; nothing is kept on disk",
+    shown="1 hour",
+)
+
 # -- table ----------------------------------------------------------------------------------
 TABLE: tuple[Limit, ...] = (
     BODY_BYTES,
@@ -306,6 +362,13 @@ TABLE: tuple[Limit, ...] = (
     CONTENT_BLOCKS,
     SYSTEM_BYTES,
     TOOL_NAME,
+    INPUT_ITEMS,
+    INSTRUCTIONS_BYTES,
+    RESPONSE_ID,
+    METADATA_KEYS,
+    STORED_RESPONSES,
+    STORED_BYTES,
+    STORED_SECONDS,
 )
 BY_KEY = {limit.key: limit for limit in TABLE}
 

@@ -1,0 +1,93 @@
+"""OpenAI's Responses API, ``POST {base_url}llm/v1/responses``: whole, or
+streamed as its typed server-sent events (``event: response.*``, no ``[DONE]``).
+
+Stateless unless ``previous_response_id`` names a response this user stored
+(``store``, true by default): its conversation goes before the new input
+(``api/response_store.py``, bounded, in memory). Errors use OpenAI's shape;
+a stream's error is an ``error`` event the ``openai`` client raises.
+Bodies become a generation request in ``api/openai_responses_shapes.py``,
+and generations responses in ``api/openai_responses_output.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tornado import web
+
+from jupyter_llm.api.base import LLM, NAMED_SSE, authorized
+from jupyter_llm.api.openai import OpenAIHandler
+from jupyter_llm.api.openai_responses_output import Head, ResponseEvents, stored_turn, whole_output
+from jupyter_llm.api.openai_responses_shapes import (
+    ResponsesCall,
+    conversation_bytes,
+    previous_id,
+    responses_call,
+)
+from jupyter_llm.api.openai_shapes import openai_error
+from jupyter_llm.api.response_store import ResponseStore
+from jupyter_llm.request.errors import LLMError
+
+
+class ResponseNotFound(LLMError):
+    status = 404
+
+
+STORE = "jupyter_llm_response_store"  # the app's one store, in tornado's settings
+
+
+class ResponsesHandler(OpenAIHandler):
+    auth_resource = LLM
+
+    def error_value(self, status: int, message: str) -> Any:
+        # a stream's error is an "error" event; a whole answer's, OpenAI's error object
+        return {"type": "error", "error": openai_error(status, message)}
+
+    @property
+    def store(self) -> ResponseStore:
+        return self.settings.setdefault(STORE, ResponseStore())
+
+    @property
+    def user_key(self) -> str:
+        """Whose stored responses these are: the Hub's user, or the server's own."""
+        username = getattr(self.current_user, "username", "") or ""
+        return f"{self.requester.name}/{username}"
+
+    @web.authenticated
+    @authorized("execute")
+    async def post(self) -> None:
+        body = await self.body_json()
+        history: list[dict[str, Any]] = []
+        if (previous := previous_id(body)) is not None:
+            found = self.store.get(self.user_key, previous)
+            if found is None:
+                raise ResponseNotFound(
+                    f"previous_response_id {previous!r} was not found: it was never stored "
+                    "for this user (store: false), or it expired or was evicted"
+                )
+            history = found
+        # images, tool schemas and the grammar are CPU work: off the event loop
+        call = await self.blocking(responses_call, body, history)
+        head = Head(call.generation.model.display, call.echo, call.previous_response_id)
+        if call.stream:
+            events = ResponseEvents(head)
+            await self.stream_generation(call.generation, events.batch, NAMED_SSE)
+            if events.finished is not None:
+                self.keep(call, history, head.id, events.output)
+        elif (reply := await self.whole_completion(call.generation)) is not None:
+            output = whole_output(reply)
+            self.keep(call, history, head.id, output)
+            self.write_json(head.response(output, reply.finished))
+
+    def keep(
+        self, call: ResponsesCall, history: list[dict[str, Any]], rid: str, output: list[Any]
+    ) -> None:
+        """Store the conversation for ``previous_response_id``, unless ``store: false``."""
+        if call.store:
+            chat = [*history, *call.chat, stored_turn(output)]
+            self.store.put(self.user_key, rid, chat, conversation_bytes(chat))
+
+
+def handlers() -> list[tuple[str, type[OpenAIHandler]]]:
+    """Routes relative to ``{base_url}llm/``."""
+    return [(r"v1/responses", ResponsesHandler)]

@@ -1,0 +1,71 @@
+"""The conversations behind ``previous_response_id``: in memory, per user, bounded.
+
+The Responses API is stateless unless a client continues a response by its
+id. Each stored response keeps its whole conversation (the chat messages it
+was given after any instructions, and its own answer), so continuing reads
+one entry. Entries belong to the user who made them: another user's id is
+"not found", as an unknown one is. Bounded by ``STORED_RESPONSES`` per user,
+``STORED_BYTES`` in all and ``STORED_SECONDS`` of age; the oldest go first.
+Only the event loop touches it, so it needs no lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_llm.request.limits import STORED_BYTES, STORED_RESPONSES, STORED_SECONDS
+
+
+@dataclass(frozen=True)
+class Stored:
+    user: str
+    chat: list[dict[str, Any]]
+    size: int
+    at: float
+
+
+class ResponseStore:
+    def __init__(
+        self,
+        per_user: int = STORED_RESPONSES.value,
+        total_bytes: int = STORED_BYTES.value,
+        seconds: float = STORED_SECONDS.value,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_user, self.total_bytes, self.seconds = per_user, total_bytes, seconds
+        self.clock = clock
+        self.entries: OrderedDict[str, Stored] = OrderedDict()  # oldest first
+        self.bytes = 0
+
+    def get(self, user: str, response_id: str) -> list[dict[str, Any]] | None:
+        """The conversation of ``response_id`` if ``user`` stored it and it has not expired."""
+        self.expire()
+        entry = self.entries.get(response_id)
+        return None if entry is None or entry.user != user else entry.chat
+
+    def put(self, user: str, response_id: str, chat: list[dict[str, Any]], size: int) -> bool:
+        """Keep a conversation, dropping the oldest to stay in bounds; one
+        larger than all the store may hold is not kept (False)."""
+        self.expire()
+        if size > self.total_bytes:
+            return False
+        mine = [key for key, e in self.entries.items() if e.user == user]
+        for key in mine[: max(0, len(mine) - self.per_user + 1)]:
+            self.drop(key)
+        while self.bytes + size > self.total_bytes:
+            self.drop(next(iter(self.entries)))
+        self.entries[response_id] = Stored(user, chat, size, self.clock())
+        self.bytes += size
+        return True
+
+    def drop(self, response_id: str) -> None:
+        self.bytes -= self.entries.pop(response_id).size
+
+    def expire(self) -> None:
+        deadline = self.clock() - self.seconds
+        while self.entries and next(iter(self.entries.values())).at < deadline:
+            self.drop(next(iter(self.entries)))
