@@ -33,6 +33,7 @@ EXPECTED = {
     ("v1/chat/completions", "POST"): (EXECUTE, LLM),
     ("v1/completions", "POST"): (EXECUTE, LLM),
     ("v1/embeddings", "POST"): (EXECUTE, LLM),
+    ("v1/responses", "POST"): (EXECUTE, LLM),
     ("v1/messages", "POST"): (EXECUTE, LLM),
     ("v1/messages/count_tokens", "POST"): (EXECUTE, LLM),
     (BLOB, "HEAD"): (READ, MODELS),
@@ -90,7 +91,7 @@ async def test_the_catch_all_asks_nothing(
     so a user refused everything still learns the path is wrong."""
     RecordingAuthorizer.refused = {(a, r) for a in (READ, WRITE, EXECUTE) for r in (LLM, MODELS)}
     with pytest.raises(HTTPClientError) as info:
-        await fetch(jp_serverapp, jp_base_url, http_server_port[1], "v1/responses", method)
+        await fetch(jp_serverapp, jp_base_url, http_server_port[1], "v1/assistants", method)
     assert info.value.code == 404
     assert RecordingAuthorizer.asked == []
 

@@ -27,6 +27,7 @@ ROUTES = [
     "v1/chat/completions",
     "v1/completions",
     "v1/embeddings",
+    "v1/responses",
 ]
 FIELDS = [
     "model",

@@ -45,7 +45,7 @@ async def test_refused_without_valid_token(
     assert info.value.code == (401 if path.startswith("v1/messages") else 403)
 
 
-@pytest.mark.parametrize("path", ["v1/responses", "api/nothing", "nothing", "api/chat/"])
+@pytest.mark.parametrize("path", ["v1/assistants", "api/nothing", "nothing", "api/chat/"])
 @pytest.mark.parametrize("method", [m.upper() for m in METHODS])
 @pytest.mark.parametrize("auth", [None, "token wrong", "Bearer wrong"])
 async def test_the_catch_all_refuses_without_valid_token(

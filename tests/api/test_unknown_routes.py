@@ -1,8 +1,7 @@
 """Every answer under ``{base_url}llm/`` is its API's JSON, errors included,
 so that a client reports what went wrong instead of choking on an HTML page:
 
-- a path no route takes is a 404 naming it (``v1/responses``, which
-  openai-agents calls by default, says it is not served yet), in OpenAI's
+- a path no route takes is a 404 naming it, in OpenAI's
   shape under ``v1/`` and Ollama's elsewhere, on a forwarding server too,
   where it is answered locally and never forwarded;
 - a route called with a method it lacks is a 405 naming the ones it has;
@@ -25,7 +24,7 @@ from jupyter_llm.api import handlers
 from jupyter_llm.api.base import TOKEN_NEEDED
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")
-OPENAI_UNKNOWN = ("v1/responses", "v1/responses/resp_1", "v1/nothing", "v1", "v1/chat/completions/")
+OPENAI_UNKNOWN = ("v1/assistants", "v1/responses/resp_1", "v1/nothing", "v1", "v1/chat/completions/")
 OLLAMA_UNKNOWN = ("api/nothing", "api/chat/", "api/tags/", "nothing/at/all", "api/blobs/x/y")
 README_SECTION = "Using it over HTTP"
 
@@ -86,8 +85,6 @@ async def test_an_unknown_path_is_a_json_404_in_its_apis_shape(
     else:
         message = ollama_shaped(r.body)
     assert f"{jp_base_url}llm/{path} is not a route this server has" in message
-    if path.startswith("v1/responses"):
-        assert "yet" in message and "v1/chat/completions" in message
     if path.endswith("/"):
         assert "no trailing '/'" in message
 
@@ -110,12 +107,12 @@ async def test_a_long_unknown_path_is_not_echoed_whole(
     assert len(ollama_shaped(r.body)) < 500
 
 
-async def test_the_responses_api_through_the_openai_client(openai_client):
+async def test_an_unknown_openai_route_through_the_openai_client(openai_client):
     with pytest.raises(openai.NotFoundError) as info:
-        await openai_client.responses.create(model="tiny", input="hi")
+        await openai_client.files.list()
     assert info.value.status_code == 404
     assert info.value.type == "invalid_request_error"
-    assert "Responses API is not served" in info.value.message
+    assert "is not a route this server has" in info.value.message
 
 
 @pytest.mark.parametrize(
@@ -128,6 +125,7 @@ async def test_the_responses_api_through_the_openai_client(openai_client):
         ("v1/models", "POST", "GET, HEAD", True),
         ("v1/chat/completions", "GET", "POST", True),
         ("v1/chat/completions", "PATCH", "POST", True),
+        ("v1/responses", "GET", "POST", True),
     ],
 )
 async def test_a_method_the_route_lacks_is_a_json_405(
@@ -152,7 +150,7 @@ async def test_a_method_the_route_lacks_is_a_json_405(
         ("api/delete", "DELETE"),
         ("v1/chat/completions", "POST"),
         ("v1/models", "GET"),
-        ("v1/responses", "POST"),  # an unknown path needs the token too
+        ("v1/assistants", "POST"),  # an unknown path needs the token too
         ("api/nothing", "GET"),
         ("api/chat", "PUT"),  # a method the route lacks: who asks is checked first
     ],
@@ -268,7 +266,7 @@ class TestJupyterServersDefault:
             ("api/chat", "POST"),
             ("api/tags", "GET"),
             ("api/tags", "HEAD"),
-            ("v1/responses", "GET"),
+            ("v1/assistants", "GET"),
             ("v1/responses", "POST"),
             ("api/nothing", "HEAD"),
         ],
@@ -317,7 +315,7 @@ class TestForwardingServer:
             r = await here.get("api/tags")
         assert r.status_code == 502  # the engine is down: it was sent there
 
-    @pytest.mark.parametrize("path", ["v1/responses", "api/nothing", "api/chat/"])
+    @pytest.mark.parametrize("path", ["v1/assistants", "api/nothing", "api/chat/"])
     async def test_an_unknown_path_is_answered_here(self, here, path):
         async with here:
             r = await here.post(path, json={"model": "tiny", "input": "hi"})

@@ -576,7 +576,7 @@ REQUESTS: list[tuple[str, str, str, Any]] = [
             "tool_choice": "sometimes",
         },
     ),
-    ("v1-err-responses", "POST", "v1/responses", {"model": "tiny", "input": "x"}),
+    ("v1-err-unknown", "POST", "v1/assistants", {"model": "tiny", "input": "x"}),
 ]
 
 

@@ -61,10 +61,10 @@ def test_no_token(peer: Peer) -> None:
     assert "token" in o.value.message
 
 
-def test_the_responses_api_is_a_json_404(peer: Peer) -> None:
-    """openai-agents calls ``/v1/responses`` first; we do not have it yet, and
-    the client must read that from a JSON error, not an HTML page."""
+def test_an_unknown_openai_route_is_a_json_404(peer: Peer) -> None:
+    """A route we do not serve (the Files API): the client must read
+    that from a JSON error, not an HTML page."""
     client = openai.OpenAI(base_url=peer.openai, api_key=peer.token, max_retries=0)
     with pytest.raises(openai.NotFoundError) as e:
-        client.responses.create(model="tiny", input="hi")
+        client.files.list()
     assert isinstance(e.value.body, dict) and e.value.body.get("message")
