@@ -24,7 +24,13 @@ from jupyter_llm.api import handlers
 from jupyter_llm.api.base import TOKEN_NEEDED
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")
-OPENAI_UNKNOWN = ("v1/assistants", "v1/responses/resp_1", "v1/nothing", "v1", "v1/chat/completions/")
+OPENAI_UNKNOWN = (
+    "v1/assistants",
+    "v1/responses/resp_1",
+    "v1/nothing",
+    "v1",
+    "v1/chat/completions/",
+)
 OLLAMA_UNKNOWN = ("api/nothing", "api/chat/", "api/tags/", "nothing/at/all", "api/blobs/x/y")
 README_SECTION = "Using it over HTTP"
 
