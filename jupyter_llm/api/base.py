@@ -25,6 +25,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized as jupyter_authorized
@@ -34,6 +35,7 @@ from tornado.iostream import StreamClosedError
 
 from jupyter_llm.api.generation import Event, GenerationRequest, Reply, collect, complete
 from jupyter_llm.api.requests import parse_json_object
+from jupyter_llm.metrics.instruments import ROUTE
 from jupyter_llm.request.errors import LLMError
 from jupyter_llm.request.identity import Requester, requester_of
 from jupyter_llm.request.limits import BODY_BYTES, DECODE_ON_LOOP_BYTES
@@ -277,11 +279,22 @@ class LLMHandler(APIHandler):
         if self.api_key_header:
             self.api_key_as_bearer()
         await super().prepare()
+        ROUTE.set(self.route_label())  # requests are counted by route (jupyter_llm.metrics)
         self._chunks = []
         length = self.request.headers.get("Content-Length", "")
         if length.isdigit() and int(length) > self.max_body:
             raise web.HTTPError(413, f"request body is larger than {self.max_body} bytes")
         self.request.connection.set_max_body_size(self.max_body + 1)  # type: ignore[attr-defined]
+
+    def route_label(self) -> str:
+        """The route as the handler table names it (``api/chat``), its
+        arguments as ``{}``: bounded by the table, whatever the path."""
+        base, path = unquote(self.settings.get("base_url", "/")), unquote(self.request.path)
+        path = path[len(base) :] if path.startswith(base) else ""
+        path = path.removeprefix("llm/")
+        for arg in self.path_args:
+            path = path.replace(arg, "{}", 1) if arg else path
+        return path
 
     def data_received(self, chunk: bytes) -> None:
         self._received += len(chunk)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jupyter_llm.grammar.check import OutputFormat, check_output
+from jupyter_llm.metrics import Asked, Completion, count_request
 from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest, RunnerFailed
@@ -126,8 +127,17 @@ async def complete(
     releases the runner. With a ``format``, output that ends by itself is
     checked against it (off the event loop) and a mismatch is logged.
     """
+    with count_request(requester.name) as asked:
+        async for events in _complete(services, job, requester, asked):
+            yield events
+
+
+async def _complete(
+    services: LLMServices, job: GenerationRequest, requester: Requester, asked: Asked
+) -> AsyncGenerator[list[Event], None]:
     started = time.perf_counter_ns()
     entry = await find_model(services, job.model)
+    asked.model = entry.name.display
     messages = None if job.messages is None else with_model_messages(entry, job.messages)
     if entry.projector_path is None and (
         job.images or any(m.get("images") for m in messages or ())
@@ -139,14 +149,21 @@ async def complete(
         request = runner_request(job, entry, messages, options, services.settings.stream_interval)
         stream = lease.runner.complete(request)
         text: list[str] = []  # kept only to check a format
+        counted = Completion(entry.name.display, requester.name)
         try:
             async for batch in stream:
                 events: list[Event] = []
                 for message in batch:
+                    counted.saw(message["type"])
                     events.extend(runner_events(message, job.think))
                     if job.format is not None and message["type"] == "token":
                         text.append(message.get("text", ""))
                 if events and isinstance(done := events[-1], Done):
+                    asked.finished = True
+                    counted.done(
+                        done.prompt_eval_count, done.eval_count, done.prompt_cached,
+                        done.eval_duration,
+                    )  # fmt: skip
                     if job.format is not None and done.done_reason == "stop":
                         await check_format(job.format, "".join(text))
                     total = time.perf_counter_ns() - started
@@ -302,25 +319,31 @@ async def embed(
 ) -> Embedded:
     """The vectors of ``inputs``, as JSON texts the handler writes without
     decoding them (``api.base.json_pieces``): the event loop never holds the numbers."""
-    started = time.perf_counter_ns()
-    entry = await find_model(services, model)
-    load = load_options({**entry.params, **(options or {})})
-    async with services.scheduler.use(entry, load, keep_alive, requester) as lease:
-        reply = await lease.runner.embed(
-            Embed(
-                inputs=inputs,
-                truncate=truncate,
-                dimensions=dimensions,
-                normalize=normalize,
-                encoding=encoding,
+    with count_request(requester.name) as asked:
+        started = time.perf_counter_ns()
+        entry = await find_model(services, model)
+        asked.model = entry.name.display
+        load = load_options({**entry.params, **(options or {})})
+        async with services.scheduler.use(entry, load, keep_alive, requester) as lease:
+            reply = await lease.runner.embed(
+                Embed(
+                    inputs=inputs,
+                    truncate=truncate,
+                    dimensions=dimensions,
+                    normalize=normalize,
+                    encoding=encoding,
+                )
             )
-        )
-        return Embedded(
-            vectors=reply["vectors"],
-            prompt_eval_count=reply.get("prompt_eval_count", 0),
-            load_duration=lease.load_duration_ns,
-            total_duration=time.perf_counter_ns() - started,
-        )
+            asked.finished = True
+            Completion(entry.name.display, requester.name).done(
+                reply.get("prompt_eval_count", 0), 0, 0, 0
+            )
+            return Embedded(
+                vectors=reply["vectors"],
+                prompt_eval_count=reply.get("prompt_eval_count", 0),
+                load_duration=lease.load_duration_ns,
+                total_duration=time.perf_counter_ns() - started,
+            )
 
 
 async def load_only(

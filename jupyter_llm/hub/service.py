@@ -5,6 +5,7 @@ A plain tornado application hosting the same handlers as the extension
 (``$JUPYTERHUB_SERVICE_PREFIX``, e.g. ``/services/llm/``), listening where the
 Hub says (``$JUPYTERHUB_SERVICE_URL``), authenticated by the Hub (``hub.auth``).
 Users' servers point at it with ``JUPYTER_LLM_ENGINE_URL`` (``api.forward``).
+``metrics`` under the prefix serves Prometheus metrics to a Hub token.
 SIGTERM or SIGINT (the Hub stops its services so) stops every runner.
 """
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from functools import partial
 from urllib.parse import urlsplit
 
+from jupyter_server.base.handlers import PrometheusMetricsHandler
 from jupyter_server.log import log_request
 from tornado import web
 from tornado.httpserver import HTTPServer
@@ -60,8 +62,12 @@ def make_app(services: LLMServices, prefix: str) -> web.Application:
     from jupyter_llm.hub.auth import HubAuthorizer, HubIdentityProvider
 
     identity = HubIdentityProvider()
+    routes = [(f"{prefix}{path}", handler) for path, handler in handlers()]
+    # jupyter_server's own /metrics handler (our collectors are in its registry);
+    # authenticate_prometheus: only a Hub token holding the service's scope
+    routes.append((f"{prefix}metrics", PrometheusMetricsHandler))
     return web.Application(
-        [(f"{prefix}{path}", handler) for path, handler in handlers()],
+        routes,
         base_url=prefix,
         jupyter_llm=services,
         identity_provider=identity,
@@ -74,6 +80,7 @@ def make_app(services: LLMServices, prefix: str) -> web.Application:
         allow_remote_access=True,
         disable_check_xsrf=True,
         allow_unauthenticated_access=False,
+        authenticate_prometheus=True,
     )
 
 

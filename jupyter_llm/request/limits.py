@@ -331,6 +331,14 @@ STORED_SECONDS = Limit(
     "long enough for an agent's session between two calls; nothing is kept on disk",
     shown="1 hour",
 )
+METRIC_LABEL_SETS = Limit(
+    "metric_label_sets",
+    "distinct label sets (model, user, route, outcome) of each Prometheus metric",
+    1000,
+    "label sets",
+    "models are bounded by the store and users by the Hub, yet series live as long as the "
+    "server: past this, new models and users are counted as `other`, so a scrape stays small",
+)
 
 # -- table ----------------------------------------------------------------------------------
 TABLE: tuple[Limit, ...] = (
@@ -369,6 +377,7 @@ TABLE: tuple[Limit, ...] = (
     STORED_RESPONSES,
     STORED_BYTES,
     STORED_SECONDS,
+    METRIC_LABEL_SETS,
 )
 BY_KEY = {limit.key: limit for limit in TABLE}
 

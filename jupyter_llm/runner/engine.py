@@ -273,7 +273,7 @@ class Engine:
                 if keep == 0:
                     llama_cpp.llama_memory_seq_rm(self.memory, index, -1, -1)
                 slot.truncate(keep)
-            seq.slot, seq.fed = index, keep
+            seq.slot, seq.fed, seq.reused = index, keep, keep
             slot.seq = seq
 
     def _reusable(self, slot: Slot, seq: Sequence, shared: int) -> int:

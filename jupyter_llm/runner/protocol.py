@@ -145,6 +145,7 @@ class Done:
     context: list[int] = field(default_factory=list)
     tool_calls_count: int = 0
     stop_sequence: str = ""  # the stop string that ended it (Anthropic reports it)
+    prompt_cached: int = 0  # prompt tokens reused from the slot's cache, not evaluated
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,7 @@ class Sequence:
         self.stops = StopScanner([stop] if isinstance(stop, str) else list(stop or []))
         self.slot = -1
         self.fed = 0  # prompt tokens whose KV entries are in the slot
+        self.reused = 0  # of those, the ones its slot's cache already held
         self.next_token: int | None = None  # sampled, not yet decoded
         self.generated: list[int] = []
         self.reason = ""  # set when finished
@@ -204,6 +205,7 @@ class Sequence:
             done_reason=reason,
             stop_sequence=self.stops.hit,
             prompt_eval_count=len(prompt) if done else evaluated,
+            prompt_cached=self.reused,
             prompt_eval_duration=self.prompt_ns,
             eval_count=len(self.generated),
             eval_duration=now - self.generating_since if self.generating_since else 0,

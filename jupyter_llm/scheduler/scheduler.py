@@ -27,6 +27,8 @@ from jupyter_llm.memory import LayoutFailure, ModelInfo
 from jupyter_llm.memory.measured import backend_names, measured_allocations
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.memory.projector import ProjectorInfo, read_projector_info
+from jupyter_llm.metrics import instruments as metrics
+from jupyter_llm.metrics import watch
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import (
     AllocationFailed,
@@ -80,6 +82,7 @@ class Scheduler:
         self._background: set[asyncio.Future[None]] = set()
         self._progress = LoadProgress()
         self._slots = SlotGrants(settings.max_requests_per_user)
+        watch(self)  # its queue, slots and memory in every Prometheus scrape
 
     # -- requests ------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -366,8 +369,10 @@ class Scheduler:
                 if not policy.may_back_off(placement, backoff):
                     raise InsufficientMemory(f"memory layout cannot be allocated: {e}") from e
                 backoff += 1
+                metrics.model_event(metrics.OOM_BACKOFFS, entry.name.display)
                 log.info("allocation failed, retrying with %d %% less free memory", 10 * backoff)
                 continue
+            metrics.model_event(metrics.LOADS, entry.name.display)
             return self._loaded_record(entry, runner, wanted, request, keep_alive)
 
     async def _start_tracked(self, key: str, request: LoadRequest) -> Runner:
@@ -417,6 +422,7 @@ class Scheduler:
         if not self._drained(victim):
             raise MustDrain(victim)
         log.info("evicting %s to make room", victim.key)
+        metrics.model_event(metrics.EVICTIONS, victim.key)
         await self._unload(victim)
 
     def _drained(self, loaded: Loaded) -> bool:
