@@ -62,10 +62,12 @@ def make_app(services: LLMServices, prefix: str) -> web.Application:
     from jupyter_llm.hub.auth import HubAuthorizer, HubIdentityProvider
 
     identity = HubIdentityProvider()
-    routes = [(f"{prefix}{path}", handler) for path, handler in handlers()]
-    # jupyter_server's own /metrics handler (our collectors are in its registry);
-    # authenticate_prometheus: only a Hub token holding the service's scope
-    routes.append((f"{prefix}metrics", PrometheusMetricsHandler))
+    # jupyter_server's own /metrics handler (our collectors are in its registry),
+    # before the table's catch-all 404; authenticate_prometheus: a Hub token only
+    routes: list[tuple[str, type[web.RequestHandler]]] = [
+        (f"{prefix}metrics", PrometheusMetricsHandler)
+    ]
+    routes += [(f"{prefix}{path}", handler) for path, handler in handlers()]
     return web.Application(
         routes,
         base_url=prefix,

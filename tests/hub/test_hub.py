@@ -6,7 +6,8 @@ serve``) and two users' servers pointed at it (``JUPYTER_LLM_ENGINE_URL``).
 Two users' kernels stream from the one engine at once (alice with ``%%llm``,
 stopped by the kernel's interrupt, bob with ``jupyter_llm.client()``, which
 leaves mid-stream); the engine's ``/api/ps`` shows both; bob's unload waits
-for alice's request; a request without a token, or with one lacking the
+for alice's request; the engine's /metrics counts each user's requests under
+their name; a request (or a scrape) without a token, or with one lacking the
 service's scope, is refused; every runner is the engine's; SIGTERM and the
 Hub's stop leave no runner behind.
 
@@ -384,6 +385,7 @@ def test_two_hub_users_stream_from_one_engine(hub: Hub, tmp_path: Path):
         # each closed connection reached the engine through the user's server, and
         # then, idle, the model went as bob asked
         wait_until(lambda: loaded(hub) == [], 30, "the engine to release and unload the model")
+        scraped(hub)
 
         # the CLI, pointed at a user's server, sees the shared engine's models
         with hub.as_tester(f"{servers['alice']}llm/") as mine:
@@ -418,6 +420,23 @@ def _user_server_children(h: Hub) -> list[psutil.Process]:
     return [c for s in servers for c in s.children(recursive=True)]
 
 
+def scraped(h: Hub) -> None:
+    """The engine's /metrics, to a token with the service's scope: each
+    user's request counted under their Hub name, parsed by prometheus_client."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(f"{h.engine}metrics", headers={"Authorization": f"token {h.token}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    requests = [
+        s
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+        if s.name == "jupyter_llm_requests_total" and s.value > 0
+    ]
+    users = {s.labels["user"] for s in requests if s.labels["model"] == "long:latest"}
+    assert {"alice", "bob"} <= users, requests
+
+
 def refused(h: Hub) -> None:
     """No token, a bad one, or a user's token without ``access:services``:
     JSON errors, never a page or a traceback; straight or through the proxy."""
@@ -434,6 +453,8 @@ def refused(h: Hub) -> None:
         narrow = r.json()["token"]
     r = httpx.get(f"{h.engine}api/ps", headers={"Authorization": f"token {narrow}"}, timeout=30)
     assert r.status_code == 403
+    for headers in ({}, {"Authorization": f"token {narrow}"}):  # metrics: as every route
+        assert httpx.get(f"{h.engine}metrics", headers=headers, timeout=30).status_code == 403
     assert "may not use this service" in json.loads(r.text)["error"]
 
 
