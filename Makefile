@@ -17,7 +17,7 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 LABEXT := labextension
 LABEXT_SOURCES := $(LABEXT)/package.json $(LABEXT)/package-lock.json \
-	$(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/*)
+	$(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/* $(LABEXT)/schema/*)
 NODE_MODULES := $(LABEXT)/node_modules/.package-lock.json
 CHROMIUM := /usr/bin/chromium
 # npm's configurable-http-proxy, for the JupyterHub test (tests/hub/test_hub.py)

@@ -35,6 +35,8 @@ export class LLMSidebar extends Widget {
   /** Numbers each fetch: a refresh can overtake one in flight, and an older
    * answer must not be drawn over a newer one. */
   private fetches = 0;
+  /** Sections other plugins add below the view (inline completion's). */
+  private sections: { node: HTMLElement; refresh(): Promise<void> }[] = [];
 
   constructor(options: ISidebarOptions = {}) {
     super();
@@ -80,8 +82,16 @@ export class LLMSidebar extends Widget {
     }
   }
 
+  /** Appends a section, refreshed whenever the sidebar is shown. */
+  addSection(section: { node: HTMLElement; refresh(): Promise<void> }): void {
+    this.sections.push(section);
+    this.node.appendChild(section.node);
+    void section.refresh();
+  }
+
   protected onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
+    this.sections.forEach(section => void section.refresh());
     void this.poll.start().then(() => this.poll.refresh());
     // countdowns move every second between polls
     this.clock = window.setInterval(() => this.view.tick(), 1000);
