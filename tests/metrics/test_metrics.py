@@ -121,13 +121,19 @@ async def test_requests_tokens_and_state_as_scraped(jp_fetch, openai_client, ins
             assert got == a[kind]
 
 
-async def test_a_scrape_without_the_token_is_refused(jp_fetch, jp_base_url, http_server_port):
-    """jupyter_server's default (``authenticate_prometheus``): 403."""
+async def test_a_scrape_without_the_token_is_refused(
+    jp_serverapp, jp_base_url, http_server, http_server_port
+):
+    """jupyter_server's default (``authenticate_prometheus``): 403; the token
+    as a bearer (the README's scrape config) is let in."""
     url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}metrics"
-    with pytest.raises(HTTPClientError) as refused:
-        await AsyncHTTPClient().fetch(url)
-    assert refused.value.code == 403
-    assert "jupyter_llm_pending_requests" in (await jp_fetch("metrics")).body.decode()
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        with pytest.raises(HTTPClientError) as refused:
+            await AsyncHTTPClient().fetch(url, headers=headers)
+        assert refused.value.code == 403
+    bearer = {"Authorization": f"Bearer {jp_serverapp.identity_provider.token}"}
+    r = await AsyncHTTPClient().fetch(url, headers=bearer)
+    assert "jupyter_llm_pending_requests" in r.body.decode()
 
 
 def test_label_sets_past_the_cap_are_counted_as_other():
