@@ -324,3 +324,90 @@ def test_sidebar_in_notebook_7_on_a_machine_without_gpu(page, lab_home: Path) ->
         page.screenshot(path=ARTIFACTS / "sidebar-notebook7-no-gpu.png")
     finally:
         server.stop()
+
+
+# --- inline completion -----------------------------------------------------
+
+COMPLETION_SECTION = ".jp-LLM-completion"
+
+
+def completion_settings(state: Path) -> None:
+    """Small completions for the random demo model, asked at once; the inline
+    completer runs our provider (also in the middle of a line)."""
+    ours = state / "settings" / "jupyter-llm"
+    ours.mkdir(parents=True, exist_ok=True)
+    (ours / "completion.jupyterlab-settings").write_text(
+        json.dumps({"maxTokens": 6, "debounceMs": 50})
+    )
+    inline = state / "settings" / "@jupyterlab" / "completer-extension"
+    inline.mkdir(parents=True, exist_ok=True)
+    provider = {"enabled": True, "debouncerDelay": 0, "timeout": 30_000, "autoFillInMiddle": True}
+    (inline / "inline-completer.jupyterlab-settings").write_text(
+        json.dumps({"providers": {"jupyter-llm:inline": provider}, "showWidget": "always"})
+    )
+
+
+def accept_a_ghost_completion(page, editor, typed: str) -> str:
+    """Types into an editor, waits for a non-empty ghost completion, accepts
+    it with Tab, and gives back the ghost text (now in the editor)."""
+    editor.click()
+    page.keyboard.type(typed)
+    ghost = page.locator(".jp-GhostText")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.jp-GhostText')]"
+        ".some(g => g.textContent.trim().length > 0)",
+        timeout=120_000,
+    )
+    # streaming ends (the indicator goes) before the text is final
+    page.wait_for_function(
+        "() => !document.querySelector('.jp-GhostText-streamingIndicator')", timeout=120_000
+    )
+    text = ghost.first.inner_text()
+    page.screenshot(path=ARTIFACTS / f"completion-ghost-{typed.split()[0]}.png")
+    page.keyboard.press("Tab")
+    ghost.first.wait_for(state="detached")
+    return text
+
+
+@pytest.mark.timeout(600)  # JupyterLab's first page load and a CPU model on 2 cores
+def test_inline_completion_in_a_notebook_and_a_file(page, lab_home: Path) -> None:
+    completion_settings(lab_home / ".completion")
+    (lab_home / "example.py").write_text("")
+    server = start_lab(lab_home, "completion")
+    try:
+        sidebar = open_sidebar(page, server)
+        section = sidebar.locator(COMPLETION_SECTION)
+        status = section.locator(".jp-LLM-completion-status")
+        page.wait_for_function(
+            "() => document.querySelector('.jp-LLM-completion-status')"
+            ".textContent.includes('No completion model chosen')"
+        )
+        section.locator("select").select_option("demo:latest")
+        page.wait_for_function(
+            "() => document.querySelector('.jp-LLM-completion-status')"
+            ".textContent === 'Completing with demo:latest.'"
+        )
+        assert (
+            server.client.post("api/show", json={"model": "demo"})
+            .json()["capabilities"]
+            .count("insert")
+        )
+        sidebar.screenshot(path=ARTIFACTS / "completion-sidebar.png")
+        assert "demo:latest" in status.inner_text()
+
+        page.goto(f"{server.url}lab/tree/Untitled.ipynb?token={server.token}")
+        cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+        cell.wait_for()
+        ghost = accept_a_ghost_completion(page, cell, "def add(a, b):")
+        assert ghost.strip()
+        assert ghost.strip() in cell.inner_text()
+        page.screenshot(path=ARTIFACTS / "completion-accepted-notebook.png")
+
+        page.goto(f"{server.url}lab/tree/example.py?token={server.token}")
+        editor = page.locator(".jp-FileEditor .cm-content").first
+        editor.wait_for()
+        ghost = accept_a_ghost_completion(page, editor, "import os")
+        assert ghost.strip() in editor.inner_text()
+        page.screenshot(path=ARTIFACTS / "completion-accepted-file.png")
+    finally:
+        server.stop()
