@@ -16,6 +16,7 @@ from typing import Any
 from tornado import web
 
 from jupyter_llm.api.base import LLM, NAMED_SSE, authorized
+from jupyter_llm.api.generation import Event
 from jupyter_llm.api.openai import OpenAIHandler
 from jupyter_llm.api.openai_responses_output import Head, ResponseEvents, stored_turn, whole_output
 from jupyter_llm.api.openai_responses_shapes import (
@@ -69,23 +70,32 @@ class ResponsesHandler(OpenAIHandler):
         # images, tool schemas and the grammar are CPU work: off the event loop
         call = await self.blocking(responses_call, body, history)
         head = Head(call.generation.model.display, call.echo, call.previous_response_id)
+        asked = [*history, *call.chat]
+        size = await self.blocking(conversation_bytes, asked) if call.store else 0
         if call.stream:
             events = ResponseEvents(head)
-            await self.stream_generation(call.generation, events.batch, NAMED_SSE)
-            if events.finished is not None:
-                self.keep(call, history, head.id, events.output)
+
+            def encode(batch: list[Event]) -> list[Any]:
+                out = events.batch(batch)
+                if events.finished is not None:  # stored before the client reads it is done
+                    self.keep(call, asked, size, head.id, events.output)
+                return out
+
+            await self.stream_generation(call.generation, encode, NAMED_SSE)
         elif (reply := await self.whole_completion(call.generation)) is not None:
             output = whole_output(reply)
-            self.keep(call, history, head.id, output)
+            self.keep(call, asked, size, head.id, output)
             self.write_json(head.response(output, reply.finished))
 
     def keep(
-        self, call: ResponsesCall, history: list[dict[str, Any]], rid: str, output: list[Any]
+        self, call: ResponsesCall, asked: list[Any], size: int, rid: str, output: list[Any]
     ) -> None:
-        """Store the conversation for ``previous_response_id``, unless ``store: false``."""
+        """Store the conversation for ``previous_response_id``, unless ``store:
+        false``: what was asked (measured off the loop) and the answer."""
         if call.store:
-            chat = [*history, *call.chat, stored_turn(output)]
-            self.store.put(self.user_key, rid, chat, conversation_bytes(chat))
+            turn = stored_turn(output)
+            size += conversation_bytes([turn])
+            self.store.put(self.user_key, rid, [*asked, turn], size)
 
 
 def handlers() -> list[tuple[str, type[OpenAIHandler]]]:

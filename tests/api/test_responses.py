@@ -249,3 +249,43 @@ async def test_bad_requests_are_400s_in_openais_shape(client, installed_model, b
 async def test_an_unknown_model_is_a_404(client, installed_model):
     with pytest.raises(openai.NotFoundError):
         await client.responses.create(model="nothing", input="x")
+
+
+async def test_a_streamed_response_is_stored_before_it_is_done(client, installed_model):
+    stream = await client.responses.create(
+        model="tiny", input="hello there", max_output_tokens=3, stream=True
+    )
+    async for event in stream:
+        if event.type in ("response.completed", "response.incomplete"):
+            first = event.response
+            break  # at once: the id must already work
+    second = await client.responses.create(
+        model="tiny", input="and again", previous_response_id=first.id, max_output_tokens=1
+    )
+    assert second.previous_response_id == first.id
+
+
+async def test_a_tool_output_continues_a_stored_call(client, hermes):
+    """Only the function_call_output is sent: the call comes from the store,
+    and the output reaches the template under the call's tool name."""
+    r = await client.responses.create(
+        model=hermes,
+        input="Weather in Oslo?",
+        tools=[WEATHER],
+        tool_choice=FORCED,
+        max_output_tokens=200,
+    )
+    (call,) = [item for item in r.output if item.type == "function_call"]
+
+    async def answer(output: str):
+        return await client.responses.create(
+            model=hermes,
+            previous_response_id=r.id,
+            tools=[WEATHER],
+            max_output_tokens=1,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": output}],
+        )
+
+    short, long = await answer("sunny"), await answer("sunny, 21 C, light wind from the west")
+    assert short.usage.input_tokens > r.usage.input_tokens
+    assert long.usage.input_tokens > short.usage.input_tokens
