@@ -306,7 +306,7 @@ METADATA_KEYS = Limit(
     "metadata (/v1/responses): pairs, each key up to 64 and value up to 512 characters",
     16,
     "pairs",
-    "OpenAI's bounds; the pairs are echoed in the response and kept with a stored one",
+    "OpenAI's bounds; the pairs are echoed in the response",
 )
 STORED_RESPONSES = Limit(
     "stored_responses",
