@@ -6,6 +6,8 @@ OpenAI's shape."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 
 import jsonschema
@@ -289,3 +291,78 @@ async def test_a_tool_output_continues_a_stored_call(client, hermes):
     short, long = await answer("sunny"), await answer("sunny, 21 C, light wind from the west")
     assert short.usage.input_tokens > r.usage.input_tokens
     assert long.usage.input_tokens > short.usage.input_tokens
+
+
+@pytest.fixture
+def qwq(models_dir, tmp_path_factory):
+    """The demo model under QwQ's template, whose prompt opens ``<think>``."""
+    store = ModelStore(models_dir)
+    folder = tmp_path_factory.mktemp("responses-qwq")
+    spec = DemoModelSpec(chat_template=read_template("Qwen-QwQ-32B"), context_length=4096)
+    path = write_demo_model(folder / "qwq.gguf", spec)
+    store.create("qwq", {"qwq.gguf": store.add_blob_from_file(path)})
+    return "qwq"
+
+
+async def test_reasoning_is_a_reasoning_item(client, qwq):
+    kwargs = {"model": qwq, "input": "hi", "max_output_tokens": 12, "temperature": 0}
+    r = await client.responses.create(**kwargs, reasoning={"effort": "high"})
+    assert r.output[0].type == "reasoning" and r.output[0].content[0].text
+    assert r.reasoning.effort == "high"
+    stream = await client.responses.create(**kwargs, reasoning={"effort": "high"}, stream=True)
+    events = [e async for e in stream]
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == r.output[0].content[0].text == events[-1].response.output[0].content[0].text
+    # sent back as an item, it is the assistant turn's thinking: the prompt has it
+    back = [{"role": "user", "content": "hi"}, r.output[0].model_dump(exclude_none=True)]
+    back.append({"role": "user", "content": "and?"})
+    again = await client.responses.create(model=qwq, input=back, max_output_tokens=1)
+    assert again.usage.input_tokens > r.usage.input_tokens
+
+
+@pytest.fixture
+def vision_model(models_dir, tmp_path_factory) -> str:
+    from jupyter_llm.demo import write_vision_model
+
+    files = write_vision_model(tmp_path_factory.mktemp("vision"), "tiny-vision")
+    store = ModelStore(models_dir)
+    store.create("seer", {p.name: store.add_blob_from_file(p) for p in files})
+    return "seer"
+
+
+async def test_an_input_image_reaches_the_model(client, vision_model):
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (24, 24), (200, 30, 90)).save(buffer, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    question = {"type": "input_text", "text": "What is this?"}
+    image = {"type": "input_image", "image_url": url, "detail": "auto"}
+    kwargs = {"model": vision_model, "max_output_tokens": 2, "temperature": 0}
+    text = await client.responses.create(**kwargs, input=[{"role": "user", "content": [question]}])
+    seen = await client.responses.create(
+        **kwargs, input=[{"role": "user", "content": [image, question]}]
+    )
+    assert seen.usage.input_tokens > text.usage.input_tokens
+
+
+async def test_an_error_mid_stream_is_an_error_event(client, installed_model, monkeypatch):
+    """After the first event, a failure is an ``error`` event the client raises."""
+    from jupyter_llm.api import openai_responses_output
+
+    real = openai_responses_output.ResponseEvents.delta
+
+    def failing(self, kind, text):
+        if self.sequence > 4:
+            raise RuntimeError("boom")
+        real(self, kind, text)
+
+    monkeypatch.setattr(openai_responses_output.ResponseEvents, "delta", failing)
+    stream = await client.responses.create(
+        model="tiny", input="hi", max_output_tokens=8, temperature=0, stream=True
+    )
+    seen = []
+    with pytest.raises(openai.APIError, match="internal error"):
+        async for event in stream:
+            seen.append(event.type)
+    assert seen[0] == "response.created"
