@@ -151,3 +151,30 @@ def test_label_sets_past_the_cap_are_counted_as_other():
         ("api/chat", "m1", "u1"): 1,
         ("api/chat", OTHER, OTHER): 3,
     }
+
+
+async def test_a_client_that_leaves_is_counted_as_cancelled(
+    jp_serverapp, jp_base_url, http_server, http_server_port, installed_model
+):
+    """Counted once, when the generation stops, as ``cancelled``."""
+    import httpx
+    from prometheus_client import REGISTRY
+    from waiting import until
+
+    labels = {"route": "api/generate", "model": installed_model, "user": "local"}
+
+    def count(outcome: str) -> float:
+        name = "jupyter_llm_requests_total"
+        return REGISTRY.get_sample_value(name, {**labels, "outcome": outcome}) or 0.0
+
+    before = {o: count(o) for o in ("ok", "cancelled")}
+    url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/generate"
+    token = {"Authorization": f"token {jp_serverapp.identity_provider.token}"}
+    body = {"model": "tiny", "prompt": PROMPT, "options": {"num_predict": 100000, "num_ctx": 4096}}
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with client.stream("POST", url, headers=token, json=body) as r:
+            async for line in r.aiter_lines():
+                if line.strip():
+                    break  # the first piece: leave
+    await until(lambda: count("cancelled") == before["cancelled"] + 1, 30, "the cancel counted")
+    assert count("ok") == before["ok"]
