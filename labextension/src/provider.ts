@@ -27,6 +27,9 @@ interface IPending {
 export class LLMInlineProvider implements IInlineCompletionProvider {
   readonly name = 'jupyter-llm';
   readonly identifier = PROVIDER_ID;
+  /** Fill-in-the-middle is what the model does: complete in the middle of a
+   * line too (JupyterLab's default skips it). */
+  readonly schema = { default: { autoFillInMiddle: true } };
   private controller: AbortController | null = null;
   private pending = new Map<string, IPending>();
   private tokens = 0;

@@ -333,7 +333,8 @@ COMPLETION_SECTION = ".jp-LLM-completion"
 
 def completion_settings(state: Path) -> None:
     """Small completions for the random demo model, asked at once; the inline
-    completer runs our provider (also in the middle of a line)."""
+    completer shows its widget (our provider completes in the middle of a
+    line by its own default)."""
     ours = state / "settings" / "jupyter-llm"
     ours.mkdir(parents=True, exist_ok=True)
     (ours / "completion.jupyterlab-settings").write_text(
@@ -341,16 +342,19 @@ def completion_settings(state: Path) -> None:
     )
     inline = state / "settings" / "@jupyterlab" / "completer-extension"
     inline.mkdir(parents=True, exist_ok=True)
-    provider = {"enabled": True, "debouncerDelay": 0, "timeout": 30_000, "autoFillInMiddle": True}
+    provider = {"enabled": True, "debouncerDelay": 0, "timeout": 30_000}
     (inline / "inline-completer.jupyterlab-settings").write_text(
         json.dumps({"providers": {"jupyter-llm:inline": provider}, "showWidget": "always"})
     )
 
 
-def accept_a_ghost_completion(page, editor, typed: str) -> str:
-    """Types into an editor, waits for a non-empty ghost completion, accepts
-    it with Tab, and gives back the ghost text (now in the editor)."""
+def accept_a_ghost_completion(page, editor, typed: str, shot: str, at_start: bool = False) -> str:
+    """Types into an editor (at the start of its text: in the middle of a
+    line), waits for a non-empty ghost completion, accepts it with Tab, and
+    gives back the ghost text (now in the editor)."""
     editor.click()
+    if at_start:
+        page.keyboard.press("Control+Home")
     page.keyboard.type(typed)
     ghost = page.locator(".jp-GhostText")
     page.wait_for_function(
@@ -363,7 +367,7 @@ def accept_a_ghost_completion(page, editor, typed: str) -> str:
         "() => !document.querySelector('.jp-GhostText-streamingIndicator')", timeout=120_000
     )
     text = ghost.first.inner_text()
-    page.screenshot(path=ARTIFACTS / f"completion-ghost-{typed.split()[0]}.png")
+    page.screenshot(path=ARTIFACTS / f"completion-ghost-{shot}.png")
     page.keyboard.press("Tab")
     ghost.first.wait_for(state="detached")
     return text
@@ -372,7 +376,7 @@ def accept_a_ghost_completion(page, editor, typed: str) -> str:
 @pytest.mark.timeout(600)  # JupyterLab's first page load and a CPU model on 2 cores
 def test_inline_completion_in_a_notebook_and_a_file(page, lab_home: Path) -> None:
     completion_settings(lab_home / ".completion")
-    (lab_home / "example.py").write_text("")
+    (lab_home / "example.py").write_text(")\n")
     server = start_lab(lab_home, "completion")
     try:
         sidebar = open_sidebar(page, server)
@@ -398,7 +402,7 @@ def test_inline_completion_in_a_notebook_and_a_file(page, lab_home: Path) -> Non
         page.goto(f"{server.url}lab/tree/Untitled.ipynb?token={server.token}")
         cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
         cell.wait_for()
-        ghost = accept_a_ghost_completion(page, cell, "def add(a, b):")
+        ghost = accept_a_ghost_completion(page, cell, "def add(a, b):", "notebook")
         assert ghost.strip()
         assert ghost.strip() in cell.inner_text()
         page.screenshot(path=ARTIFACTS / "completion-accepted-notebook.png")
@@ -406,8 +410,10 @@ def test_inline_completion_in_a_notebook_and_a_file(page, lab_home: Path) -> Non
         page.goto(f"{server.url}lab/tree/example.py?token={server.token}")
         editor = page.locator(".jp-FileEditor .cm-content").first
         editor.wait_for()
-        ghost = accept_a_ghost_completion(page, editor, "import os")
-        assert ghost.strip() in editor.inner_text()
+        # typed before the ")": in the middle of a line, fill-in-the-middle
+        ghost = accept_a_ghost_completion(page, editor, "print(", "file", at_start=True)
+        assert editor.inner_text().startswith("print(" + ghost)
+        assert editor.inner_text().rstrip().endswith(")")
         page.screenshot(path=ARTIFACTS / "completion-accepted-file.png")
     finally:
         server.stop()
