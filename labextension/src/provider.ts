@@ -52,7 +52,12 @@ export class LLMInlineProvider implements IInlineCompletionProvider {
     const controller = new AbortController();
     this.controller = controller;
     const settings = this.state.settings;
-    if ((await this.state.problem()) !== null) {
+    try {
+      if ((await this.state.problem()) !== null) {
+        return { items: [] }; // the sidebar says why
+      }
+    } catch (error) {
+      this.state.reportError(error instanceof Error ? error.message : String(error));
       return { items: [] };
     }
     try {

@@ -100,6 +100,7 @@ describe('completionProblem', () => {
  * the chunks pushed into `feed`, and records when its request is aborted. */
 class FakeServer {
   generates: { body: any; aborted: boolean }[] = [];
+  capabilities: string[] | 'fail' = ['insert'];
   private feeds: ((chunk: string | null) => void)[] = [];
 
   settings(): ServerConnection.ISettings {
@@ -127,7 +128,11 @@ class FakeServer {
 
   private async answer(request: { url: string; init: any }): Promise<any> {
     if (request.url.includes('api/show')) {
-      return { ok: true, status: 200, json: async () => ({ capabilities: ['insert'] }) };
+      if (this.capabilities === 'fail') {
+        return { ok: false, status: 500, statusText: 'Internal Server Error' };
+      }
+      const capabilities = this.capabilities;
+      return { ok: true, status: 200, json: async () => ({ capabilities }) };
     }
     const record = { body: JSON.parse(request.init.body), aborted: false };
     this.generates.push(record);
@@ -201,6 +206,20 @@ describe('LLMInlineProvider', () => {
     expect(server.generates[0].aborted).toBe(true);
     expect((await rest).value).toEqual({ response: { insertText: 'x', isIncomplete: false } });
     expect((await stream.next()).done).toBe(true);
+  });
+
+  it('asks nothing of a model that cannot insert', async () => {
+    const { server, provider } = setUp();
+    server.capabilities = ['completion'];
+    expect(await provider.fetch({ text: 'a', offset: 1 })).toEqual({ items: [] });
+    expect(server.generates).toEqual([]);
+  });
+
+  it('reports a failed /api/show and offers nothing', async () => {
+    const { server, provider } = setUp();
+    server.capabilities = 'fail';
+    expect(await provider.fetch({ text: 'a', offset: 1 })).toEqual({ items: [] });
+    expect((provider as any).state.error).toMatch(/api\/show: 500/);
   });
 
   it('cancels a fetch still in its debounce', async () => {
