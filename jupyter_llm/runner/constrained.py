@@ -37,6 +37,7 @@ from jupyter_llm.runner.protocol import EngineError
 from jupyter_llm.runner.utf8 import BOUNDARY, Utf8State, advance
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+CHECK_SAMPLED_FIRST = True  # internal: False applies the grammar to every candidate (tests compare)
 MAX_REFUSED_TRIGGERS = 16  # tokens left out in one step before the request fails
 TRIGGER_LOOKBACK = 4096  # bytes of output a trigger pattern not anchored at both ends is sought in
 
@@ -217,7 +218,20 @@ class Candidates:
 @dataclass
 class GrammarSampler:
     """One request's sampling under a grammar (lazy with ``triggers``).
-    Owns ``chain`` and ``grammar`` (native samplers) until ``free``."""
+    Owns ``chain`` and ``grammar`` (native samplers) until ``free``.
+
+    The chain picks from all candidates first and only that token is checked;
+    a refused one brings the grammar over every candidate and the chain picks
+    again, as llama.cpp's common sampler does. Greedy, that is the full
+    path's token (the best token, if allowed, is the best allowed one).
+    Sampled, it is llama.cpp's distribution, not exactly the grammar-filtered
+    one: an allowed token is taken with its unconstrained probability p, and
+    the mass of refused tokens is spread over the allowed ones by the resample
+    (p_allowed + P(refused) * p_allowed / P(allowed) = p_allowed / P(allowed)
+    only for samplers whose pick does not depend on the other candidates:
+    top-k/top-p/min-p truncation and mirostat's state see the full set on the
+    first try, the filtered set on the resample). ``check_first`` False
+    (``CHECK_SAMPLED_FIRST``, internal) always takes the full path."""
 
     table: TokenTable
     candidates: Candidates
@@ -229,6 +243,7 @@ class GrammarSampler:
     utf8: Utf8State = BOUNDARY
     output: bytearray = field(default_factory=bytearray)  # while awaiting a trigger
     _patterns: list[tuple[re.Pattern[bytes], bool]] = field(default_factory=list)
+    check_first: bool = field(default_factory=lambda: CHECK_SAMPLED_FIRST)
 
     def __post_init__(self) -> None:
         if self.triggers is None:
@@ -238,6 +253,8 @@ class GrammarSampler:
 
     def sample(self, ctx: Any, index: int) -> int:
         """The next token, accepted by the chain and any grammar holding."""
+        if self.active is not None and not self.check_first:
+            return self._take(self._constrained(ctx, index), checked=False)
         c = self.candidates
         c.fill(ctx, index)
         token = c.pick(self.chain)
@@ -245,13 +262,19 @@ class GrammarSampler:
             raise EngineError("the sampler left no token to choose")
         if self.active is None:
             token = self._watch(ctx, index, token)
-        else:
-            if not self._allowed(token):
-                token = self._constrained(ctx, index)
-                if not self._allowed(token):  # the chain picked outside what was kept
-                    raise EngineError("the grammar allows no token here")
-            self.utf8 = self._utf8_after(token) or BOUNDARY
-            llama_cpp.llama_sampler_accept(self.active, token)
+            llama_cpp.llama_sampler_accept(self.chain, token)
+            return token
+        if self._allowed(token):
+            return self._take(token, checked=True)
+        return self._take(self._constrained(ctx, index), checked=False)
+
+    def _take(self, token: int, checked: bool) -> int:
+        """Accept ``token`` once in the grammar holding (checked first:
+        llama.cpp's grammar throws on a refused one) and once in the chain."""
+        if not checked and not self._allowed(token):  # picked outside what was kept
+            raise EngineError("the grammar allows no token here")
+        self.utf8 = self._utf8_after(token) or BOUNDARY
+        llama_cpp.llama_sampler_accept(self.active, token)
         llama_cpp.llama_sampler_accept(self.chain, token)
         return token
 
