@@ -69,6 +69,9 @@ class DemoModelSpec:
     # the model writes random bytes, most of them not UTF-8 by themselves
     # (for tests of what a grammar lets through)
     uniform_bytes: bool = False
+    # the fill-in-the-middle token ids (``insert`` in /api/show); False: a
+    # model that cannot insert, as a chat-only GGUF
+    fim: bool = True
 
 
 ARCHS = ("llama", "qwen3", "bert")
@@ -186,6 +189,7 @@ def _write_metadata(
     writer.add_add_bos_token(spec.arch == "bert")
     if spec.arch != "bert":
         writer.add_chat_template(spec.chat_template)
+    if spec.arch != "bert" and spec.fim:
         for key, special in (("pre", FIM_PRE), ("suf", FIM_SUF), ("mid", FIM_MID)):
             writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(special))
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 from waiting import until
+
+from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.models.store import ModelStore
 
 # the body labextension/src/completion.ts builds, with a budget it cannot finish
 COMPLETION = {
@@ -23,6 +27,17 @@ COMPLETION = {
 async def test_a_demo_model_can_insert(jp_fetch, installed_model):
     r = await jp_fetch("llm", "api", "show", method="POST", body=json.dumps({"model": "tiny"}))
     assert "insert" in json.loads(r.body)["capabilities"]
+
+
+async def test_a_model_without_fim_tokens_cannot_insert(jp_fetch, models_dir, tmp_path: Path):
+    """What the sidebar's "cannot insert" line reads."""
+    gguf = write_demo_model(tmp_path / "nofim.gguf", DemoModelSpec(fim=False))
+    store = ModelStore(models_dir)
+    store.create("nofim", {"nofim.gguf": store.add_blob_from_file(gguf)})
+    r = await jp_fetch("llm", "api", "show", method="POST", body=json.dumps({"model": "nofim"}))
+    capabilities = json.loads(r.body)["capabilities"]
+    assert "completion" in capabilities
+    assert "insert" not in capabilities
 
 
 async def test_a_fill_in_the_middle_completion_streams(jp_fetch, installed_model):

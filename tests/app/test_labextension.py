@@ -377,6 +377,11 @@ def accept_a_ghost_completion(page, editor, typed: str, shot: str, at_start: boo
 def test_inline_completion_in_a_notebook_and_a_file(page, lab_home: Path) -> None:
     completion_settings(lab_home / ".completion")
     (lab_home / "example.py").write_text(")\n")
+    # a model without fill-in-the-middle tokens: the sidebar says it cannot insert
+    gguf = write_demo_model(lab_home / "nofim.gguf", DemoModelSpec(fim=False))
+    store = ModelStore(lab_home / "models")
+    store.create("nofim", {"nofim.gguf": store.add_blob_from_file(gguf)})
+    gguf.unlink()
     server = start_lab(lab_home, "completion")
     try:
         sidebar = open_sidebar(page, server)
@@ -386,6 +391,12 @@ def test_inline_completion_in_a_notebook_and_a_file(page, lab_home: Path) -> Non
             "() => document.querySelector('.jp-LLM-completion-status')"
             ".textContent.includes('No completion model chosen')"
         )
+        section.locator("select").select_option("nofim:latest")
+        page.wait_for_function(
+            "() => document.querySelector('.jp-LLM-completion-status')"
+            ".textContent.includes('nofim:latest cannot insert')"
+        )
+        sidebar.screenshot(path=ARTIFACTS / "completion-sidebar-cannot-insert.png")
         section.locator("select").select_option("demo:latest")
         page.wait_for_function(
             "() => document.querySelector('.jp-LLM-completion-status')"
