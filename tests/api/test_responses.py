@@ -347,17 +347,25 @@ async def test_an_input_image_reaches_the_model(client, vision_model):
 
 
 async def test_an_error_mid_stream_is_an_error_event(client, installed_model, monkeypatch):
-    """After the first event, a failure is an ``error`` event the client raises."""
-    from jupyter_llm.api import openai_responses_output
+    """After the first event, a failure is an ``error`` event the client raises.
 
-    real = openai_responses_output.ResponseEvents.delta
+    The generation fails right after its first batch, whatever that batch
+    holds, so the failure comes after ``response.created`` however the
+    runner happened to group its tokens."""
+    from contextlib import aclosing
 
-    def failing(self, kind, text):
-        if self.sequence > 4:
-            raise RuntimeError("boom")
-        real(self, kind, text)
+    from jupyter_llm.api import base
+    from jupyter_llm.api.generation import Finished
 
-    monkeypatch.setattr(openai_responses_output.ResponseEvents, "delta", failing)
+    real = base.complete
+
+    async def failing(*args, **kwargs):
+        async with aclosing(real(*args, **kwargs)) as batches:
+            async for batch in batches:
+                yield [event for event in batch if not isinstance(event, Finished)]
+                raise RuntimeError("boom")
+
+    monkeypatch.setattr(base, "complete", failing)
     stream = await client.responses.create(
         model="tiny", input="hi", max_output_tokens=8, temperature=0, stream=True
     )
