@@ -28,6 +28,8 @@ ROUTES = [
     "v1/completions",
     "v1/embeddings",
     "v1/responses",
+    "v1/messages",
+    "v1/messages/count_tokens",
 ]
 FIELDS = [
     "model",
@@ -60,6 +62,14 @@ FIELDS = [
     "tools",
     "verbose",
     "name",
+    "instructions",
+    "max_output_tokens",
+    "previous_response_id",
+    "text",
+    "tool_choice",
+    "thinking",
+    "stop_sequences",
+    "top_k",
 ]
 MAX_LOADED = 2
 
@@ -114,6 +124,14 @@ special = {
     )
     | json_values,
     "max_tokens": st.integers(-2, 8) | json_values,
+    "max_output_tokens": st.integers(-2, 8) | json_values,
+    "thinking": st.fixed_dictionaries(
+        {
+            "type": st.sampled_from(["enabled", "disabled", "x"]),
+            "budget_tokens": st.integers(-2, 2048),
+        }
+    )
+    | json_values,
     "stream": st.booleans() | json_values,
     "keep_alive": st.sampled_from([-1, 0, 30, "1m", "2s", "x"]) | json_values,
 }
@@ -138,6 +156,9 @@ def bounded(body):
             body["options"] = {**options, "num_predict": 8}
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = 8
+    n = body.get("max_output_tokens")
+    if n is None or (isinstance(n, int) and not isinstance(n, bool) and not 0 <= n <= 64):
+        body["max_output_tokens"] = 8
     return body
 
 
