@@ -25,7 +25,7 @@ from jupyter_llm.api.generation import (
     ToolCalls,
 )
 from jupyter_llm.api.openai_shapes import stream_flag
-from jupyter_llm.api.requests import checked, messages_field, tools_field
+from jupyter_llm.api.requests import checked, messages_field, named_tools_field
 from jupyter_llm.api.structured import invalid_format, parse_format
 from jupyter_llm.grammar.check import OutputFormat
 from jupyter_llm.models.names import parse_model_name
@@ -195,31 +195,21 @@ def tool_name(value: Any, where: str) -> str:
 
 
 def tools_of(raw: Any) -> list[dict[str, Any]] | None:
-    """Custom tools (``name``, ``description``, ``input_schema``) as the
-    function tools every API shares; server tools are refused."""
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise InvalidRequest("tools must be a list")
-    functions = []
-    for i, tool in enumerate(raw):
-        if not isinstance(tool, dict):
-            raise InvalidRequest(f"tools[{i}] must be an object")
-        if tool.get("type") not in (None, "custom"):
-            raise InvalidRequest(
-                f"tools[{i}]: {str(tool['type'])[:64]!r} is a server tool, which this server "
-                "does not run; only custom tools (name, description, input_schema) are supported"
-            )
-        schema = tool.get("input_schema")
-        if not isinstance(schema, dict):
-            raise InvalidRequest(f"tools[{i}].input_schema must be a JSON Schema object")
-        description = tool.get("description", "")
-        if not isinstance(description, str):
-            raise InvalidRequest(f"tools[{i}].description must be a string")
-        function = {"name": tool_name(tool.get("name"), f"tools[{i}].name")}
-        function.update(description=description, parameters=schema)
-        functions.append({"type": "function", "function": function})
-    return tools_field(functions)
+    """Custom tools (``name``, ``description``, ``input_schema``); server
+    tools are refused."""
+    return named_tools_field(raw, _custom_tool)
+
+
+def _custom_tool(i: int, tool: dict[str, Any]) -> tuple[str, Any]:
+    if tool.get("type") not in (None, "custom"):
+        raise InvalidRequest(
+            f"tools[{i}]: {str(tool['type'])[:64]!r} is a server tool, which this server "
+            "does not run; only custom tools (name, description, input_schema) are supported"
+        )
+    schema = tool.get("input_schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"tools[{i}].input_schema must be a JSON Schema object")
+    return tool_name(tool.get("name"), f"tools[{i}].name"), schema
 
 
 def tool_choice_of(raw: Any, tools: list[dict[str, Any]] | None) -> tuple[Any, bool | None]:

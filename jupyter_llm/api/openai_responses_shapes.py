@@ -20,10 +20,10 @@ from jupyter_llm.api.openai_shapes import parallel_field, stream_flag
 from jupyter_llm.api.requests import (
     checked,
     messages_field,
+    named_tools_field,
     openai_options_field,
     reasoning_field,
     tool_choice_field,
-    tools_field,
 )
 from jupyter_llm.api.structured import invalid_format, parse_format
 from jupyter_llm.grammar.check import OutputFormat
@@ -164,28 +164,18 @@ def metadata_of(raw: Any) -> dict[str, str]:
 
 def tools_of(raw: Any) -> list[dict[str, Any]] | None:
     """Function tools (``{"type": "function", "name", "description",
-    "parameters", "strict"}``) as the tools every API shares; OpenAI's hosted
-    tools (web search, file search, ...) are refused."""
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise InvalidRequest("tools must be a list")
-    functions = []
-    for i, tool in enumerate(raw):
-        if not isinstance(tool, dict):
-            raise InvalidRequest(f"tools[{i}] must be an object")
-        if tool.get("type") != "function":
-            raise InvalidRequest(
-                f"tools[{i}]: {str(tool.get('type'))[:64]!r} tools are hosted by OpenAI and "
-                "this server does not run them; only function tools are supported"
-            )
-        description = tool.get("description") or ""
-        if not isinstance(description, str):
-            raise InvalidRequest(f"tools[{i}].description must be a string")
-        function = {"name": identifier(tool.get("name"), f"tools[{i}].name")}
-        function.update(description=description, parameters=tool.get("parameters") or {})
-        functions.append({"type": "function", "function": function})
-    return tools_field(functions)
+    "parameters", "strict"}``); OpenAI's hosted tools (web search, file
+    search, ...) are refused."""
+    return named_tools_field(raw, _function_tool)
+
+
+def _function_tool(i: int, tool: dict[str, Any]) -> tuple[str, Any]:
+    if tool.get("type") != "function":
+        raise InvalidRequest(
+            f"tools[{i}]: {str(tool.get('type'))[:64]!r} tools are hosted by OpenAI and "
+            "this server does not run them; only function tools are supported"
+        )
+    return identifier(tool.get("name"), f"tools[{i}].name"), tool.get("parameters") or {}
 
 
 def choice_of(raw: Any) -> Any:

@@ -155,6 +155,29 @@ def tools_field(raw: Any) -> list[dict[str, Any]] | None:
     return tools or None
 
 
+def named_tools_field(
+    raw: Any, read: Callable[[int, dict[str, Any]], tuple[str, Any]]
+) -> list[dict[str, Any]] | None:
+    """Tools of the APIs that name a function at the top level (Responses,
+    Anthropic) as the tools every API shares. ``read(i, tool)`` gives the
+    tool's name and JSON Schema, or refuses a tool this server cannot run."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise InvalidRequest("tools must be a list")
+    functions = []
+    for i, tool in enumerate(raw):
+        if not isinstance(tool, dict):
+            raise InvalidRequest(f"tools[{i}] must be an object")
+        name, parameters = read(i, tool)
+        description = tool.get("description") or ""
+        if not isinstance(description, str):
+            raise InvalidRequest(f"tools[{i}].description must be a string")
+        function = {"name": name, "description": description, "parameters": parameters}
+        functions.append({"type": "function", "function": function})
+    return tools_field(functions)
+
+
 def tool_choice_field(value: Any, tools: list[dict[str, Any]] | None) -> Any:
     """OpenAI's ``tool_choice`` as the runner takes it: "auto", "none",
     "required" or ``{"name": ...}`` naming one of ``tools``."""
