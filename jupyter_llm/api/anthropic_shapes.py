@@ -21,8 +21,7 @@ from jupyter_llm.api.generation import (
     Finished,
     GenerationRequest,
     Reply,
-    Thinking,
-    ToolCalls,
+    route_events,
 )
 from jupyter_llm.api.openai_shapes import stream_flag
 from jupyter_llm.api.requests import checked, messages_field, named_tools_field
@@ -481,16 +480,13 @@ class MessageEvents:
         if not self.started:
             self.started = True
             self.out.append(self.start())
-        for event in events:
-            if isinstance(event, str):
-                self.delta("text", {"type": "text_delta", "text": event})
-            elif isinstance(event, Thinking):
-                self.delta("thinking", {"type": "thinking_delta", "thinking": event.text})
-            elif isinstance(event, ToolCalls):
-                for call in event.calls:
-                    self.tool_call(call)
-            elif isinstance(event, Finished):
-                self.finish(event)
+        route_events(
+            events,
+            lambda text: self.delta("text", {"type": "text_delta", "text": text}),
+            lambda text: self.delta("thinking", {"type": "thinking_delta", "thinking": text}),
+            self.tool_call,
+            self.finish,
+        )
         out, self.out = self.out, []
         return out
 

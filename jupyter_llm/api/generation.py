@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +99,28 @@ class Logprobs:
 
 
 Event = str | Thinking | ToolCalls | Logprobs | Finished
+
+
+def route_events(
+    events: list[Event],
+    text: Callable[[str], None],
+    thinking: Callable[[str], None],
+    call: Callable[[dict[str, Any]], None],
+    finished: Callable[[Finished], None],
+) -> None:
+    """Each event to its handler, each tool call on its own, for the APIs
+    whose streams are typed events (Responses, Anthropic); logprobs are not
+    part of those streams."""
+    for event in events:
+        if isinstance(event, str):
+            text(event)
+        elif isinstance(event, Thinking):
+            thinking(event.text)
+        elif isinstance(event, ToolCalls):
+            for one in event.calls:
+                call(one)
+        elif isinstance(event, Finished):
+            finished(event)
 
 
 @dataclass

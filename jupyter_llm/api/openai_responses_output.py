@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_llm.api.generation import Event, Finished, Reply, Thinking, ToolCalls
+from jupyter_llm.api.generation import Event, Finished, Reply, route_events
 
 
 def new_id(prefix: str) -> str:
@@ -153,16 +153,13 @@ class ResponseEvents:
         if self.sequence == 0:
             self.emit("response.created", response=self.head.response([], None))
             self.emit("response.in_progress", response=self.head.response([], None))
-        for event in events:
-            if isinstance(event, str):
-                self.delta("message", event)
-            elif isinstance(event, Thinking):
-                self.delta("reasoning", event.text)
-            elif isinstance(event, ToolCalls):
-                for call in event.calls:
-                    self.tool_call(call)
-            elif isinstance(event, Finished):
-                self.finish(event)
+        route_events(
+            events,
+            lambda text: self.delta("message", text),
+            lambda text: self.delta("reasoning", text),
+            self.tool_call,
+            self.finish,
+        )
         out, self.out = self.out, []
         return out
 
