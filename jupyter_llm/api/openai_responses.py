@@ -3,7 +3,8 @@ streamed as its typed server-sent events (``event: response.*``, no ``[DONE]``).
 
 Stateless unless ``previous_response_id`` names a response this user stored
 (``store``, true by default): its conversation goes before the new input
-(``api/response_store.py``, bounded, in memory). Errors use OpenAI's shape;
+(``api/response_store.py``, bounded, in memory). ``GET`` and ``DELETE
+/v1/responses/{id}`` read and forget a stored response. Errors use OpenAI's shape;
 a stream's error is an ``error`` event the ``openai`` client raises.
 Bodies become a generation request in ``api/openai_responses_shapes.py``,
 and generations responses in ``api/openai_responses_output.py``.
@@ -22,12 +23,13 @@ from jupyter_llm.api.openai_responses_output import Head, ResponseEvents, stored
 from jupyter_llm.api.openai_responses_shapes import (
     ResponsesCall,
     conversation_bytes,
+    identifier,
     previous_id,
     responses_call,
 )
 from jupyter_llm.api.openai_shapes import openai_error
-from jupyter_llm.api.response_store import ResponseStore
-from jupyter_llm.request.errors import LLMError
+from jupyter_llm.api.response_store import ResponseStore, Stored
+from jupyter_llm.request.errors import InvalidRequest, LLMError
 
 
 class ResponseNotFound(LLMError):
@@ -37,12 +39,10 @@ class ResponseNotFound(LLMError):
 STORE = "jupyter_llm_response_store"  # the app's one store, in tornado's settings
 
 
-class ResponsesHandler(OpenAIHandler):
-    auth_resource = LLM
+class ResponseStoreHandler(OpenAIHandler):
+    """What both routes share: the app's one store, and whose entries these are."""
 
-    def error_value(self, status: int, message: str) -> Any:
-        # a stream's error is an "error" event; a whole answer's, OpenAI's error object
-        return {"type": "error", "error": openai_error(status, message)}
+    auth_resource = LLM
 
     @property
     def store(self) -> ResponseStore:
@@ -53,6 +53,12 @@ class ResponsesHandler(OpenAIHandler):
         """Whose stored responses these are: the Hub's user, or the server's own."""
         username = getattr(self.current_user, "username", "") or ""
         return f"{self.requester.name}/{username}"
+
+
+class ResponsesHandler(ResponseStoreHandler):
+    def error_value(self, status: int, message: str) -> Any:
+        # a stream's error is an "error" event; a whole answer's, OpenAI's error object
+        return {"type": "error", "error": openai_error(status, message)}
 
     @web.authenticated
     @authorized("execute")
@@ -78,26 +84,59 @@ class ResponsesHandler(OpenAIHandler):
             def encode(batch: list[Event]) -> list[Any]:
                 out = events.batch(batch)
                 if events.finished is not None:  # stored before the client reads it is done
-                    self.keep(call, asked, size, head.id, events.output)
+                    done = head.response(events.output, events.finished)
+                    self.keep(call, asked, size, done)
                 return out
 
             await self.stream_generation(call.generation, encode, NAMED_SSE)
         elif (reply := await self.whole_completion(call.generation)) is not None:
-            output = whole_output(reply)
-            self.keep(call, asked, size, head.id, output)
-            self.write_json(head.response(output, reply.finished))
+            done = head.response(whole_output(reply), reply.finished)
+            self.keep(call, asked, size, done)
+            self.write_json(done)
 
-    def keep(
-        self, call: ResponsesCall, asked: list[Any], size: int, rid: str, output: list[Any]
-    ) -> None:
+    def keep(self, call: ResponsesCall, asked: list[Any], size: int, done: dict[str, Any]) -> None:
         """Store the conversation for ``previous_response_id``, unless ``store:
-        false``: what was asked (measured off the loop) and the answer."""
+        false``: what was asked (measured off the loop), the answer, and the
+        response object for ``GET``."""
         if call.store:
-            turn = stored_turn(output)
-            size += conversation_bytes([turn])
-            self.store.put(self.user_key, rid, [*asked, turn], size)
+            turn = stored_turn(done["output"])
+            size += conversation_bytes([turn, done])
+            self.store.put(self.user_key, done["id"], [*asked, turn], size, done)
 
 
-def handlers() -> list[tuple[str, type[OpenAIHandler]]]:
+class StoredResponseHandler(ResponseStoreHandler):
+    """``/v1/responses/{id}``: a stored response, whole (``GET``), or
+    forgotten (``DELETE``); another user's is "not found", as at OpenAI."""
+
+    def found(self, response_id: str) -> Stored:
+        entry = self.store.find(self.user_key, identifier(response_id, "response id"))
+        if entry is None or entry.response is None:
+            raise ResponseNotFound(
+                f"response {response_id[:128]!r} was not found: it was never stored for this "
+                "user (store: false), or it expired, was evicted or was deleted"
+            )
+        return entry
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, response_id: str) -> None:
+        if self.get_query_argument("stream", "false").lower() == "true":
+            raise InvalidRequest("a stored response cannot be streamed again: omit stream")
+        self.write_json(self.found(response_id).response)
+
+    @web.authenticated
+    @authorized("execute")
+    async def delete(self, response_id: str) -> None:
+        if self._received:  # none is expected, but one is parsed as every body is
+            await self.body_json()
+        self.found(response_id)
+        self.store.remove(self.user_key, response_id)
+        self.write_json({"id": response_id, "object": "response", "deleted": True})
+
+
+def handlers() -> list[tuple[str, type[ResponseStoreHandler]]]:
     """Routes relative to ``{base_url}llm/``."""
-    return [(r"v1/responses", ResponsesHandler)]
+    return [
+        (r"v1/responses", ResponsesHandler),
+        (r"v1/responses/(?P<response_id>[^/]+)", StoredResponseHandler),
+    ]

@@ -3,8 +3,9 @@
 The Responses API is stateless unless a client continues a response by its
 id. Each stored response keeps its whole conversation (the chat messages it
 was given after any instructions, and its own answer), so continuing reads
-one entry. Entries belong to the user who made them: another user's id is
-"not found", as an unknown one is. Bounded by ``STORED_RESPONSES`` per user,
+one entry; and the response object, for ``GET /v1/responses/{id}``.
+Entries belong to the user who made them: another user's id is "not
+found", as an unknown one is. Bounded by ``STORED_RESPONSES`` per user,
 ``STORED_BYTES`` in all and ``STORED_SECONDS`` of age; the oldest go first.
 Only the event loop touches it, so it needs no lock.
 """
@@ -26,6 +27,7 @@ class Stored:
     chat: list[dict[str, Any]]
     size: int
     at: float
+    response: dict[str, Any] | None = None
 
 
 class ResponseStore:
@@ -43,13 +45,33 @@ class ResponseStore:
 
     def get(self, user: str, response_id: str) -> list[dict[str, Any]] | None:
         """The conversation of ``response_id`` if ``user`` stored it and it has not expired."""
+        entry = self.find(user, response_id)
+        return None if entry is None else entry.chat
+
+    def find(self, user: str, response_id: str) -> Stored | None:
+        """``user``'s entry of ``response_id``: another user's is none."""
         self.expire()
         entry = self.entries.get(response_id)
-        return None if entry is None or entry.user != user else entry.chat
+        return None if entry is None or entry.user != user else entry
 
-    def put(self, user: str, response_id: str, chat: list[dict[str, Any]], size: int) -> bool:
-        """Keep a conversation, dropping the oldest to stay in bounds; one
-        larger than all the store may hold is not kept (False)."""
+    def remove(self, user: str, response_id: str) -> bool:
+        """Forget ``user``'s ``response_id``; False if there was none to forget."""
+        if self.find(user, response_id) is None:
+            return False
+        self.drop(response_id)
+        return True
+
+    def put(
+        self,
+        user: str,
+        response_id: str,
+        chat: list[dict[str, Any]],
+        size: int,
+        response: dict[str, Any] | None = None,
+    ) -> bool:
+        """Keep a conversation (and its response object, counted in ``size``),
+        dropping the oldest to stay in bounds; one larger than all the store
+        may hold is not kept (False)."""
         self.expire()
         if size > self.total_bytes:
             return False
@@ -58,7 +80,7 @@ class ResponseStore:
             self.drop(key)
         while self.bytes + size > self.total_bytes:
             self.drop(next(iter(self.entries)))
-        self.entries[response_id] = Stored(user, chat, size, self.clock())
+        self.entries[response_id] = Stored(user, chat, size, self.clock(), response)
         self.bytes += size
         return True
 

@@ -17,6 +17,7 @@ LLM, MODELS = "llm", "llm.models"
 READ, WRITE, EXECUTE = "read", "write", "execute"
 BLOB = "api/blobs/sha256:" + "0" * 64
 MODEL = "v1/models/sha256:" + "0" * 64  # the route table's placeholder
+RESPONSE = "v1/responses/sha256:" + "0" * 64
 
 EXPECTED = {
     **{
@@ -34,6 +35,8 @@ EXPECTED = {
     ("v1/completions", "POST"): (EXECUTE, LLM),
     ("v1/embeddings", "POST"): (EXECUTE, LLM),
     ("v1/responses", "POST"): (EXECUTE, LLM),
+    (RESPONSE, "GET"): (READ, LLM),
+    (RESPONSE, "DELETE"): (EXECUTE, LLM),
     ("v1/messages", "POST"): (EXECUTE, LLM),
     ("v1/messages/count_tokens", "POST"): (EXECUTE, LLM),
     (BLOB, "HEAD"): (READ, MODELS),

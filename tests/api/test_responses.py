@@ -205,6 +205,39 @@ async def test_previous_response_id(client, installed_model):
         assert "was not found" in e.value.body["message"]
 
 
+async def test_a_stored_response_is_retrieved_and_deleted(client, installed_model):
+    made = await client.responses.create(
+        model="tiny", input="hello there", max_output_tokens=3, temperature=0
+    )
+    got = await client.responses.retrieve(made.id)
+    assert got.id == made.id and got.output_text == made.output_text
+    assert got.usage.output_tokens == made.usage.output_tokens
+    stream = await client.responses.create(
+        model="tiny", input="hi", max_output_tokens=2, stream=True
+    )
+    async for event in stream:
+        if event.type in ("response.completed", "response.incomplete"):
+            streamed = event.response
+    assert (await client.responses.retrieve(streamed.id)).output_text == streamed.output_text
+
+    await client.responses.delete(made.id)
+    unstored = await client.responses.create(
+        model="tiny", input="x", store=False, max_output_tokens=1
+    )
+    for missing in (made.id, unstored.id, "resp_nothing"):
+        with pytest.raises(openai.NotFoundError) as e:
+            await client.responses.retrieve(missing)
+        assert "was not found" in e.value.body["message"]
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.delete(missing)
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.responses.retrieve("r" * 200)
+    assert "response_id" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.responses.retrieve(streamed.id, stream=True)
+    assert "cannot be streamed again" in e.value.body["message"]
+
+
 BAD = [
     ({"input": []}, "input must be"),
     ({"input": 3}, "input must be"),

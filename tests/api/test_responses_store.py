@@ -34,6 +34,15 @@ def test_another_users_response_is_not_found():
     assert store.get("bob", "resp_1") is None and store.get("alice", "resp_2") is None
 
 
+def test_a_response_is_removed_only_by_its_user():
+    store = ResponseStore()
+    store.put("alice", "resp_1", CHAT, 10, {"id": "resp_1"})
+    assert store.find("alice", "resp_1").response == {"id": "resp_1"}
+    assert not store.remove("bob", "resp_1") and store.find("bob", "resp_1") is None
+    assert store.remove("alice", "resp_1") and store.bytes == 0
+    assert not store.remove("alice", "resp_1") and store.get("alice", "resp_1") is None
+
+
 def test_each_user_keeps_the_newest_responses():
     store = ResponseStore(per_user=2)
     for i in range(3):
