@@ -74,6 +74,7 @@ class Finished:
     total_duration: int
     context: list[int]
     stop_sequence: str = ""  # the stop string that ended it, if one did
+    prompt_cached: int = 0  # of prompt_eval_count, the tokens the cache held
 
 
 @dataclass
@@ -265,6 +266,7 @@ def finished(done: Done, load_duration: int, total_duration: int) -> Finished:
         total_duration=total_duration,
         context=done.context,
         stop_sequence=done.stop_sequence,
+        prompt_cached=done.prompt_cached,
     )
 
 

@@ -29,7 +29,7 @@ def new_id(prefix: str) -> str:
 def usage(f: Finished) -> dict[str, Any]:
     return {
         "input_tokens": f.prompt_eval_count,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": f.prompt_cached},
         "output_tokens": f.eval_count,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": f.prompt_eval_count + f.eval_count,

@@ -186,11 +186,12 @@ def finish_reason(f: Finished, called: bool) -> str:
     return "tool_calls" if called else FINISH.get(f.done_reason, "stop")
 
 
-def usage(f: Finished) -> dict[str, int]:
+def usage(f: Finished) -> dict[str, Any]:
     return {
         "prompt_tokens": f.prompt_eval_count,
         "completion_tokens": f.eval_count,
         "total_tokens": f.prompt_eval_count + f.eval_count,
+        "prompt_tokens_details": {"cached_tokens": f.prompt_cached},
     }
 
 

@@ -43,6 +43,17 @@ async def test_chat_completions(client, installed_model):
     assert chunks[-1].usage.completion_tokens == 6
 
 
+async def test_usage_counts_the_prompt_tokens_the_cache_held(client, installed_model):
+    messages = [{"role": "user", "content": "the same question, asked twice over"}]
+    first = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    again = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    held = again.usage.prompt_tokens_details.cached_tokens
+    # the whole prompt but its last token, which is decoded again for its logits
+    assert held == again.usage.prompt_tokens - 1 > first.usage.prompt_tokens_details.cached_tokens
+    answer = await client.responses.create(model="tiny", input=messages, max_output_tokens=2)
+    assert answer.usage.input_tokens_details.cached_tokens == answer.usage.input_tokens - 1
+
+
 async def test_chat_stop_and_content_parts(client, installed_model):
     full = await client.chat.completions.create(
         model="tiny",

@@ -249,7 +249,12 @@ def test_an_embeddings_body():
 HEAD = {"id": "chatcmpl-1", "created": 9, "model": "m:latest", "system_fingerprint": "fp"}
 DONE = Finished("stop", 4, 40, 2, 20, 5, 100, [])
 LENGTH = Finished("length", 4, 40, 2, 20, 5, 100, [])
-USAGE = {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+USAGE = {
+    "prompt_tokens": 4,
+    "completion_tokens": 2,
+    "total_tokens": 6,
+    "prompt_tokens_details": {"cached_tokens": 0},
+}
 CALL = {"id": "c1", "name": "get_weather", "arguments": {"city": "Paris"}}
 ARGS = json.dumps({"city": "Paris"})
 LOGPROB = {
