@@ -24,7 +24,7 @@ from jupyter_llm.api.generation import (
     route_events,
 )
 from jupyter_llm.api.openai_shapes import stream_flag
-from jupyter_llm.api.requests import checked, messages_field, named_tools_field
+from jupyter_llm.api.requests import checked, messages_field, named_tools_field, priority_field
 from jupyter_llm.api.structured import invalid_format, parse_format
 from jupyter_llm.grammar.check import OutputFormat
 from jupyter_llm.models.names import parse_model_name
@@ -97,6 +97,7 @@ def messages_call(body: dict[str, Any]) -> MessagesCall:
         raise InvalidRequest("max_tokens must be a positive integer")
     request = generation(body, max_tokens)
     request.options = {**sampling(body), "num_predict": max_tokens}
+    request.priority = priority_field(body)
     return MessagesCall(request, stream_flag(body))
 
 

@@ -34,11 +34,13 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from jupyter_llm.api.generation import Event, GenerationRequest, Reply, collect, complete
-from jupyter_llm.api.requests import parse_json_object
+from jupyter_llm.api.requests import checked, parse_json_object
 from jupyter_llm.metrics.instruments import ROUTE
 from jupyter_llm.request.errors import LLMError
 from jupyter_llm.request.identity import Requester, requester_of
 from jupyter_llm.request.limits import BODY_BYTES, DECODE_ON_LOOP_BYTES
+from jupyter_llm.request.priority import HEADER as PRIORITY_HEADER
+from jupyter_llm.request.priority import resolve as resolve_priority
 
 if TYPE_CHECKING:
     from jupyter_llm.services import LLMServices
@@ -415,6 +417,7 @@ class LLMHandler(APIHandler):
     ) -> None:
         """Stream a completion, each batch of its events as ``encode`` (an
         API's encoder) shapes it."""
+        self.resolve_priority(request)  # a bad header is a 400 before any byte
 
         async def values() -> AsyncGenerator[list[Any], None]:
             async with aclosing(complete(self.llm, request, self.requester)) as batches:
@@ -426,12 +429,19 @@ class LLMHandler(APIHandler):
     async def whole_completion(self, request: GenerationRequest) -> Reply | None:
         """A completion not streamed: its text and last event, or ``None`` if
         the client left (which cancelled the generation)."""
+        self.resolve_priority(request)
         generation = complete(self.llm, request, self.requester)
         async with aclosing(self.connected(generation)) as batches:
             result = await collect(batches)
         if result is None and not self._client_gone:
             raise LLMError("the runner ended without finishing")
         return result
+
+    def resolve_priority(self, request: GenerationRequest) -> None:
+        """The body's priority, else the ``X-LLM-Priority`` header's
+        (``request.priority``); an unknown value is a 400 in this API's shape."""
+        header = self.request.headers.get(PRIORITY_HEADER)
+        request.priority = checked(resolve_priority, request.priority, header)
 
     def _begin(self, framing: Framing) -> None:
         self.set_header("Content-Type", framing.content_type)

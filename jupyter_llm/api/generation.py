@@ -22,6 +22,7 @@ from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest, RunnerFailed
 from jupyter_llm.request.identity import LOCAL, Requester
 from jupyter_llm.request.options import sampling_options
+from jupyter_llm.request.priority import INTERACTIVE
 from jupyter_llm.runner.protocol import (
     Complete,
     Done,
@@ -59,6 +60,7 @@ class GenerationRequest:
     parallel_tool_calls: bool | None = None  # None: one call (llama.cpp's default)
     truncate: bool = True  # Ollama's request fields: cut an over-long prompt...
     shift: bool = True  # ...and shift a full context
+    priority: str | None = None  # "interactive" | "batch"; None: the header's, else interactive
 
 
 @dataclass
@@ -168,7 +170,9 @@ async def _complete(
         raise InvalidRequest(f"model '{entry.name.display}' does not support images")
     options = {**entry.params, **job.options}  # the model's parameters sit beneath
     load = load_options(options)
-    async with services.scheduler.use(entry, load, job.keep_alive, requester) as lease:
+    priority = job.priority or INTERACTIVE
+    use = services.scheduler.use(entry, load, job.keep_alive, requester, priority)
+    async with use as lease:
         request = runner_request(job, entry, messages, options, services.settings.stream_interval)
         stream = lease.runner.complete(request)
         text: list[str] = []  # kept only to check a format
@@ -224,6 +228,7 @@ def runner_request(
         tool_choice=job.tool_choice,
         truncate=job.truncate,
         shift=job.shift,
+        priority=job.priority or INTERACTIVE,
     )
 
 

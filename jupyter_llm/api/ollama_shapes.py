@@ -31,6 +31,7 @@ from jupyter_llm.api.requests import (
     logprobs_field,
     messages_field,
     options_field,
+    priority_field,
     think_field,
     tool_choice_field,
     tools_field,
@@ -82,6 +83,7 @@ def shared_fields(body: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         "logprobs": logprobs_field(body.get("logprobs"), body.get("top_logprobs")),
         "truncate": typed_field(body, "truncate", bool, "a boolean", True),
         "shift": typed_field(body, "shift", bool, "a boolean", True),
+        "priority": priority_field(body),
     }
 
 

@@ -22,6 +22,7 @@ from jupyter_llm.api.requests import (
     messages_field,
     named_tools_field,
     openai_options_field,
+    priority_field,
     reasoning_field,
     tool_choice_field,
 )
@@ -104,6 +105,7 @@ def responses_call(body: dict[str, Any], history: list[dict[str, Any]]) -> Respo
         parallel_tool_calls=parallel_field(body),
         think=reasoning_field({"reasoning": reasoning_of(body.get("reasoning"))}),
         format=text_format(body.get("text")),
+        priority=priority_field(body),
     )
     echo = {
         "instructions": body.get("instructions"),

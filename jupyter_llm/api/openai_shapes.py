@@ -34,6 +34,7 @@ from jupyter_llm.api.requests import (
     messages_field,
     openai_options_field,
     parse_embed_input,
+    priority_field,
     reasoning_field,
     tool_choice_field,
     tools_field,
@@ -126,6 +127,7 @@ def chat_call(body: dict[str, Any]) -> OpenAICall:
         logprobs=logprobs_field(body.get("logprobs"), body.get("top_logprobs")),
         think=reasoning_field(body),
         format=response_format(body),
+        priority=priority_field(body),
     )
     return OpenAICall(request, stream_flag(body), include_usage(body))
 
@@ -148,6 +150,7 @@ def completion_call(body: dict[str, Any]) -> OpenAICall:
         options=openai_options_field(body),
         prompt=prompt,
         suffix=suffix,
+        priority=priority_field(body),
     )
     return OpenAICall(request, stream_flag(body), include_usage(body))
 

@@ -1,7 +1,8 @@
 """The ``/api/ps`` body: each loaded model with Ollama's fields plus where each
-byte lives and how many requests it serves at once (``parallel``), and the
-models being loaded with their progress (``loading``). Our additions are read
-by the sidebar, ``jupyter llm`` and the kernel; Ollama's clients ignore them."""
+byte lives, how many requests it serves at once (``parallel``) and its
+requests by priority (``priorities``: running and queued, interactive and
+batch), and the models being loaded with their progress (``loading``). Our
+additions are read by the sidebar, ``jupyter llm`` and the kernel; Ollama's clients ignore them."""
 
 from __future__ import annotations
 
@@ -12,17 +13,30 @@ from typing import Any
 
 from jupyter_llm.devices import on_node
 from jupyter_llm.memory import CPU
+from jupyter_llm.request.priority import PRIORITIES
 from jupyter_llm.scheduler import Loaded, Scheduler
 
 FOREVER_ISO = "2318-01-01T00:00:00Z"  # what Ollama reports for keep_alive < 0
 
 
 def ps_body(scheduler: Scheduler) -> dict[str, Any]:
+    models = []
+    for m in scheduler.loaded_models():
+        model = describe_loaded(m, holders(m, scheduler.queued(m)))
+        model["priorities"] = by_priority(m, scheduler.queued_by_priority(m))
+        models.append(model)
+    return {"models": models, "loading": describe_loading(scheduler.loading_models())}
+
+
+def by_priority(loaded: Loaded, queued: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """``{"interactive": {"running", "queued"}, "batch": {...}}``: the model's
+    requests by priority (``queued``: per user, waiting requests by priority)."""
     return {
-        "models": [
-            describe_loaded(m, holders(m, scheduler.queued(m))) for m in scheduler.loaded_models()
-        ],
-        "loading": describe_loading(scheduler.loading_models()),
+        p: {
+            "running": max(0, loaded.by_priority.get(p, 0)),
+            "queued": sum(mine.get(p, 0) for mine in queued.values()),
+        }
+        for p in PRIORITIES
     }
 
 

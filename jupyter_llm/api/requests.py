@@ -25,6 +25,7 @@ from jupyter_llm.request.options import (
     OPTION_TYPES as OPTION_TYPES,  # re-exported for the fuzz test
 )
 from jupyter_llm.request.options import openai_options, parse_options
+from jupyter_llm.request.priority import parse_priority
 
 T = TypeVar("T")
 
@@ -76,6 +77,11 @@ def _as_tuple(kind: Any) -> tuple[Any, ...]:
 def keep_alive_field(body: dict[str, Any]) -> float | None:
     value = body.get("keep_alive")
     return None if value is None else checked(parse_duration, value, "keep_alive")
+
+
+def priority_field(body: dict[str, Any]) -> str | None:
+    """``priority``: "interactive" or "batch" (``request.priority``); None if absent."""
+    return checked(parse_priority, body.get("priority"))
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's and Ollama's bound

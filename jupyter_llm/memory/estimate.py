@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from jupyter_llm.memory.model_info import ModelInfo
 from jupyter_llm.memory.projector import ProjectorInfo, projector_graph
+from jupyter_llm.request.priority import seq_ids  # paused batch sequences' ids count
 
 KV_PAD = 256  # llama.cpp allocates the KV cache in multiples of this many cells
 # bytes per value of each KV cache type: ggml's block size over its values per block
@@ -130,7 +131,7 @@ def estimate(
     cells_swa = (
         context
         if opts.swa_full
-        else swa_cells(context, model.n_swa, max(1, opts.num_parallel), batch)
+        else swa_cells(context, model.n_swa, seq_ids(opts.num_parallel), batch)
     )
     layer_kv = tuple(int((cells_swa if w else context) * per_cell) for w in windowed)
     embd, heads, vocab = model.n_embd, model.n_head, model.n_vocab

@@ -30,6 +30,7 @@ import llama_cpp
 
 from jupyter_llm.request.limits import repeat_window
 from jupyter_llm.request.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
+from jupyter_llm.request.priority import seq_ids
 from jupyter_llm.runner.constrained import Candidates
 from jupyter_llm.runner.context_window import (
     SlotView,
@@ -44,6 +45,7 @@ from jupyter_llm.runner.context_window import (
 from jupyter_llm.runner.embedding_context import EmbeddingContext
 from jupyter_llm.runner.logprobs import Logprobs
 from jupyter_llm.runner.model import Model
+from jupyter_llm.runner.pausing import Pauses, prompt_order
 from jupyter_llm.runner.protocol import Done, EngineError, InputError, LoadParams
 from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
@@ -70,7 +72,7 @@ def context_params(params: LoadParams, n_ctx_train: int) -> Any:
     cp.n_ctx = n_ctx
     # every generating sequence's token fits in a step beside a prompt chunk
     cp.n_batch = cp.n_ubatch = max(1, n_seq, min(params.n_batch, n_ctx))
-    cp.n_seq_max = n_seq
+    cp.n_seq_max = seq_ids(n_seq)  # and spare ids for paused batch sequences (pausing)
     cp.kv_unified = True
     # windowed layers keep only their window (as llama-server and Ollama);
     # a cached prefix is then reusable only while its window is still held
@@ -90,7 +92,7 @@ class Engine:
     def __init__(self, params: LoadParams, progress: Callable[[float], None] | None = None) -> None:
         self.model = model = Model(params, progress)
         cp = context_params(params, model.n_ctx_train)
-        self.n_seq, self.n_batch = cp.n_seq_max, cp.n_batch
+        self.n_seq, self.n_batch = max(1, min(params.n_seq, 256)), cp.n_batch  # decode slots
         self.ctx = llama_cpp.llama_init_from_model(model.llama_model, cp)
         if not self.ctx:
             model.close()
@@ -102,7 +104,8 @@ class Engine:
         self.vocab, self._piece_bytes = model.vocab, model.piece  # read once per token
         self.candidates = Candidates(model.n_vocab)  # shared: sequences sample one by one
         self.logprobs = Logprobs(self.ctx, model.n_vocab, model.piece)
-        self.slots = [Slot(i) for i in range(self.n_seq)]
+        self.slots = [Slot(i) for i in range(cp.n_seq_max)]  # n_seq decode at once
+        self.pauses = Pauses()
         self.waiting: deque[Sequence] = deque()
         n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
         self.embeddings = EmbeddingContext(model, self.n_ctx, n_threads)
@@ -255,15 +258,19 @@ class Engine:
     # -- slots -------------------------------------------------------------------------
     def _assign(self) -> None:
         """Give waiting jobs idle slots, each the one whose cache shares the
-        longest prefix with its prompt; drop the rest of that cache."""
-        while self.waiting:
-            idle = [SlotView(s.index, s.cached, s.last_used) for s in self.slots if s.seq is None]
-            if not idle:
-                return
-            seq = self.waiting.popleft()
+        longest prefix with its prompt; drop the rest of that cache. Who
+        starts, pauses or resumes is ``runner.pausing``'s call."""
+        while (move := self.pauses.next_move(self.slots, self.waiting, self.n_seq)) is not None:
+            if move.resume is not None or move.pause is not None:
+                self.pauses.turn(self.slots, move)
+            if move.start is None:
+                continue
+            seq = self.waiting[move.start]
+            del self.waiting[move.start]
             if seq.job.cancelled():
                 self._finish_unstarted(seq)
                 continue
+            idle = [SlotView(s.index, s.cached, s.last_used) for s in self.slots if s.seq is None]
             index, shared = choose_slot(idle, seq.job.tokens)
             slot = self.slots[index]
             keep = self._reusable(slot, seq, shared)
@@ -275,6 +282,7 @@ class Engine:
                 slot.truncate(keep)
             seq.slot, seq.fed, seq.reused = index, keep, keep
             slot.seq = seq
+            self.pauses.started(slot)
 
     def _reusable(self, slot: Slot, seq: Sequence, shared: int) -> int:
         """How much of ``slot``'s cache ``seq`` reuses of the ``shared``
@@ -369,11 +377,9 @@ class Engine:
         self._cancel()
         self._assign()
         self._make_room_in_sequences()
-        generating = [s.seq for s in self.slots if s.seq is not None and s.seq.prompt_done]
-        prompting = sorted(
-            (s.seq for s in self.slots if s.seq is not None and not s.seq.prompt_done),
-            key=lambda q: q.started_ns,
-        )
+        running = [s.seq for s in self.slots if s.seq is not None and not s.paused]
+        generating = [q for q in running if q.prompt_done]
+        prompting = sorted((q for q in running if not q.prompt_done), key=prompt_order)
         if not generating and not prompting:
             return
         used = self._make_room_in_cache(generating, prompting)
@@ -408,7 +414,7 @@ class Engine:
     def _make_room_in_sequences(self) -> None:
         """A generating sequence at the end of the context shifts, or (where
         it may not or cannot) ends with "length"."""
-        generating = [s.seq for s in self.slots if s.seq is not None and s.seq.prompt_done]
+        generating = [s.seq for s in self.slots if s.seq and s.seq.prompt_done and not s.paused]
         for seq in generating:
             slot = self.slots[seq.slot]
             if len(slot.cached) + 1 > self.n_ctx and not (

@@ -131,6 +131,7 @@ class Complete:
     tool_choice: Any = None  # "auto" | "none" | "required" | {"name": ...}; None: auto
     truncate: bool = True  # cut an over-long prompt (else refuse it)
     shift: bool = True  # shift a full context (else stop, "length")
+    priority: str = "interactive"  # "batch": may be paused for interactive work (runner.pausing)
 
 
 @dataclass(frozen=True)

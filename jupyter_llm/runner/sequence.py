@@ -46,6 +46,7 @@ class Job:
     # holds marks (negative) there. ``release`` frees them when the job ends.
     images: dict[int, Any] = field(default_factory=dict)
     release: Callable[[], None] = lambda: None
+    priority: str = "interactive"  # "batch": may be paused for interactive work (``pausing``)
 
     def spans(self) -> list[tuple[int, int]]:
         """The positions ``[start, end)`` of each image."""

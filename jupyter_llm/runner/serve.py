@@ -232,6 +232,7 @@ class RunnerService:
             preserve=plan.preserve,
             logprobs=logprobs_count(request),
             on_logprob=replies.logprobs.append,
+            priority=request.priority,
         )
         if media is not None:
             job.images, job.release = media.images, media.close

@@ -21,6 +21,8 @@ class Slot:
     seq: Sequence | None = None
     last_used: float = 0.0
     images: list[Span] = field(default_factory=list)  # positions in ``cached`` that are images
+    paused: bool = False  # its sequence is left out of the decode batch (``runner.pausing``)
+    paused_order: int = 0  # when it was paused: the earliest resumes first
 
     def truncate(self, keep: int) -> None:
         """Forget all but the first ``keep`` positions (never inside an image)."""

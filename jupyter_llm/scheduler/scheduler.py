@@ -39,6 +39,7 @@ from jupyter_llm.request.errors import (
     ServerBusy,
 )
 from jupyter_llm.request.identity import LOCAL, Requester
+from jupyter_llm.request.priority import INTERACTIVE
 from jupyter_llm.runner_client.launch import LoadRequest, gpu_library
 from jupyter_llm.scheduler import fit, policy
 from jupyter_llm.scheduler.fair_queue import unload_now
@@ -92,8 +93,9 @@ class Scheduler:
         options: LoadOptions,
         keep_alive: float | None,
         requester: Requester = LOCAL,
+        priority: str = INTERACTIVE,
     ) -> AsyncIterator[Lease]:
-        lease = await self.acquire(entry, options, keep_alive, requester)
+        lease = await self.acquire(entry, options, keep_alive, requester, priority)
         try:
             yield lease
         finally:
@@ -105,10 +107,12 @@ class Scheduler:
         options: LoadOptions,
         keep_alive: float | None,
         requester: Requester = LOCAL,
+        priority: str = INTERACTIVE,
     ) -> Lease:
         """A runner for ``entry`` with a free slot, loading it if needed. Waiting
         here (for a load or a slot) counts against ``max_queue``; free slots go
-        to the waiting users in turn (``fair_queue``)."""
+        to the waiting users in turn (``fair_queue``), interactive requests
+        before batch ones (``priority``)."""
         if self._waiting >= self.settings.max_queue:
             raise ServerBusy()
         self._waiting += 1
@@ -117,7 +121,7 @@ class Scheduler:
                 loaded, fresh_ns = await self._get_loaded(entry, options, keep_alive)
                 loaded.waiting += 1
                 try:
-                    await self._take_slot(loaded, requester.name)
+                    await self._take_slot(loaded, requester.name, priority)
                     break
                 except Unloaded:
                     continue  # load it again (or fail with the reason it cannot load)
@@ -129,22 +133,22 @@ class Scheduler:
         stop_timer(loaded)
         if keep_alive is not None:
             loaded.keep_alive = keep_alive
-        return Lease(loaded, fresh_ns, requester.name, self._release)
+        return Lease(loaded, fresh_ns, requester.name, self._release, priority)
 
-    async def _take_slot(self, loaded: Loaded, user: str) -> None:
+    async def _take_slot(self, loaded: Loaded, user: str, priority: str) -> None:
         """Wait in ``user``'s queue until this request has a slot on ``loaded``."""
-        waiter, granted = self._slots.request(loaded, user)
+        waiter, granted = self._slots.request(loaded, user, priority)
         try:
             await granted
         except BaseException:
             if granted.done() and not granted.cancelled():
-                self._release(loaded, user)  # granted as it was cancelled
+                self._release(loaded, user, priority)  # granted as it was cancelled
             else:
                 self._slots.withdraw(waiter)
             raise
 
-    def _release(self, loaded: Loaded, user: str) -> None:
-        self._slots.give_back(loaded, user)
+    def _release(self, loaded: Loaded, user: str, priority: str = INTERACTIVE) -> None:
+        self._slots.give_back(loaded, user, priority)
         loaded.last_used = time.monotonic()
         if self._closing:
             return
@@ -174,6 +178,12 @@ class Scheduler:
         if self._loaded.get(loaded.key) is not loaded:
             return {}
         return self._slots.queued(loaded.key)
+
+    def queued_by_priority(self, loaded: Loaded) -> dict[str, dict[str, int]]:
+        """Per user, how many requests of each priority wait for a slot on ``loaded``."""
+        if self._loaded.get(loaded.key) is not loaded:
+            return {}
+        return self._slots.queued_by_priority(loaded.key)
 
     async def current_devices(self) -> list[DeviceInfo]:
         """Devices with free memory as of now; a loaded runner is asked first."""

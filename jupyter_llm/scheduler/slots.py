@@ -1,12 +1,15 @@
 """A loaded model's slots, granted to waiting requests in fair turns across
-users (``fair_queue``), and counted per model and per user while they run."""
+users (``fair_queue``), interactive before batch (``priority``), and counted
+per model, per user and per priority while they run."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
 
+from jupyter_llm.request.priority import INTERACTIVE
 from jupyter_llm.scheduler.fair_queue import FairQueue, Waiter
+from jupyter_llm.scheduler.priority import admits
 from jupyter_llm.scheduler.types import Loaded, Unloaded
 
 
@@ -22,10 +25,12 @@ class SlotGrants:
         self._grants: dict[Waiter, tuple[asyncio.Future[None], Loaded]] = {}
         self._active: Counter[str] = Counter()  # running requests per user, all models
 
-    def request(self, loaded: Loaded, user: str) -> tuple[Waiter, asyncio.Future[None]]:
+    def request(
+        self, loaded: Loaded, user: str, priority: str = INTERACTIVE
+    ) -> tuple[Waiter, asyncio.Future[None]]:
         """Queue ``user``'s request for a slot on ``loaded``: the future is
         done when it has one (raises ``Unloaded`` if the model goes first)."""
-        waiter = self._fair.push(user, loaded.key)
+        waiter = self._fair.push(user, loaded.key, priority)
         granted = asyncio.get_running_loop().create_future()
         self._grants[waiter] = (granted, loaded)
         self.dispatch()
@@ -41,19 +46,24 @@ class SlotGrants:
 
         def has_slot(waiter: Waiter) -> bool:
             loaded = self._grants[waiter][1]
-            return loaded.runner.alive and loaded.refcount < loaded.parallel
+            interactive = loaded.by_priority[INTERACTIVE]
+            return loaded.runner.alive and admits(
+                waiter.priority, interactive, loaded.refcount, loaded.parallel
+            )
 
         limit = self._max_per_user
         while (waiter := self._fair.pop(self._active, limit, has_slot)) is not None:
             granted, loaded = self._grants.pop(waiter)
             loaded.refcount += 1
             loaded.users[waiter.user] += 1
+            loaded.by_priority[waiter.priority] += 1
             self._active[waiter.user] += 1
             granted.set_result(None)
 
-    def give_back(self, loaded: Loaded, user: str) -> None:
+    def give_back(self, loaded: Loaded, user: str, priority: str = INTERACTIVE) -> None:
         """A request on ``loaded`` ended: its slot is free (``dispatch`` hands it on)."""
         loaded.refcount -= 1
+        loaded.by_priority[priority] -= 1
         loaded.users[user] -= 1
         if loaded.users[user] <= 0:
             del loaded.users[user]
@@ -73,3 +83,7 @@ class SlotGrants:
     def queued(self, model: str) -> dict[str, int]:
         """How many requests each user has waiting for a slot on ``model``."""
         return self._fair.queued(model)
+
+    def queued_by_priority(self, model: str) -> dict[str, dict[str, int]]:
+        """Per user, how many requests of each priority wait for ``model``."""
+        return self._fair.queued_by_priority(model)

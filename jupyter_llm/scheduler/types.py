@@ -89,6 +89,7 @@ class Loaded:
     parallel: int = 1  # requests it serves at once (the number of slots)
     refcount: int = 0  # slots taken (requests running on it)
     users: Counter[str] = field(default_factory=Counter)  # running requests per user
+    by_priority: Counter[str] = field(default_factory=Counter)  # running, per priority
     node: str = ""  # the cluster node it runs on ("": this machine)
     waiting: int = 0
     drainers: int = 0  # loads waiting (without the load lock) for its requests to end
@@ -129,10 +130,12 @@ class Lease:
         loaded: Loaded,
         load_duration_ns: int,
         user: str,
-        on_release: Callable[[Loaded, str], None],
+        on_release: Callable[[Loaded, str, str], None],
+        priority: str = "interactive",
     ) -> None:
         self.loaded = loaded
         self.user = user
+        self.priority = priority
         self.runner = loaded.runner
         self.load_duration_ns = load_duration_ns
         self._on_release = on_release
@@ -141,4 +144,4 @@ class Lease:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._on_release(self.loaded, self.user)
+            self._on_release(self.loaded, self.user, self.priority)

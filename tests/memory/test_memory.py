@@ -208,7 +208,8 @@ def test_swa_kv_windowed_and_full():
     model = _gemma_like(tied=True)
     per_cell = 2 * 256 * 2  # K and V, one head of 256, f16
     est = estimate(model, EstimateOptions(num_ctx=32768, num_parallel=4))
-    assert est.layer_kv == (2560 * per_cell,) * 5 + (32768 * per_cell,)
+    # a window per sequence id: 4 slots and 4 spare ids for paused batch work, and a ubatch
+    assert est.layer_kv == ((512 * 8 + 512) * per_cell,) * 5 + (32768 * per_cell,)
     full = estimate(model, EstimateOptions(num_ctx=32768, num_parallel=4, swa_full=True))
     assert full.layer_kv == (32768 * per_cell,) * 6
 

@@ -24,6 +24,7 @@ NOT_SET = {
     "parallel_tool_calls": None,
     "truncate": True,
     "shift": True,
+    "priority": None,
 }
 
 

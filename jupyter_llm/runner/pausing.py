@@ -1,0 +1,174 @@
+"""Which sequences the batch loop decodes: interactive work first, batch work
+paused for it and resumed afterwards, losing nothing (``request.priority``).
+
+How a paused sequence keeps its cells: the context holds more sequence ids
+than decode slots (``request.priority.spare_ids``: one spare id per slot).
+A paused sequence stays in its slot under its own id, its KV cells and its
+sampler untouched; it is only left out of the decode batch. The interactive
+request takes an idle id beside it, so it starts in the same step, and the
+paused sequence later decodes its next token at the position it stopped at,
+from the same cells, with the same sampler: its greedy output is the output
+of an unpaused run. Moving the cells elsewhere (to the host, or dropping and
+re-evaluating them) would cost time at every pause and could change the
+numbers; spare ids cost nothing but a few cells of a windowed (SWA) cache,
+which the memory estimate counts. Paused cells count as used: where the
+cache is full, idle caches go first, then the running sequences shift.
+
+Batch work is not starved (pure rules below, table-tested): a paused
+sequence resumes before any waiting request takes a free slot; a sequence
+is paused at most ``MAX_PAUSES`` times, and once resumed it is paused again
+only after it decoded something, so every pause costs it one interactive
+request's turn at most and it always gets on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from jupyter_llm.request.priority import BATCH, rank
+
+if TYPE_CHECKING:
+    from jupyter_llm.runner.sequence import Sequence
+    from jupyter_llm.runner.slot import Slot
+
+MAX_PAUSES = 8  # times one batch sequence may be paused
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the rules need to know of one sequence id that holds a sequence."""
+
+    index: int
+    batch: bool
+    paused: bool
+    pauses: int  # times it was paused so far
+    progressed: bool  # decoded something since it started or last resumed
+    paused_order: int = 0  # when it was paused (lower: earlier)
+
+
+@dataclass(frozen=True)
+class Move:
+    """One thing to do: start ``start`` (a position in the waiting queue),
+    after pausing ``pause`` (a slot) where set; or resume ``resume`` (a slot)."""
+
+    start: int | None = None
+    pause: int | None = None
+    resume: int | None = None
+
+
+def pausable(held: Held) -> bool:
+    """May this running sequence be paused for an interactive request?"""
+    return (
+        held.batch
+        and not held.paused
+        and held.pauses < MAX_PAUSES
+        and (held.pauses == 0 or held.progressed)
+    )
+
+
+def next_move(held: Seq[Held], idle_ids: int, waiting: Seq[str], slots: int) -> Move | None:
+    """The next move, or None when nothing changes now.
+
+    ``held``: the ids holding a sequence; ``idle_ids``: ids holding none;
+    ``waiting``: the waiting jobs' priorities in arrival order; ``slots``:
+    sequences decoded at once. A free slot goes to the earliest paused
+    sequence, else to the first interactive job, else to the first job.
+    With no free slot, an interactive job pauses a pausable batch sequence
+    (the least paused, then the highest id) if an id is idle for it."""
+    running = [h for h in held if not h.paused]
+    first = min(range(len(waiting)), key=lambda i: (rank(waiting[i]), i), default=None)
+    if len(running) < slots:
+        paused = [h for h in held if h.paused]
+        if paused:
+            return Move(resume=min(paused, key=lambda h: h.paused_order).index)
+        if first is not None and idle_ids:
+            return Move(start=first)
+        return None
+    if first is None or waiting[first] == BATCH or not idle_ids:
+        return None
+    victims = [h for h in running if pausable(h)]
+    if not victims:
+        return None
+    victim = min(victims, key=lambda h: (h.pauses, -h.index))
+    return Move(start=first, pause=victim.index)
+
+
+def prompt_order(seq: Sequence) -> tuple[int, int]:
+    """Prompt chunks go into a step interactive first, then by arrival, so a
+    batch prompt never delays an interactive request's first token."""
+    return rank(seq.job.priority), seq.started_ns
+
+
+class Pauses:
+    """The pause state of the sequences in slots, and the moves of ``next_move``."""
+
+    def __init__(self) -> None:
+        self._pauses: dict[int, int] = {}  # id(sequence) -> times paused
+        self._mark: dict[int, tuple[int, int]] = {}  # id(sequence) -> progress at (re)start
+        self._order = 0
+
+    def held(self, slots: Iterable[Slot]) -> list[Held]:
+        """The slots holding a sequence, as ``next_move`` reads them (and the
+        records of sequences no longer in a slot forgotten)."""
+        out = []
+        for slot in slots:
+            seq = slot.seq
+            if seq is None:
+                continue
+            key = id(seq)
+            mark = self._mark.setdefault(key, _progress(seq))
+            out.append(
+                Held(
+                    index=slot.index,
+                    batch=seq.job.priority == BATCH,
+                    paused=slot.paused,
+                    pauses=self._pauses.get(key, 0),
+                    progressed=_progress(seq) != mark,
+                    paused_order=slot.paused_order,
+                )
+            )
+        live = {id(slot.seq) for slot in slots if slot.seq is not None}
+        for book in (self._pauses, self._mark):
+            for key in [k for k in book if k not in live]:
+                del book[key]
+        return out
+
+    def next_move(self, slots: Seq[Slot], waiting: Seq[Sequence], n_slots: int) -> Move | None:
+        idle = sum(1 for s in slots if s.seq is None)
+        return next_move(self.held(slots), idle, [q.job.priority for q in waiting], n_slots)
+
+    def turn(self, slots: Seq[Slot], move: Move) -> None:
+        """Apply ``move``'s pause or resume."""
+        if move.pause is not None:
+            self.pause(slots[move.pause])
+        if move.resume is not None:
+            self.resume(slots[move.resume])
+
+    def pause(self, slot: Slot) -> None:
+        """Leave ``slot``'s sequence out of the decode batch; its cells stay."""
+        assert slot.seq is not None
+        key = id(slot.seq)
+        self._pauses[key] = self._pauses.get(key, 0) + 1
+        self._order += 1
+        slot.paused, slot.paused_order = True, self._order
+
+    def resume(self, slot: Slot) -> None:
+        """``slot``'s sequence decodes again, from where it stopped."""
+        assert slot.seq is not None
+        slot.paused = False
+        self._mark[id(slot.seq)] = _progress(slot.seq)
+
+    def started(self, slot: Slot) -> None:
+        """A waiting job took ``slot``: it runs (never paused yet)."""
+        slot.paused = False
+        if slot.seq is not None:
+            self._pauses.pop(id(slot.seq), None)
+            self._mark[id(slot.seq)] = _progress(slot.seq)
+
+
+def _progress(seq: Any) -> tuple[int, int]:
+    """How far a sequence got: prompt tokens fed, tokens generated."""
+    return seq.fed, len(seq.generated)

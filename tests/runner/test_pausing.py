@@ -1,0 +1,223 @@
+"""Pausing batch sequences for interactive ones (``runner.pausing``): the
+rules as tables; the engine on a generated model, counted in decode steps;
+and real runner processes, observed through their messages, never timed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from waiting import until
+
+from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.pausing import MAX_PAUSES, Held, Move, next_move, pausable
+from jupyter_llm.runner.protocol import Complete, Done, LoadParams
+from jupyter_llm.runner.sequence import Job
+from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.proxy import start_runner_with
+
+GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
+PROMPT = "Tell me a story about the sea"
+
+
+def held(index: int, batch: bool = True, paused: bool = False, pauses: int = 0, **kw: Any) -> Held:
+    return Held(index, batch, paused, pauses, kw.get("progressed", True), kw.get("order", 0))
+
+
+# -- the rules -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        (held(0), True),  # a batch sequence never paused
+        (held(0, batch=False), False),  # interactive work is never paused
+        (held(0, paused=True), False),  # already paused
+        (held(0, pauses=MAX_PAUSES - 1), True),
+        (held(0, pauses=MAX_PAUSES), False),  # the bound: paused often enough
+        (held(0, pauses=1, progressed=False), False),  # resumed, nothing decoded since
+        (held(0, pauses=0, progressed=False), True),  # just started: pausing loses nothing
+    ],
+)
+def test_which_sequence_may_be_paused(state, expected):
+    assert pausable(state) is expected
+
+
+I, B = "interactive", "batch"
+
+
+@pytest.mark.parametrize(
+    ("held_", "idle", "waiting", "slots", "expected"),
+    [
+        ([], 2, [], 1, None),  # nothing to do
+        ([], 2, [B, I], 1, Move(start=1)),  # interactive before batch
+        ([], 2, [B, B], 1, Move(start=0)),  # then by arrival
+        ([held(0)], 1, [B], 1, None),  # batch never pauses batch
+        ([held(0)], 1, [B, I], 1, Move(start=1, pause=0)),  # interactive pauses batch
+        ([held(0)], 0, [I], 1, None),  # no id left to start it under
+        ([held(0, batch=False)], 1, [I], 1, None),  # interactive is never paused
+        ([held(0, pauses=MAX_PAUSES)], 1, [I], 1, None),  # the bound: it waits
+        # the least paused batch sequence goes, then the highest id
+        ([held(0, pauses=2), held(1), held(2)], 3, [I], 3, Move(start=0, pause=2)),
+        # a free slot: the earliest paused sequence resumes before any waiting job
+        ([held(0, paused=True, order=2), held(1, paused=True, order=1)], 2, [I], 1, Move(resume=1)),
+        ([held(0, paused=True), held(1, batch=False)], 2, [I], 2, Move(resume=0)),
+        # a free slot and nobody paused: the interactive job
+        ([held(0, batch=False)], 1, [B, I], 2, Move(start=1)),
+    ],
+)
+def test_the_next_move(held_, idle, waiting, slots, expected):
+    assert next_move(held_, idle, waiting, slots) == expected
+
+
+# -- the engine, in decode steps -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_demo_model(tmp_path_factory.mktemp("pausing") / "m.gguf", DemoModelSpec())
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: Path) -> Iterator[Engine]:
+    engine = Engine(LoadParams(path=str(model_path), n_ctx=1024, n_batch=32, n_threads=2, n_seq=1))
+    yield engine
+    engine.close()
+
+
+class Run:
+    """One submitted job and what came back."""
+
+    def __init__(self, engine: Engine, prompt: str, priority: str, **options: Any) -> None:
+        self.text: list[str] = []
+        self.done: Done | None = None
+        self.job = Job(
+            rid=id(self),
+            tokens=engine.model.prompt_tokens(prompt),
+            options={**GREEDY, **options},
+            emit=self.text.append,
+            finish=self._finish,
+            fail=self._fail,
+            priority=priority,
+        )
+        engine.submit(self.job)
+
+    def _finish(self, done: Done) -> None:
+        self.done = done
+
+    def _fail(self, error: Exception) -> None:
+        raise AssertionError(f"request failed: {error!r}")
+
+    @property
+    def tokens(self) -> list[int]:
+        assert self.done is not None
+        return self.done.context
+
+
+def run_alone(engine: Engine, prompt: str, n: int) -> list[int]:
+    alone = Run(engine, prompt, B, num_predict=n)
+    while alone.done is None:
+        engine.step()
+    return alone.tokens
+
+
+def test_an_interactive_request_pauses_batch_work_and_it_loses_nothing(engine):
+    reference = run_alone(engine, PROMPT, 60)
+    batch = Run(engine, PROMPT, B, num_predict=60)
+    while len(batch.text) < 10:  # the only slot is busy with batch work
+        engine.step()
+    before = len(batch.text)
+    chat = Run(engine, "hello there", I, num_predict=5)
+    slot = next(s for s in engine.slots if s.seq is not None and s.seq.job is batch.job)
+    assert slot.paused  # within the submit: before the next step
+    steps = 0
+    while chat.done is None:
+        engine.step()
+        steps += 1
+        assert len(batch.text) == before  # paused: not one token while the chat runs
+    # it started at once: its prompt, then five tokens, with nothing waiting before it
+    assert steps <= 6
+    assert not slot.paused and slot.seq.job is batch.job  # resumed as the chat ended
+    while batch.done is None:
+        engine.step()
+    assert batch.done.done_reason == "length"
+    assert batch.tokens == reference  # greedy output identical to an unpaused run
+
+
+def test_batch_work_gets_on_under_a_continuous_stream_of_interactive_requests(engine):
+    reference = run_alone(engine, PROMPT, 40)
+    batch = Run(engine, PROMPT, B, num_predict=40)
+    engine.step()
+    chats = 0
+    while batch.done is None:
+        chat = Run(engine, f"question {chats}", I, num_predict=3)  # always one more waiting
+        chats += 1
+        while chat.done is None and batch.done is None:
+            engine.step()
+        assert chats < 200, "the batch sequence made no progress"
+    assert batch.tokens == reference
+    # paused at most MAX_PAUSES times; it then ran to its end beside the stream
+    assert chats > MAX_PAUSES
+    while any(s.seq is not None for s in engine.slots) or engine.waiting:
+        engine.step()
+
+
+# -- real runner processes -----------------------------------------------------------------------
+async def test_a_runner_pauses_batch_work_for_an_interactive_request(model_path: Path):
+    """Every slot (one) holds a batch request that never ends by itself; an
+    interactive request still starts and ends, the batch request goes on
+    afterwards, and its greedy output is the output of a run never paused."""
+    spec = LoadSpec(path=str(model_path), n_ctx=2048, n_batch=64, n_seq=1)
+    runner = await start_runner_with(spec, load_timeout=60)
+    endless = {**GREEDY, "num_predict": -1}
+    try:
+        reference = await first_chars(runner, Complete(prompt=PROMPT, options=endless), 400)
+        text: list[str] = []
+        batch = runner.complete(
+            Complete(prompt=PROMPT, options=endless, priority=B, stream_interval=0.01)
+        )
+        reader = asyncio.ensure_future(read_into(batch, text))
+        await until(lambda: "".join(text), 60, "the batch request's first tokens")
+        chat = Complete(prompt="hello there", options={**GREEDY, "num_predict": 8})
+        answer, done = await asyncio.wait_for(collect(runner.complete(chat)), 60)
+        assert done["eval_count"] == 8 and not reader.done()
+        at_answer = len("".join(text))
+        await until(lambda: len("".join(text)) >= max(400, at_answer + 50), 60, "more batch text")
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await batch.aclose()
+        got = "".join(text)[:400]
+        assert got == reference, "paused output differs from the unpaused run"
+    finally:
+        await runner.close()
+
+
+async def read_into(stream: Any, text: list[str]) -> None:
+    async for batch in stream:
+        for message in batch:
+            if message["type"] == "token":
+                text.append(message["text"])
+
+
+async def first_chars(runner: Any, request: Complete, n: int) -> str:
+    text: list[str] = []
+    stream = runner.complete(request)
+    try:
+        async for batch in stream:
+            text.extend(m["text"] for m in batch if m["type"] == "token")
+            if len("".join(text)) >= n:
+                return "".join(text)[:n]
+    finally:
+        await stream.aclose()
+    raise AssertionError("the reference run ended early")
+
+
+async def collect(stream: Any) -> tuple[str, dict[str, Any]]:
+    text = []
+    async for batch in stream:
+        for message in batch:
+            if message["type"] == "token":
+                text.append(message["text"])
+            elif message["type"] == "done":
+                return "".join(text), message
+    raise AssertionError("no done message")
