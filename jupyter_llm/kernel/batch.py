@@ -29,6 +29,7 @@ from jupyter_llm.connect.loading import LoadWatcher, loading_text, parallel_of
 from jupyter_llm.kernel.formats import structured_format
 from jupyter_llm.kernel.image_inputs import images_base64
 from jupyter_llm.kernel.results import Metrics
+from jupyter_llm.request.priority import BATCH, PRIORITIES
 
 CANCEL_WAIT = 30.0  # seconds to wait for the cancelled requests to close
 _PENDING = object()  # a result not in yet
@@ -129,12 +130,15 @@ def request_body(
     fmt: Any,
     keep_alive: Any,
     images: list[str] | tuple[str, ...] = (),
+    priority: str = BATCH,
 ) -> tuple[str, dict[str, Any]]:
     """Pure: the path and body of one item's request (not streamed).
-    ``images``: the call's, base64; an item's own replace them."""
+    ``images``: the call's, base64; an item's own replace them. ``priority``:
+    batch, so that a colleague's ``%%llm`` goes first (``request.priority``)."""
     system = item.system if item.system is not None else system
     images = list(item.images or images)
     body: dict[str, Any] = {"model": model, "stream": False, "options": {**options, **item.options}}
+    body["priority"] = priority
     if mode == "chat":
         messages = [{"role": "system", "content": system}] if system else []
         user: dict[str, Any] = {"role": "user", "content": item.prompt}
@@ -170,6 +174,7 @@ def map_prompts(
     progress: bool | IO[str] = True,
     on_result: Callable[[int, Any], None] | None = None,
     endpoint: ServerEndpoint | None = None,
+    priority: str = BATCH,
 ) -> Any:
     """Run every prompt through ``model``; results in input order.
 
@@ -185,17 +190,21 @@ def map_prompts(
     ``progress``: a bar (tqdm: a widget in a notebook, text in a terminal),
     False for none, or a text file to draw it in. ``on_result(position,
     value)`` is called (in this thread) as each item ends, e.g. to save it.
+    ``priority``: ``"batch"`` (the default: interactive requests, such as a
+    colleague's ``%%llm``, go first and may pause these) or ``"interactive"``.
 
     A failed item is a ``MapError`` in its place (the others are kept); the
     stop button cancels the run and returns what finished. A list comes back
     as ``MapResults`` (``.errors``, ``.summary``), a Series as a Series with
     the same index."""
-    _check_run(mode, concurrency)
+    _check_run(mode, concurrency, priority)
     series = prompts if is_series(prompts) else None
     items = to_items(list(prompts))
     fmt, parse = structured_format(format) if format is not None else (None, None)
     options = dict(options or {})
-    shape = dict(mode=mode, system=system, options=options, fmt=fmt, keep_alive=keep_alive)
+    shape = dict(
+        mode=mode, system=system, options=options, fmt=fmt, keep_alive=keep_alive, priority=priority
+    )
     body = partial(request_body, model, images=images_base64(images), **shape)
     field = "message" if mode == "chat" else "response"
     server = endpoint or find_server()
@@ -206,9 +215,11 @@ def map_prompts(
     return _results(values, series, run)
 
 
-def _check_run(mode: str, concurrency: int | None) -> None:
+def _check_run(mode: str, concurrency: int | None, priority: str = BATCH) -> None:
     if mode not in ("chat", "generate"):
         raise ValueError("mode must be 'chat' or 'generate'")
+    if priority not in PRIORITIES:
+        raise ValueError("priority must be 'batch' or 'interactive'")
     if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
         raise ValueError("concurrency must be a positive integer")
 

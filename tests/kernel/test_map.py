@@ -61,13 +61,20 @@ def test_to_items_and_request_bodies():
         "messages": [{"role": "system", "content": "s2"}, {"role": "user", "content": "b"}],
         "format": "json",
         "keep_alive": "1m",
+        "priority": "batch",  # map() is batch work: interactive requests go first
     }
     path, body = request_body(
         "m", items[0], mode="generate", system="s1", options={}, fmt=None, keep_alive=None
     )
     assert path == "api/generate" and body == {
         "model": "m", "stream": False, "options": {}, "prompt": "a", "system": "s1",
+        "priority": "batch",
     }  # fmt: skip
+    _, body = request_body(
+        "m", items[0], mode="generate", system=None, options={}, fmt=None, keep_alive=None,
+        priority="interactive",
+    )  # fmt: skip
+    assert body["priority"] == "interactive"
 
 
 @pytest.mark.parametrize(
@@ -191,7 +198,11 @@ def test_a_model_that_does_not_exist_fails_the_whole_call(endpoint):
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"mode": "complete"}, "mode"), ({"concurrency": 0}, "concurrency")],
+    [
+        ({"mode": "complete"}, "mode"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"priority": "urgent"}, "priority"),
+    ],
 )
 def test_bad_arguments(endpoint, kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -45,27 +45,33 @@ def test_which_sequence_may_be_paused(state, expected):
     assert pausable(state) is expected
 
 
-I, B = "interactive", "batch"
+INT, BAT = "interactive", "batch"
 
 
 @pytest.mark.parametrize(
     ("held_", "idle", "waiting", "slots", "expected"),
     [
         ([], 2, [], 1, None),  # nothing to do
-        ([], 2, [B, I], 1, Move(start=1)),  # interactive before batch
-        ([], 2, [B, B], 1, Move(start=0)),  # then by arrival
-        ([held(0)], 1, [B], 1, None),  # batch never pauses batch
-        ([held(0)], 1, [B, I], 1, Move(start=1, pause=0)),  # interactive pauses batch
-        ([held(0)], 0, [I], 1, None),  # no id left to start it under
-        ([held(0, batch=False)], 1, [I], 1, None),  # interactive is never paused
-        ([held(0, pauses=MAX_PAUSES)], 1, [I], 1, None),  # the bound: it waits
+        ([], 2, [BAT, INT], 1, Move(start=1)),  # interactive before batch
+        ([], 2, [BAT, BAT], 1, Move(start=0)),  # then by arrival
+        ([held(0)], 1, [BAT], 1, None),  # batch never pauses batch
+        ([held(0)], 1, [BAT, INT], 1, Move(start=1, pause=0)),  # interactive pauses batch
+        ([held(0)], 0, [INT], 1, None),  # no id left to start it under
+        ([held(0, batch=False)], 1, [INT], 1, None),  # interactive is never paused
+        ([held(0, pauses=MAX_PAUSES)], 1, [INT], 1, None),  # the bound: it waits
         # the least paused batch sequence goes, then the highest id
-        ([held(0, pauses=2), held(1), held(2)], 3, [I], 3, Move(start=0, pause=2)),
+        ([held(0, pauses=2), held(1), held(2)], 3, [INT], 3, Move(start=0, pause=2)),
         # a free slot: the earliest paused sequence resumes before any waiting job
-        ([held(0, paused=True, order=2), held(1, paused=True, order=1)], 2, [I], 1, Move(resume=1)),
-        ([held(0, paused=True), held(1, batch=False)], 2, [I], 2, Move(resume=0)),
+        (
+            [held(0, paused=True, order=2), held(1, paused=True, order=1)],
+            2,
+            [INT],
+            1,
+            Move(resume=1),
+        ),
+        ([held(0, paused=True), held(1, batch=False)], 2, [INT], 2, Move(resume=0)),
         # a free slot and nobody paused: the interactive job
-        ([held(0, batch=False)], 1, [B, I], 2, Move(start=1)),
+        ([held(0, batch=False)], 1, [BAT, INT], 2, Move(start=1)),
     ],
 )
 def test_the_next_move(held_, idle, waiting, slots, expected):
@@ -115,7 +121,7 @@ class Run:
 
 
 def run_alone(engine: Engine, prompt: str, n: int) -> list[int]:
-    alone = Run(engine, prompt, B, num_predict=n)
+    alone = Run(engine, prompt, BAT, num_predict=n)
     while alone.done is None:
         engine.step()
     return alone.tokens
@@ -123,11 +129,11 @@ def run_alone(engine: Engine, prompt: str, n: int) -> list[int]:
 
 def test_an_interactive_request_pauses_batch_work_and_it_loses_nothing(engine):
     reference = run_alone(engine, PROMPT, 60)
-    batch = Run(engine, PROMPT, B, num_predict=60)
+    batch = Run(engine, PROMPT, BAT, num_predict=60)
     while len(batch.text) < 10:  # the only slot is busy with batch work
         engine.step()
     before = len(batch.text)
-    chat = Run(engine, "hello there", I, num_predict=5)
+    chat = Run(engine, "hello there", INT, num_predict=5)
     slot = next(s for s in engine.slots if s.seq is not None and s.seq.job is batch.job)
     assert slot.paused  # within the submit: before the next step
     steps = 0
@@ -146,11 +152,11 @@ def test_an_interactive_request_pauses_batch_work_and_it_loses_nothing(engine):
 
 def test_batch_work_gets_on_under_a_continuous_stream_of_interactive_requests(engine):
     reference = run_alone(engine, PROMPT, 40)
-    batch = Run(engine, PROMPT, B, num_predict=40)
+    batch = Run(engine, PROMPT, BAT, num_predict=40)
     engine.step()
     chats = 0
     while batch.done is None:
-        chat = Run(engine, f"question {chats}", I, num_predict=3)  # always one more waiting
+        chat = Run(engine, f"question {chats}", INT, num_predict=3)  # always one more waiting
         chats += 1
         while chat.done is None and batch.done is None:
             engine.step()
@@ -174,12 +180,12 @@ async def test_a_runner_pauses_batch_work_for_an_interactive_request(model_path:
         reference = await first_chars(runner, Complete(prompt=PROMPT, options=endless), 400)
         text: list[str] = []
         batch = runner.complete(
-            Complete(prompt=PROMPT, options=endless, priority=B, stream_interval=0.01)
+            Complete(prompt=PROMPT, options=endless, priority=BAT, stream_interval=0.01)
         )
         reader = asyncio.ensure_future(read_into(batch, text))
         await until(lambda: "".join(text), 60, "the batch request's first tokens")
         chat = Complete(prompt="hello there", options={**GREEDY, "num_predict": 8})
-        answer, done = await asyncio.wait_for(collect(runner.complete(chat)), 60)
+        _, done = await asyncio.wait_for(collect(runner.complete(chat)), 60)
         assert done["eval_count"] == 8 and not reader.done()
         at_answer = len("".join(text))
         await until(lambda: len("".join(text)) >= max(400, at_answer + 50), 60, "more batch text")
