@@ -26,6 +26,7 @@ from jupyter_llm.config import Settings
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.models.store import ModelStore
 from jupyter_llm.request.errors import ConfigError
+from jupyter_llm.request.priority import HEADER
 from jupyter_llm.services import LLMServices
 
 LONG_CTX = 1 << 16  # a greedy generation of the demo model cannot end before it is left
@@ -139,6 +140,17 @@ async def test_a_stream_passes_through_and_leaving_cancels_it_in_the_engine(here
 
 def _hi() -> list[dict]:
     return [{"role": "user", "content": "hi"}]
+
+
+async def test_the_priority_header_reaches_the_engine(here, engine):
+    """Sent on through the forwarding server, the engine's scheduler reads it
+    (an unknown value: the engine's 400 names the header)."""
+    body = {"model": "tiny", "stream": False, "max_tokens": 2, "messages": _hi()}
+    async with here:
+        bad = await here.post("v1/chat/completions", json=body, headers={HEADER: "urgent"})
+        good = await here.post("v1/chat/completions", json=body, headers={HEADER: "batch"})
+    assert bad.status_code == 400 and HEADER in bad.json()["error"]["message"]
+    assert good.status_code == 200
 
 
 @pytest.mark.parametrize(
