@@ -70,6 +70,7 @@ FIELDS = [
     "thinking",
     "stop_sequences",
     "top_k",
+    "priority",
 ]
 MAX_LOADED = 2
 
