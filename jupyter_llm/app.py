@@ -183,6 +183,11 @@ class LLMExtension(ExtensionApp):
         routes = handlers() if self.engine is None else forward.handlers(handlers())
         self.handlers.extend((f"/llm/{path}", handler) for path, handler in routes)
 
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        """Background work once the server's loop runs: the history sampler."""
+        if self.services is not None:
+            self.services.start()
+
     async def stop_extension(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, stop_checker)
         if self.engine is not None:

@@ -13,6 +13,7 @@ from functools import partial
 
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw
+from jupyter_llm.history import HistorySampler
 from jupyter_llm.models.pull import Puller
 from jupyter_llm.models.store import ModelStore
 from jupyter_llm.runner_client.device_probe import discover_raw_devices
@@ -29,11 +30,19 @@ class LLMServices:
     devices: DeviceSource
     scheduler: Scheduler
     puller: Puller
+    history: HistorySampler | None = None  # the sidebar's history (``start`` runs it)
+
+    def start(self) -> None:
+        """Start the background work, on the running loop: the history sampler."""
+        if self.history is not None:
+            self.history.start()
 
     async def stop(self) -> None:
         """Stop every runner, and a cluster's actors (the extension's and the
         Hub service's shutdown)."""
         try:
+            if self.history is not None:
+                await self.history.stop()
             await self.scheduler.shutdown()
         finally:
             self.scheduler.kill_all()
@@ -64,11 +73,13 @@ def build_services(settings: Settings) -> LLMServices:
             start_serving_runner, python=settings.python, load_timeout=settings.load_timeout
         )
     store = ModelStore(settings.models_dir)
+    scheduler = Scheduler(settings, start, devices)
     return LLMServices(
         settings=settings,
         store=store,
         devices=devices,
-        scheduler=Scheduler(settings, start, devices),
+        scheduler=scheduler,
+        history=HistorySampler(scheduler, devices),
         puller=Puller(
             store,
             hf_endpoint=settings.hf_endpoint,

@@ -7,7 +7,16 @@ from typing import Any
 
 from tornado import web
 
-from jupyter_llm.api import anthropic, ollama, openai, openai_responses, openai_shapes, plan
+from jupyter_llm.api import (
+    anthropic,
+    history,
+    ollama,
+    openai,
+    openai_responses,
+    openai_shapes,
+    plan,
+    usage,
+)
 from jupyter_llm.api.base import LLMHandler, token_needed
 
 # A path that no route takes, with a trailing "/" too: jupyter_server's
@@ -59,6 +68,8 @@ def handlers() -> list[tuple[str, type]]:
     return [
         *ollama.handlers(),
         *plan.handlers(),
+        *usage.handlers(),
+        *history.handlers(),
         *openai.handlers(),
         *openai_responses.handlers(),
         *anthropic.handlers(),

@@ -15,12 +15,13 @@ from dataclasses import replace
 
 from jupyter_llm.devices.host import HOST_ENV, host_gpus, parse_simulated_host
 from jupyter_llm.devices.notices import HostGPU, Notice, idle_gpu_notices, runner_notice
-from jupyter_llm.devices.nvml import nvml_memory, overlay_nvml
+from jupyter_llm.devices.nvml import nvml_memory, nvml_utilization, overlay_nvml, utilization_of
 from jupyter_llm.devices.simulated import (
     DEVICES_ENV,
     SYSTEM_ENV,
     parse_simulated_devices,
     parse_simulated_system,
+    parse_simulated_utilization,
 )
 from jupyter_llm.devices.system import read_system_info
 from jupyter_llm.devices.types import (
@@ -76,6 +77,9 @@ class DeviceSource:
             parse_simulated_devices(env[DEVICES_ENV]) if env.get(DEVICES_ENV) else None
         )
         self._simulated_system = env.get(SYSTEM_ENV) or None
+        self._simulated_busy = (
+            parse_simulated_utilization(env[DEVICES_ENV]) if env.get(DEVICES_ENV) else None
+        )
         self._discovered: list[DeviceInfo] | None = None
         self._lock = asyncio.Lock()
 
@@ -134,6 +138,16 @@ class DeviceSource:
             free_memory=system.free_memory,
         )
         return sort_devices([*gpus, cpu])
+
+    async def utilization(self, devices: list[DeviceInfo]) -> dict[str, float]:
+        """Percent busy per GPU id, where NVML reports it (or the simulated
+        figure); GPUs without one are left out. NVML is read in an executor."""
+        if self._simulated_busy is not None:
+            return dict(self._simulated_busy)
+        if not any(d.library == "CUDA" for d in devices):
+            return {}
+        nvml = await asyncio.get_running_loop().run_in_executor(None, nvml_utilization)
+        return utilization_of(devices, nvml)
 
     async def _raw_devices(self) -> list[DeviceInfo]:
         async with self._lock:

@@ -54,6 +54,40 @@ def nvml_memory() -> dict[str, tuple[int, int, str]]:
     return out
 
 
+def nvml_utilization() -> dict[str, float]:
+    """{uuid or pci bus id (lower case): percent of the last sample period the
+    GPU was busy}; empty without NVML. Blocking: run it in an executor."""
+    if not _init():
+        return {}
+    import pynvml
+
+    out: dict[str, float] = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            busy = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            pci = pynvml.nvmlDeviceGetPciInfo(handle).busId
+            for key in (uuid, pci):
+                out[(key.decode() if isinstance(key, bytes) else str(key)).lower()] = busy
+    except Exception as e:
+        log.debug("NVML utilization query failed: %s", e)
+    return out
+
+
+def utilization_of(devices: list[DeviceInfo], nvml: dict[str, float]) -> dict[str, float]:
+    """Pure: the utilization NVML reports for each CUDA device it knows, by our device id."""
+    out = {}
+    for d in devices:
+        if d.library != "CUDA":
+            continue
+        for key in (d.id.lower(), _long_pci(d.pci_id), d.pci_id.lower()):
+            if key and key in nvml:
+                out[d.id] = nvml[key]
+                break
+    return out
+
+
 def overlay_nvml(
     devices: list[DeviceInfo], nvml: dict[str, tuple[int, int, str]]
 ) -> list[DeviceInfo]:

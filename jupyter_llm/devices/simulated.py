@@ -35,6 +35,20 @@ def parse_simulated_devices(raw: str) -> list[DeviceInfo]:
     return devices
 
 
+def parse_simulated_utilization(raw: str) -> dict[str, float]:
+    """Each simulated device's optional ``utilization`` (percent busy, 0-100),
+    what NVML would report for a real GPU; devices without one report none."""
+    out = {}
+    for i, item in enumerate(json.loads(raw)):
+        if "utilization" not in item:
+            continue
+        value = item["utilization"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
+            raise ConfigError(f"{DEVICES_ENV}[{i}]: utilization must be a percent, 0 to 100")
+        out[str(item["id"])] = float(value)
+    return out
+
+
 def parse_simulated_system(raw: str, threads: int) -> SystemInfo:
     try:
         item: Any = json.loads(raw)

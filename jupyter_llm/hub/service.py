@@ -94,6 +94,7 @@ async def serve(settings: Settings, at: Where) -> int:
         log.critical("jupyter llm serve: %s", e)
         return 1
     atexit.register(services.kill)
+    services.start()
     server = HTTPServer(make_app(services, at.prefix))
     server.listen(at.port, at.host)
     stop = asyncio.Event()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
 
+from jupyter_llm.history.tokens import TOKENS
 from jupyter_llm.metrics.labels import LabelCap
 
 ROUTE: contextvars.ContextVar[str] = contextvars.ContextVar("jupyter_llm_route", default="")
@@ -116,6 +117,8 @@ class Completion:
     def saw(self, kind: str) -> None:
         if self.first_token is None and kind in ("token", "tool_calls"):
             self.first_token = time.perf_counter()
+        if kind == "token":  # one message per token: the history's live tokens/s
+            TOKENS.add(self.model)
 
     def done(self, prompt: int, generated: int, cached: int, eval_ns: int) -> None:
         """The runner's ``done``: token sums, time to first token and the mean gap."""

@@ -340,6 +340,35 @@ METRIC_LABEL_SETS = Limit(
     "server: past this, new models and users are counted as `other`, so a scrape stays small",
 )
 
+HISTORY_SAMPLES = Limit(
+    "history_samples",
+    "samples the sidebar's history keeps (GET /api/history), one every 2 seconds",
+    300,
+    "samples",
+    "ten minutes at the sampler's 2 s interval; the oldest drops out as a new one comes",
+)
+HISTORY_POINTS = Limit(
+    "history_points",
+    "points (GET /api/history?points=N), the samples merged into runs to fit",
+    300,
+    "points",
+    "a sidebar chart is under 300 pixels wide; more points than samples are never sent",
+)
+HISTORY_MODELS = Limit(
+    "history_models",
+    "models per device, and models with a token rate, in one history sample",
+    8,
+    "models",
+    "a chart tells apart a handful of colours; past it the smallest are summed as `other`",
+)
+HISTORY_DEVICES = Limit(
+    "history_devices",
+    "devices in one history sample",
+    16,
+    "devices",
+    "a machine has at most 8 or 16 GPUs; on a cluster, those holding most memory are kept",
+)
+
 # -- table ----------------------------------------------------------------------------------
 TABLE: tuple[Limit, ...] = (
     BODY_BYTES,
@@ -378,6 +407,10 @@ TABLE: tuple[Limit, ...] = (
     STORED_BYTES,
     STORED_SECONDS,
     METRIC_LABEL_SETS,
+    HISTORY_SAMPLES,
+    HISTORY_POINTS,
+    HISTORY_MODELS,
+    HISTORY_DEVICES,
 )
 BY_KEY = {limit.key: limit for limit in TABLE}
 

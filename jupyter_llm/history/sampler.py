@@ -1,0 +1,95 @@
+"""The history's sampler: an asyncio task started with the extension that
+every ``interval`` seconds reads memory by model (the scheduler's own
+figures), GPU utilization (NVML in an executor, or the simulated figure) and
+the token tally into the ring. Nothing here blocks the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from jupyter_llm.devices import on_node
+from jupyter_llm.history.ring import HistoryRing, Sample
+from jupyter_llm.history.tokens import TOKENS, TokenTally, rates
+
+if TYPE_CHECKING:
+    from jupyter_llm.devices import DeviceInfo, DeviceSource
+    from jupyter_llm.scheduler import Loaded, Scheduler
+
+log = logging.getLogger(__name__)
+INTERVAL = 2.0  # seconds between samples: 300 samples make the ten-minute window
+
+
+def memory_by_model(devices: list[DeviceInfo], loaded: list[Loaded]) -> dict[str, dict[str, int]]:
+    """Per device id, the bytes each loaded model holds there (every device
+    listed, empty when it holds nothing)."""
+    memory: dict[str, dict[str, int]] = {d.id: {} for d in devices}
+    for m in loaded:
+        for a in m.allocations:
+            device = memory.setdefault(on_node(m.node, a.device), {})
+            device[m.key] = device.get(m.key, 0) + a.total
+    return memory
+
+
+class HistorySampler:
+    """Owns the ring and the task that fills it."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        devices: DeviceSource,
+        interval: float = INTERVAL,
+        tally: TokenTally = TOKENS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ring = HistoryRing()
+        self.interval = interval
+        self._scheduler, self._devices, self._tally, self._clock = (
+            scheduler, devices, tally, clock,
+        )  # fmt: skip
+        self._task: asyncio.Task[None] | None = None
+        self._last: tuple[float, dict[str, int]] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        """Start sampling on the running loop (a second start does nothing)."""
+        if not self.running:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.sample()
+            except Exception as e:  # one failed read costs one point, not the history
+                log.debug("history sample failed: %s", e)
+            await asyncio.sleep(self.interval)
+
+    async def sample(self) -> Sample:
+        """Take one sample now and add it to the ring."""
+        devices = await self._scheduler.current_devices()
+        utilization = await self._devices.utilization(devices)
+        memory = memory_by_model(devices, self._scheduler.loaded_models())
+        now, totals = time.monotonic(), self._tally.totals()
+        per_second = rates(self._last[1], totals, now - self._last[0]) if self._last else {}
+        self._last = (now, totals)
+        sample = Sample(self._clock(), memory, utilization, per_second)
+        self.ring.devices = [
+            {"id": d.id, "name": d.name, "library": d.library, "total_memory": d.total_memory}
+            for d in devices
+        ]
+        self.ring.add(sample)
+        return sample
