@@ -8,7 +8,7 @@ reaches through ``self.llm`` without importing the Jupyter extension.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from jupyter_llm.config import Settings
@@ -19,6 +19,7 @@ from jupyter_llm.models.store import ModelStore
 from jupyter_llm.runner_client.device_probe import discover_raw_devices
 from jupyter_llm.runner_client.proxy import start_serving_runner
 from jupyter_llm.scheduler import Scheduler
+from jupyter_llm.usage import UsageStore
 
 
 @dataclass
@@ -30,6 +31,7 @@ class LLMServices:
     devices: DeviceSource
     scheduler: Scheduler
     puller: Puller
+    usage: UsageStore = field(default_factory=UsageStore)  # %llm usage, /api/usage
     history: HistorySampler | None = None  # the sidebar's history (``start`` runs it)
 
     def start(self) -> None:

@@ -39,6 +39,7 @@ from jupyter_llm.metrics.instruments import ROUTE
 from jupyter_llm.request.errors import LLMError
 from jupyter_llm.request.identity import Requester, requester_of
 from jupyter_llm.request.limits import BODY_BYTES, DECODE_ON_LOOP_BYTES
+from jupyter_llm.request.origin import ORIGIN, parse_origin
 from jupyter_llm.request.priority import HEADER as PRIORITY_HEADER
 from jupyter_llm.request.priority import resolve as resolve_priority
 
@@ -282,6 +283,7 @@ class LLMHandler(APIHandler):
             self.api_key_as_bearer()
         await super().prepare()
         ROUTE.set(self.route_label())  # requests are counted by route (jupyter_llm.metrics)
+        ORIGIN.set(checked(parse_origin, self.request.headers.get))  # kernel and cell (usage)
         self._chunks = []
         length = self.request.headers.get("Content-Length", "")
         if length.isdigit() and int(length) > self.max_body:

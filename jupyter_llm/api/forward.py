@@ -42,13 +42,15 @@ from jupyter_llm.api.base import NDJSON, SSE, Framing, LLMHandler, action_of
 from jupyter_llm.api.ollama import RootHandler
 from jupyter_llm.config import Settings
 from jupyter_llm.request.errors import EngineUnreachable, InvalidRequest
+from jupyter_llm.request.origin import HEADERS as ORIGIN_HEADERS
 from jupyter_llm.request.priority import HEADER as PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
 
 BODY_METHODS = ("POST", "DELETE")
-# the request priority reaches the shared engine, whose scheduler applies it
-REQUEST_HEADERS = ("Content-Type", "Content-Length", "Accept", PRIORITY_HEADER)
+# the request priority reaches the shared engine, whose scheduler applies it;
+# the kernel and cell, which its usage table counts under
+REQUEST_HEADERS = ("Content-Type", "Content-Length", "Accept", PRIORITY_HEADER, *ORIGIN_HEADERS)
 RESPONSE_HEADERS = ("Content-Type", "Cache-Control")
 BODY_QUEUE = 4  # chunks in flight between the client and the engine (back-pressure)
 # a path decoded more often than this is refused: nobody encodes a name five times

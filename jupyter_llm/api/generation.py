@@ -33,6 +33,7 @@ from jupyter_llm.runner.protocol import (
     read,
 )
 from jupyter_llm.scheduler import LoadOptions
+from jupyter_llm.usage.recording import Held
 
 if TYPE_CHECKING:
     from jupyter_llm.services import LLMServices
@@ -177,6 +178,7 @@ async def _complete(
         stream = lease.runner.complete(request)
         text: list[str] = []  # kept only to check a format
         counted = Completion(entry.name.display, requester.name)
+        held = Held(services.usage, requester.name, entry.name.display, lease, started)
         try:
             async for batch in stream:
                 events: list[Event] = []
@@ -187,6 +189,7 @@ async def _complete(
                         text.append(message.get("text", ""))
                 if events and isinstance(done := events[-1], Done):
                     asked.finished = True
+                    held.done(done.prompt_eval_count, done.eval_count, done.eval_duration)
                     counted.done(
                         done.prompt_eval_count, done.eval_count, done.prompt_cached,
                         done.eval_duration,
@@ -197,6 +200,7 @@ async def _complete(
                     events[-1] = finished(done, lease.load_duration_ns, total)
                 yield events
         finally:
+            held.close(counted.first_token)
             await stream.aclose()
 
 
@@ -354,6 +358,7 @@ async def embed(
         asked.model = entry.name.display
         load = load_options({**entry.params, **(options or {})})
         async with services.scheduler.use(entry, load, keep_alive, requester) as lease:
+            held = Held(services.usage, requester.name, entry.name.display, lease, started)
             reply = await lease.runner.embed(
                 Embed(
                     inputs=inputs,
@@ -364,6 +369,8 @@ async def embed(
                 )
             )
             asked.finished = True
+            held.done(reply.get("prompt_eval_count", 0), 0, 0)
+            held.close()  # an embedding that failed holds its slot briefly: not counted
             Completion(entry.name.display, requester.name).done(
                 reply.get("prompt_eval_count", 0), 0, 0, 0
             )

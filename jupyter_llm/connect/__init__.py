@@ -9,6 +9,7 @@ kernel (``kernel``), which import it and never each other.
 - ``loading``: a model's load progress and slots from ``/api/ps``, and the
   ``LoadWatcher`` that shows it until the first token;
 - ``create``: creating a model from a local Modelfile or GGUF.
+- ``origin``: the kernel and cell headers a kernel's requests carry.
 """
 
 from jupyter_llm.connect.discovery import SeveralServersError, find_server

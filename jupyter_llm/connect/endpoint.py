@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from jupyter_llm.connect.origin import current_headers
+
 
 class LLMClientError(Exception):
     """What the server (or the connection to it) said went wrong, in one line."""
@@ -32,7 +34,9 @@ class ServerEndpoint:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"token {self.token}"} if self.token else {}
+        """The token, and the kernel and cell asking now (``connect.origin``)."""
+        auth = {"Authorization": f"token {self.token}"} if self.token else {}
+        return {**auth, **current_headers()}
 
     def http(self, timeout: float | None = 600.0) -> httpx.Client:
         return httpx.Client(

@@ -25,10 +25,13 @@ from traitlets import Float, Unicode
 from jupyter_llm.connect import LLMClientError, ServerEndpoint, find_server
 from jupyter_llm.connect.create import create_from_path
 from jupyter_llm.connect.loading import LoadWatcher, loading_text
+from jupyter_llm.connect.origin import set_source as set_origin_source
 from jupyter_llm.connect.views import loaded_table, model_details, models_table, plan_request
 from jupyter_llm.kernel.formats import structured_format
 from jupyter_llm.kernel.image_inputs import ImageValueError, image_files, images_from_namespace
 from jupyter_llm.kernel.markdown import safe_markdown
+from jupyter_llm.kernel.origin import kernel_id
+from jupyter_llm.kernel.origin import source_for as origin_source_for
 from jupyter_llm.kernel.results import Chat, Generation, Metrics
 
 HELP = """%%llm MODEL [options]   (the prompt is the cell body)
@@ -41,7 +44,8 @@ HELP = """%%llm MODEL [options]   (the prompt is the cell body)
     (or N), with a progress bar; -o stores the results (in order)
 %llm models | ps | pull NAME [--insecure] | create NAME FILE_OR_MODELFILE | rm NAME
 %llm show NAME | unload NAME|--all | devices | help
-%llm plan MODEL [--num-ctx N] [--num-gpu N]: what loading it would do now (loads nothing)"""
+%llm plan MODEL [--num-ctx N] [--num-gpu N]: what loading it would do now (loads nothing)
+%llm usage: this kernel's cells (tokens, tok/s, time) and the server's users"""
 
 
 class MagicUsageError(Exception):
@@ -161,6 +165,8 @@ class LLMMagics(Magics):
     ) -> None:
         super().__init__(shell=shell, **kwargs)
         self._endpoint = endpoint
+        if shell is not None:  # requests say which kernel and cell sent them
+            set_origin_source(origin_source_for(shell))
 
     @property
     def endpoint(self) -> ServerEndpoint:
@@ -375,6 +381,13 @@ class LLMMagics(Magics):
         body = parse_plan_args(rest, "%llm plan")
         plan = self.endpoint.request("POST", "api/plan", body)
         return PlanView(plan, self.endpoint.request("GET", "api/ps")["models"])
+
+    def _cmd_usage(self, rest: list[str]) -> Any:
+        from jupyter_llm.kernel.usage_view import UsageView
+
+        kernel = kernel_id(self.shell)
+        body = self.endpoint.request("GET", "api/usage", params={"kernel": kernel})
+        return UsageView(body, kernel)
 
     def _cmd_devices(self, rest: list[str]) -> Any:
         from jupyter_llm.kernel.widgets import DeviceDashboard

@@ -331,6 +331,53 @@ STORED_SECONDS = Limit(
     "long enough for an agent's session between two calls; nothing is kept on disk",
     shown="1 hour",
 )
+ORIGIN_CHARS = Limit(
+    "origin_chars",
+    "X-LLM-Kernel and X-LLM-Cell headers, and /api/usage's kernel and user (each; "
+    "letters, digits and - _ . : @ only)",
+    64,
+    "characters",
+    "kernel ids are 36-character UUIDs and nbformat cell ids are at most 64 characters; "
+    "the values are kept in the usage table and shown back in notebooks",
+)
+USAGE_KERNELS = Limit(
+    "usage_kernels",
+    "kernels (and other clients) whose usage the server keeps, all users together",
+    256,
+    "kernels",
+    "a team server runs tens of kernels at once; the least recently active is dropped first",
+)
+USAGE_CELLS = Limit(
+    "usage_cells",
+    "cells whose usage the server keeps, per kernel",
+    128,
+    "cells",
+    "a long notebook has about a hundred cells that call a model; the least recently "
+    "active is dropped first (its kernel's and user's totals keep its counts)",
+)
+USAGE_USERS = Limit(
+    "usage_users",
+    "users whose totals the server keeps",
+    1024,
+    "users",
+    "a Hub of a thousand users; the least recently active user's totals are dropped first",
+)
+USAGE_MODELS = Limit(
+    "usage_models",
+    "models counted apart in one cell's or one user's usage",
+    8,
+    "models",
+    "a cell calls one model, a user a handful; past it the least recently used model's "
+    "row is dropped",
+)
+USAGE_ROWS = Limit(
+    "usage_rows",
+    "cell rows in one /api/usage answer (the most recently active first)",
+    1000,
+    "rows",
+    "a notebook's table shows tens of cells; an admin asking for every kernel gets the "
+    "newest rows without the event loop walking the whole table",
+)
 METRIC_LABEL_SETS = Limit(
     "metric_label_sets",
     "distinct label sets (model, user, route, outcome) of each Prometheus metric",
@@ -339,7 +386,6 @@ METRIC_LABEL_SETS = Limit(
     "models are bounded by the store and users by the Hub, yet series live as long as the "
     "server: past this, new models and users are counted as `other`, so a scrape stays small",
 )
-
 HISTORY_SAMPLES = Limit(
     "history_samples",
     "samples the sidebar's history keeps (GET /api/history), one every 2 seconds",
@@ -406,6 +452,12 @@ TABLE: tuple[Limit, ...] = (
     STORED_RESPONSES,
     STORED_BYTES,
     STORED_SECONDS,
+    ORIGIN_CHARS,
+    USAGE_KERNELS,
+    USAGE_CELLS,
+    USAGE_USERS,
+    USAGE_MODELS,
+    USAGE_ROWS,
     METRIC_LABEL_SETS,
     HISTORY_SAMPLES,
     HISTORY_POINTS,
