@@ -46,8 +46,9 @@ def auth(token: str, **more: str) -> dict[str, str]:
 
 
 async def generate(jp_fetch, token, headers=None, path=("api", "generate")):
-    body = {"model": "tiny", "prompt": "hi", "stream": False, "messages": [{"role": "user",
-            "content": "hi"}], "options": {"num_predict": 5, "temperature": 0}, "max_tokens": 5}  # fmt: skip
+    body = {"model": "tiny", "prompt": "hi", "stream": False, "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}],
+            "options": {"num_predict": 5, "temperature": 0}}  # fmt: skip
     if path[0] == "api":
         body.pop("messages")
     r = await jp_fetch("llm", *path, method="POST", body=json.dumps(body),
@@ -102,7 +103,7 @@ async def test_a_user_cannot_read_another_users_rows(jp_fetch):
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"kernel": "k" * 65}, "kernel has 65 characters; the limit is 64 characters (origin_chars)"),
+        ({"kernel": "k" * 65}, "kernel has 65 characters; the limit is 64 characters"),
         ({"user": "a/b"}, "user may hold only letters, digits"),
     ],
 )
