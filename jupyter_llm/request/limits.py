@@ -105,6 +105,22 @@ REPEAT_LAST_N = Limit(
     "the context sees nothing more. -1 means num_ctx, as in Ollama",
     shown="num_ctx (-1: num_ctx)",
 )
+DRAFT_TOKENS = Limit(
+    "draft_num_predict",
+    "options.draft_num_predict",
+    16,
+    "tokens",
+    "each drafted token costs a logit row and a cell per step; prompt-lookup drafts "
+    "past a few tokens are seldom accepted whole (llama-server's --draft-max is 16)",
+)
+DRAFT_LOOKUP = Limit(
+    "draft_lookup",
+    "the prompt tokens searched for drafts",
+    8192,
+    "tokens",
+    "the n-gram index is built in Python when a sequence starts generating; the last "
+    "8,192 prompt tokens hold what an answer quotes, at a few milliseconds of work",
+)
 TOP_LOGPROBS = Limit(
     "top_logprobs",
     "top_logprobs, logprobs (/v1/completions)",
@@ -418,6 +434,8 @@ HISTORY_DEVICES = Limit(
 # -- table ----------------------------------------------------------------------------------
 TABLE: tuple[Limit, ...] = (
     BODY_BYTES,
+    DRAFT_TOKENS,
+    DRAFT_LOOKUP,
     BODY_DEPTH,
     JSON_VALUES,
     TEXT_LAYER,
@@ -492,7 +510,7 @@ OPTION_BOUNDS: dict[str, Limit | str] = {
     "main_gpu": LOAD,
     "use_mmap": LOAD,
     "num_keep": "clamped to the context by the runner",
-    "draft_num_predict": "accepted, no effect",
+    "draft_num_predict": DRAFT_TOKENS,
     "tool_choice": "one of four words or a tool's name, checked against tools",
     "mirostat": SCALAR,
     "mirostat_tau": SCALAR,

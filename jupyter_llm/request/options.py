@@ -19,7 +19,7 @@ import logging
 import math
 from typing import Any, NamedTuple
 
-from jupyter_llm.request.limits import REPEAT_LAST_N, check_stops
+from jupyter_llm.request.limits import DRAFT_TOKENS, REPEAT_LAST_N, check_stops
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ OPTION_TYPES: dict[str, Option] = {
     "main_gpu": Option(int, 0),
     "use_mmap": Option(bool),
     "num_keep": Option(int, -1),
-    "draft_num_predict": Option(int, 0),  # no draft models here: accepted, no effect
+    # prompt-lookup drafts per step (runner.speculative); 0: no speculation
+    "draft_num_predict": Option(int, 0, DRAFT_TOKENS.value),
     # ours: /api/chat's tool_choice ("auto", "none", "required" or a tool's
     # name), here so that Ollama's clients can send it
     "tool_choice": Option(str),
@@ -93,6 +94,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "mirostat": 0,
     "mirostat_tau": 5.0,
     "mirostat_eta": 0.1,
+    "draft_num_predict": 4,  # speculative decoding by prompt lookup on by default
 }
 
 # The per-request part, as the runner takes it (the rest are load options).
@@ -113,6 +115,7 @@ SAMPLING_OPTIONS = (
     "frequency_penalty",
     "stop",
     "num_keep",
+    "draft_num_predict",
 )
 
 # The runner's defaults for each per-request option the client leaves out.

@@ -49,6 +49,7 @@ from jupyter_llm.runner.pausing import Pauses, prompt_order
 from jupyter_llm.runner.protocol import Done, EngineError, InputError, LoadParams
 from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
+from jupyter_llm.runner.speculative import add_draft, next_tokens
 from jupyter_llm.runner.vision import ImagePrompt, split_plain
 
 Emit = Callable[[str], None]
@@ -485,7 +486,8 @@ class Engine:
             )
             b.seq_id[n][0] = seq.slot
             outputs.append((seq, n))
-            n += 1
+            k = add_draft(self, seq, n + 1, room)  # then its draft (runner.speculative)
+            n, room = n + 1 + k, room - k
         for seq in prompting:
             if room <= 0:
                 break
@@ -549,26 +551,9 @@ class Engine:
     def _sample(self, outputs: list[tuple[Sequence, int]]) -> None:
         for seq, index in outputs:
             try:
-                self._next_token(seq, index)
+                next_tokens(self, seq, index)  # and any draft tokens it confirms
             except Exception as e:  # its output could not be read or sent: it alone ends
                 self._drop(seq, e)
-
-    def _next_token(self, seq: Sequence, index: int) -> None:
-        """Sample ``seq``'s next token at batch position ``index`` and hand
-        it on (stop strings, text, the request's readers), ending it there if
-        it is done."""
-        if not seq.generating_since:
-            seq.generating_since = time.perf_counter_ns()
-            if seq.limit == 0:
-                self._finish(seq, "length")
-                return
-        token = seq.sampler.sample(self.ctx, index)
-        eog = llama_cpp.llama_vocab_is_eog(self.vocab, token)
-        if seq.job.logprobs >= 0 and not eog:
-            seq.job.on_logprob(self.logprobs.entry(index, token, seq.job.logprobs))
-        piece = b"" if eog else self._piece_bytes(token, token in seq.job.preserve)
-        if not seq.accept(token, piece, eog):
-            self._finish(seq, seq.reason)
 
 
 def _report(seq: Sequence, report: Callable[[], None]) -> None:

@@ -165,6 +165,7 @@ class Sequence:
         self.prompt_ns = 0
         self.started_ns = time.perf_counter_ns()
         self.generating_since = 0
+        self.drafting: Any = None  # ``speculative.Drafting`` once it drafts
 
     @property
     def prompt_done(self) -> bool:
@@ -207,6 +208,8 @@ class Sequence:
             stop_sequence=self.stops.hit,
             prompt_eval_count=len(prompt) if done else evaluated,
             prompt_cached=self.reused,
+            draft_tokens=self.drafting.drafted if self.drafting else 0,
+            draft_accepted=self.drafting.accepted if self.drafting else 0,
             prompt_eval_duration=self.prompt_ns,
             eval_count=len(self.generated),
             eval_duration=now - self.generating_since if self.generating_since else 0,

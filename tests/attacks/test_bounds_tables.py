@@ -16,6 +16,7 @@ from jupyter_llm.api.ollama import BlobHandler, RootHandler
 from jupyter_llm.request.limits import (
     BODY_BYTES,
     BODY_DEPTH,
+    DRAFT_TOKENS,
     OPTION_BOUNDS,
     REPEAT_LAST_N,
     STOP_STRINGS,
@@ -37,6 +38,7 @@ BODY_ROUTES = sorted(
 PAST = {
     "stop": [f"s{i}" for i in range(STOP_STRINGS.value + 1)],
     "repeat_last_n": REPEAT_LAST_N.value + 1,
+    "draft_num_predict": DRAFT_TOKENS.value + 1,
 }
 
 

@@ -1,0 +1,57 @@
+"""When a sequence drafts, and how many tokens: pure rules, table-tested.
+
+A draft costs the target model's work on each drafted token in the batch; it
+pays only while enough of them are accepted. Each sequence is judged on its
+last ``JUDGE_AFTER`` drafted tokens: below ``MIN_RATE`` accepted, drafting
+stops for ``PAUSE_TOKENS`` generated tokens (doubling each time it stops
+again, up to ``MAX_PAUSE_TOKENS``), then it is tried again. Free text thus
+pays for a few wasted drafts at first and rarely after; text that quotes its
+input (code edits, citations) keeps drafting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+JUDGE_AFTER = 12  # drafted tokens between two judgements
+MIN_RATE = 0.4  # accepted / drafted below which drafting stops a while
+PAUSE_TOKENS = 32  # generated tokens without drafting after the first stop
+MAX_PAUSE_TOKENS = 512  # the longest pause, after repeated stops
+
+
+@dataclass(frozen=True)
+class Window:
+    """One sequence's drafting record since its last judgement."""
+
+    drafted: int = 0
+    accepted: int = 0
+    resume_at: int = 0  # generated tokens before drafting resumes
+    stops: int = 0  # how many times drafting stopped so far
+
+
+def may_draft(window: Window, generated: int) -> bool:
+    """Does the sequence draft at this point of its output?"""
+    return generated >= window.resume_at
+
+
+def after_draft(window: Window, drafted: int, accepted: int, generated: int) -> Window:
+    """The record after a verified draft of ``drafted`` tokens of which
+    ``accepted`` matched, with ``generated`` output tokens so far."""
+    d, a = window.drafted + drafted, window.accepted + accepted
+    if d < JUDGE_AFTER:
+        return Window(d, a, window.resume_at, window.stops)
+    if a >= MIN_RATE * d:
+        return Window(0, 0, 0, window.stops)
+    pause = min(PAUSE_TOKENS << window.stops, MAX_PAUSE_TOKENS)
+    return Window(0, 0, generated + pause, window.stops + 1)
+
+
+def draft_size(wanted: int, budget: int, room: int) -> int:
+    """Tokens to draft: at most ``wanted`` (``draft_num_predict``), never
+    past what ``num_predict`` leaves after the token being decoded
+    (``budget``: output tokens still allowed, negative for no limit), and
+    within ``room`` (cells left in the context and the batch)."""
+    size = min(wanted, room)
+    if budget >= 0:
+        size = min(size, budget - 1)
+    return max(0, size)

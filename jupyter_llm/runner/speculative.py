@@ -1,0 +1,165 @@
+"""Speculative decoding by prompt lookup: a sequence drafts the tokens that
+followed the last time its latest n-gram appeared in its own prompt or
+output, and the target model checks them in the same ``llama_decode`` as
+every other sequence, one logit row per drafted token. No second model.
+
+Exactness: position ``i`` of a draft is sampled with the sequence's own
+sampler (its native chain, or its grammar); the drafted token is kept only
+if it is the token sampled there, and the first token sampled that differs
+from the draft is kept in its place (the bonus token). Every sampled token is
+thus one the target would have produced from the same context, and the
+sampler sees (and accepts, penalties and grammar included) exactly the
+tokens emitted, each once: greedy output is identical to decoding without a
+draft, and sampled output keeps the target's distribution (each token is
+drawn from the target's own distribution given the accepted prefix; the
+draft only decides how many positions are computed at once). The rejected
+positions' KV cells are removed (``llama_memory_seq_rm``), so the slot's
+token record stays exactly what its cells hold.
+
+Runs in the runner process only, called from ``engine``'s step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import llama_cpp
+
+from jupyter_llm.request.limits import DRAFT_LOOKUP
+from jupyter_llm.runner.protocol import EngineError
+from jupyter_llm.runner.draft_policy import Window, after_draft, draft_size, may_draft
+
+if TYPE_CHECKING:
+    from jupyter_llm.runner.engine import Engine
+    from jupyter_llm.runner.sequence import Sequence
+
+NGRAM_SIZES = (4, 3, 2)  # the longest match drafts; one token alone predicts too little
+
+
+class NgramIndex:
+    """Where each n-gram of a token history was last followed by a token,
+    kept up to date as the history grows (a dict lookup per size per step)."""
+
+    def __init__(self, tokens: list[int], sizes: tuple[int, ...] = NGRAM_SIZES) -> None:
+        self.tokens = list(tokens)
+        self.sizes = sizes
+        self.last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
+        # a long prompt is indexed from its last DRAFT_LOOKUP tokens only
+        self.indexed = max(0, len(self.tokens) - DRAFT_LOOKUP.value)
+
+    def extend(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of
+        the history's last n-gram (the longest size that has one)."""
+        h = self.tokens
+        for j in range(self.indexed, len(h) - 1):  # the n-grams ending at j have a follower
+            for n in self.sizes:
+                if j + 1 >= n:
+                    self.last[n][tuple(h[j + 1 - n : j + 1])] = j + 1
+        self.indexed = max(self.indexed, len(h) - 1)
+        if k <= 0:
+            return []
+        for n in self.sizes:
+            if len(h) > n and (start := self.last[n].get(tuple(h[-n:]))) is not None:
+                draft = h[start : start + k]
+                cut = next((i for i, t in enumerate(draft) if t < 0), len(draft))
+                return draft[:cut]  # never an image's marks
+        return []
+
+
+@dataclass
+class Drafting:
+    """One sequence's drafting state and counters (``Done.draft_*``)."""
+
+    index: NgramIndex
+    seen: int = 0  # generated tokens already in ``index``
+    window: Window = field(default_factory=Window)
+    draft: list[int] = field(default_factory=list)  # in the batch now, after ``next_token``
+    drafted: int = 0
+    accepted: int = 0
+
+
+def drafting_of(seq: Sequence) -> Drafting:
+    """``seq``'s drafting state, made when it first generates."""
+    if seq.drafting is None:
+        seq.drafting = Drafting(NgramIndex(seq.job.tokens))
+    return seq.drafting
+
+
+def add_draft(engine: Engine, seq: Sequence, n: int, room: int) -> int:
+    """Put ``seq``'s draft into the engine's batch from index ``n`` (after
+    its ``next_token``), in at most ``room`` cells; returns how many went in."""
+    wanted = int(seq.opts.get("draft_num_predict") or 0)
+    if wanted <= 0 or not can_draft(engine.model.llama_model):
+        return 0
+    state = drafting_of(seq)
+    state.index.extend(seq.generated[state.seen :])
+    state.seen = len(seq.generated)
+    budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
+    size = draft_size(wanted, budget, room)
+    if not may_draft(state.window, len(seq.generated)):
+        size = 0
+    state.draft = state.index.propose(size)
+    batch, pos = engine.batch, len(engine.slots[seq.slot].cached) + 1
+    for i, token in enumerate(state.draft):
+        k = n + i
+        batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = token, pos + i, 1, 1
+        batch.seq_id[k][0] = seq.slot
+    return len(state.draft)
+
+
+def can_draft(llama_model: Any) -> bool:
+    """A recurrent state cannot drop its last positions: no drafts there."""
+    return not (
+        llama_cpp.llama_model_is_recurrent(llama_model)
+        or llama_cpp.llama_model_is_hybrid(llama_model)
+    )
+
+
+def next_tokens(engine: Engine, seq: Sequence, index: int) -> None:
+    """Sample ``seq`` at batch position ``index``, then at each drafted
+    position while the sampled token is the drafted one; emit each sampled
+    token (stop strings, logprobs, limits as usual) and end the sequence
+    where one ends it. The draft's cells past the kept tokens are removed."""
+    if not seq.generating_since:
+        seq.generating_since = time.perf_counter_ns()
+        if seq.limit == 0:
+            engine._finish(seq, "length")
+            return
+    draft = seq.drafting.draft if seq.drafting is not None else []
+    slot = engine.slots[seq.slot]
+    matched, going = 0, True
+    for i in range(len(draft) + 1):
+        token = seq.sampler.sample(engine.ctx, index + i)
+        eog = llama_cpp.llama_vocab_is_eog(engine.vocab, token)
+        if seq.job.logprobs >= 0 and not eog:
+            seq.job.on_logprob(engine.logprobs.entry(index + i, token, seq.job.logprobs))
+        piece = b"" if eog else engine._piece_bytes(token, token in seq.job.preserve)
+        going = seq.accept(token, piece, eog)
+        if not going or i == len(draft) or token != draft[i]:
+            break
+        slot.cached.append(token)  # its cell was decoded with the draft
+        matched += 1
+    if draft:
+        settle(engine, seq, len(draft), matched)
+    if not going:
+        engine._finish(seq, seq.reason)
+
+
+def settle(engine: Engine, seq: Sequence, drafted: int, matched: int) -> None:
+    """Count the verified draft and drop the cells of its rejected tokens."""
+    state = seq.drafting
+    assert state is not None
+    state.draft = []
+    state.drafted += drafted
+    state.accepted += matched
+    state.window = after_draft(state.window, drafted, matched, len(seq.generated))
+    slot = engine.slots[seq.slot]
+    if matched < drafted and not llama_cpp.llama_memory_seq_rm(
+        engine.memory, slot.index, len(slot.cached), -1
+    ):
+        raise EngineError("the KV cache could not drop the rejected draft tokens")
