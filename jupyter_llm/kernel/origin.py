@@ -4,8 +4,7 @@
 The kernel id is the one Jupyter gave the kernel, read from its connection
 file's name (``kernel-<id>.json``); a plain IPython has no kernel and says
 ``ipython-<pid>``. The cell id is what JupyterLab puts in the execute
-request's metadata (``cellId``); the execution count is the shell's, which
-during a cell is that cell's ``In [n]``."""
+request's metadata (``cellId``); the execution count is the cell's ``In [n]``."""
 
 from __future__ import annotations
 
@@ -47,11 +46,18 @@ def cell_id(shell: Any) -> object:
     return (parent.get("metadata") or {}).get("cellId")
 
 
+def running_count(shell: Any) -> int | None:
+    """The running cell's ``In [n]``: IPython counts the cell before running
+    it, so during the cell its ``execution_count`` is already ``n + 1``."""
+    count = getattr(shell, "execution_count", None)
+    return count - 1 if isinstance(count, int) and count > 0 else None
+
+
 def source_for(shell: Any) -> Any:
     """The headers source for ``shell``: asked each time a client is made."""
     ident = kernel_id(shell)
 
     def headers() -> dict[str, str]:
-        return origin_headers(ident, cell_id(shell), getattr(shell, "execution_count", None))
+        return origin_headers(ident, cell_id(shell), running_count(shell))
 
     return headers

@@ -102,3 +102,12 @@ def test_a_failing_source_sends_nothing():
 )
 def test_kernel_id_from_connection_file(path, kid):
     assert kernel_id_from_file(path) == kid
+
+
+@pytest.mark.parametrize(("count", "running"), [(5, 4), (1, 0), (0, None), (None, None)])
+def test_the_running_cells_count(count, running):
+    from types import SimpleNamespace
+
+    from jupyter_llm.kernel.origin import running_count
+
+    assert running_count(SimpleNamespace(execution_count=count)) == running
