@@ -5,7 +5,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { ISnapshot, toSnapshot } from './types';
+import { IHistory, ISnapshot, toHistory, toSnapshot } from './types';
 
 /** The server answered 404: the jupyter-llm server extension is not loaded. */
 export class ExtensionMissingError extends Error {
@@ -68,6 +68,11 @@ export class LLMClient {
       (devices as PromiseFulfilledResult<unknown>).value,
       (ps as PromiseFulfilledResult<unknown>).value
     );
+  }
+
+  /** `/api/history`, merged server-side into at most `points` points. */
+  async history(points: number): Promise<IHistory> {
+    return toHistory(await this.request(`api/history?points=${points}`, {}, true));
   }
 
   /** Unload at once, as Ollama does for a generate with keep_alive 0. */

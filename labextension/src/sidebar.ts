@@ -9,9 +9,16 @@ import { Widget } from '@lumino/widgets';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { ExtensionMissingError, LLMClient } from './api';
+import { HistoryView } from './history';
+import { VisibilityPoll } from './history_poll';
 import { SidebarView } from './view';
 
 export const SIDEBAR_ID = 'jupyter-llm-sidebar';
+
+/** Points asked of /api/history: two samples a point over ten minutes, for a 240-wide chart. */
+const HISTORY_POINTS = 150;
+/** The slowest history poll while the browser tab is hidden. */
+const HIDDEN_MAX = 60 * 1000;
 
 const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
   <g class="jp-icon3" fill="#616161">
@@ -30,6 +37,8 @@ export interface ISidebarOptions {
 export class LLMSidebar extends Widget {
   readonly view: SidebarView;
   readonly poll: Poll;
+  readonly history: HistoryView;
+  readonly historyPoll: VisibilityPoll;
   private client: LLMClient;
   private clock: number | undefined;
   /** Numbers each fetch: a refresh can overtake one in flight, and an older
@@ -50,7 +59,14 @@ export class LLMSidebar extends Widget {
       refresh: () => void this.poll.refresh()
     });
     this.node.appendChild(this.view.node);
+    this.history = new HistoryView();
+    this.node.appendChild(this.history.node);
     const interval = options.interval ?? 2000;
+    this.historyPoll = new VisibilityPoll({
+      fetch: () => this.fetchHistory(),
+      interval,
+      hiddenMax: HIDDEN_MAX
+    });
     this.poll = new Poll({
       auto: false,
       factory: () => this.fetch(),
@@ -68,6 +84,7 @@ export class LLMSidebar extends Widget {
         return;
       }
       this.view.update({ kind: 'ready', snapshot });
+      this.history.setLoaded(snapshot.models.map(m => m.name));
     } catch (error) {
       if (fetch !== this.fetches) {
         return;
@@ -82,6 +99,11 @@ export class LLMSidebar extends Widget {
     }
   }
 
+  /** The server's history; the section stays hidden until one arrives. */
+  private async fetchHistory(): Promise<void> {
+    this.history.update(await this.client.history(HISTORY_POINTS));
+  }
+
   /** Appends a section, refreshed whenever the sidebar is shown. */
   addSection(section: { node: HTMLElement; refresh(): Promise<void> }): void {
     this.sections.push(section);
@@ -93,6 +115,7 @@ export class LLMSidebar extends Widget {
     super.onAfterShow(msg);
     this.sections.forEach(section => void section.refresh());
     void this.poll.start().then(() => this.poll.refresh());
+    this.historyPoll.start();
     // countdowns move every second between polls
     this.clock = window.setInterval(() => this.view.tick(), 1000);
   }
@@ -101,6 +124,7 @@ export class LLMSidebar extends Widget {
     super.onAfterHide(msg);
     window.clearInterval(this.clock);
     this.clock = undefined;
+    this.historyPoll.stop();
   }
 
   dispose(): void {
@@ -108,6 +132,7 @@ export class LLMSidebar extends Widget {
       return;
     }
     window.clearInterval(this.clock);
+    this.historyPoll.stop();
     this.poll.dispose();
     super.dispose();
   }

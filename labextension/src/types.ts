@@ -104,3 +104,29 @@ export function toSnapshot(devices: unknown, ps: unknown): ISnapshot {
   }
   return { devices: d, models: p.models };
 }
+
+/** One moment of `GET /api/history` (memory in bytes, time in unix seconds). */
+export interface IHistorySample {
+  t: number;
+  memory: Record<string, Record<string, number>>; // device id -> model -> bytes
+  utilization: Record<string, number>; // device id -> percent busy (NVML, or simulated)
+  tokens_per_second: Record<string, number>; // model -> generated tokens per second
+}
+
+/** `GET /api/history`: the server's last `window` seconds, oldest sample first. */
+export interface IHistory {
+  interval: number;
+  window: number;
+  sampling: boolean;
+  devices: { id: string; name: string; library: string; total_memory: number }[];
+  samples: IHistorySample[];
+}
+
+/** Check `/api/history`'s shape, as `toSnapshot` does for the other two. */
+export function toHistory(body: unknown): IHistory {
+  const h = body as IHistory | null;
+  if (!h || !Array.isArray(h.samples) || !Array.isArray(h.devices) || !(h.window > 0)) {
+    throw new Error('the server sent a history that is not from jupyter-llm');
+  }
+  return h;
+}

@@ -9,8 +9,7 @@ import json
 
 import pytest
 from tornado.httpclient import HTTPClientError
-
-from tests.support.waiting import until
+from waiting import until
 
 GiB = 1 << 30
 
