@@ -45,6 +45,8 @@ class HistoryHandler(LLMHandler):
             return
         self.write_json(history_body(sampler.ring, points, sampler.interval, sampler.running))
 
+    head = get  # a probe: the same status and headers, no body
+
 
 def handlers() -> list[tuple[str, type]]:
     return [("api/history", HistoryHandler)]

@@ -22,7 +22,16 @@ RESPONSE = "v1/responses/sha256:" + "0" * 64
 EXPECTED = {
     **{
         (path, method): (READ, LLM)
-        for path in ("api/version", "api/devices", "api/tags", "api/ps", "api/usage", "v1/models", MODEL)
+        for path in (
+            "api/version",
+            "api/devices",
+            "api/tags",
+            "api/ps",
+            "api/usage",
+            "api/history",
+            "v1/models",
+            MODEL,
+        )
         for method in ("GET", "HEAD")
     },
     ("api/show", "POST"): (READ, LLM),
