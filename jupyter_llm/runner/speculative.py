@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 
 from jupyter_llm.request.limits import DRAFT_LOOKUP
-from jupyter_llm.runner.protocol import EngineError
 from jupyter_llm.runner.draft_policy import Window, after_draft, draft_size, may_draft
+from jupyter_llm.runner.protocol import EngineError
 
 if TYPE_CHECKING:
     from jupyter_llm.runner.engine import Engine

@@ -1,0 +1,307 @@
+"""Speculative decoding by prompt lookup (issue 26 item 2): drafts checked in
+the batch step must change nothing the client sees (greedy tokens, text,
+stops, logprobs, limits, grammars, context shifts), only how many positions
+one decode computes. Engine tests run in process and count tokens, never time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import pytest
+
+from jupyter_llm.runner import draft_policy as policy
+from jupyter_llm.runner.draft_policy import Window, after_draft, draft_size, may_draft
+from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.protocol import Done, LoadParams
+from jupyter_llm.runner.sequence import Job
+from jupyter_llm.runner.speculative import NgramIndex
+
+GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
+PROMPTS = ["hello world hello world hello", "the cat sat on the mat and the cat sat", "abc"]
+
+
+# -- the policy, pure ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("wanted", "budget", "room", "size"),
+    [
+        (4, -1, 100, 4),  # no num_predict: as asked
+        (4, 3, 100, 2),  # two more tokens after the one being decoded
+        (4, 1, 100, 0),  # the token being decoded is the last allowed
+        (4, 0, 100, 0),
+        (8, -1, 3, 3),  # the context or the batch has room for three
+        (8, -1, 0, 0),  # a full context: no draft (a shift comes first)
+        (0, -1, 100, 0),  # draft_num_predict 0: off
+    ],
+)
+def test_draft_size(wanted, budget, room, size):
+    assert draft_size(wanted, budget, room) == size
+
+
+@pytest.mark.parametrize(
+    ("window", "drafted", "accepted", "generated", "after"),
+    [
+        (Window(), 4, 0, 5, Window(4, 0)),  # too few drafts to judge yet
+        (Window(8, 1), 4, 4, 20, Window(0, 0)),  # 5 of 12: pays, a new window
+        (Window(8, 0), 4, 1, 20, Window(0, 0, 20 + policy.PAUSE_TOKENS, 1)),  # 1 of 12: off
+        (Window(8, 0, 0, 1), 4, 0, 90, Window(0, 0, 90 + 2 * policy.PAUSE_TOKENS, 2)),
+        (Window(8, 0, 0, 9), 4, 0, 90, Window(0, 0, 90 + policy.MAX_PAUSE_TOKENS, 10)),
+    ],
+)
+def test_after_draft(window, drafted, accepted, generated, after):
+    assert after_draft(window, drafted, accepted, generated) == after
+
+
+@pytest.mark.parametrize(
+    ("window", "generated", "drafts"),
+    [(Window(), 0, True), (Window(0, 0, 52, 1), 51, False), (Window(0, 0, 52, 1), 52, True)],
+)
+def test_may_draft(window, generated, drafts):
+    assert may_draft(window, generated) is drafts
+
+
+def test_a_sequence_that_never_matches_stops_drafting_then_retries():
+    window, generated, drafted_at = Window(), 0, []
+    while generated < 400:
+        if may_draft(window, generated):
+            drafted_at.append(generated)
+            window = after_draft(window, 4, 0, generated + 1)
+        generated += 1
+    # three drafts, a pause of 32, three, a pause of 64, ... not one per token
+    assert len(drafted_at) <= 18
+    assert drafted_at[:4] == [0, 1, 2, 3 + policy.PAUSE_TOKENS]
+
+
+# -- the n-gram index ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("history", "k", "draft"),
+    [
+        ([1, 2, 3, 4, 5, 9, 2, 3], 3, [4, 5, 9]),  # "2 3" was followed by 4 5 9
+        ([1, 2, 3, 4, 5, 9, 2, 3], 1, [4]),
+        ([7, 8, 9, 1, 7, 8, 9], 4, [1, 7, 8, 9]),  # runs into the tail itself
+        ([1, 2, 3, 4, 5], 4, []),  # no earlier occurrence
+        ([5, 1, 2, 6, 3, 1, 2, 7, 0, 1, 2], 2, [7, 0]),  # the latest one
+        ([4, 1, 2, -1, -1, 5, 1, 2], 4, []),  # never an image's marks
+        ([4, 1, 2, 8, -1, 5, 1, 2], 4, [8]),
+        ([1, 2, 3, 9, 2, 3, 8, 1, 2, 3], 2, [9, 2]),  # the longest n-gram wins
+    ],
+)
+def test_ngram_lookup(history, k, draft):
+    assert NgramIndex(history).propose(k) == draft
+
+
+def test_the_index_follows_a_growing_history():
+    index = NgramIndex([10, 11, 12, 13])
+    assert index.propose(2) == []
+    index.extend([10, 11])
+    assert index.propose(2) == [12, 13]
+    index.extend([12, 20, 10, 11, 12])
+    assert index.propose(2) == [20, 10]  # the latest occurrence now
+
+
+# -- the engine, on a generated model ------------------------------------------------------
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    from jupyter_llm.demo import DemoModelSpec, write_demo_model
+
+    path = write_demo_model(tmp_path_factory.mktemp("spec") / "m.gguf", DemoModelSpec())
+    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_batch=32, n_threads=2, n_seq=3))
+    yield engine
+    engine.close()
+
+
+class Run:
+    """One submitted job and what came back."""
+
+    def __init__(self, engine: Engine, prompt: str, **options: Any) -> None:
+        self.text: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []
+        self.done: Done | None = None
+        self.errors: list[Exception] = []
+        grammar = options.pop("grammar", None)
+        logprobs = options.pop("logprobs", -1)
+        self.job = Job(
+            rid=id(self),
+            tokens=engine.model.prompt_tokens(prompt),
+            options={**GREEDY, **options},
+            emit=self.text.append,
+            finish=self._finish,
+            fail=self.errors.append,
+            grammar=grammar,
+            logprobs=logprobs,
+            on_logprob=self.logprobs.append,
+        )
+        engine.submit(self.job)
+
+    def _finish(self, done: Done) -> None:
+        self.done = done
+
+    @property
+    def output(self) -> str:
+        return "".join(self.text)
+
+
+def run_all(engine: Engine, *runs: Run) -> None:
+    steps = 0
+    while engine.busy:
+        engine.step()
+        steps += 1
+        assert steps < 10_000
+    for r in runs:
+        assert not r.errors and r.done is not None
+
+
+def solo(engine: Engine, prompt: str, **options: Any) -> Run:
+    run = Run(engine, prompt, **options)
+    run_all(engine, run)
+    return run
+
+
+def cells_match(engine: Engine) -> None:
+    """Every slot's token record is exactly what its KV cells hold."""
+    for slot in engine.slots:
+        top = llama_cpp.llama_memory_seq_pos_max(engine.memory, slot.index)
+        assert top == len(slot.cached) - 1, (slot.index, top, len(slot.cached))
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_output_is_identical_with_and_without_drafts(engine, prompt):
+    plain = solo(engine, prompt, num_predict=80, draft_num_predict=0)
+    assert plain.done.draft_tokens == 0
+    for k in (1, 4, 16):
+        spec = solo(engine, prompt, num_predict=80, draft_num_predict=k)
+        assert spec.done.context == plain.done.context  # token ids
+        assert spec.output == plain.output
+        assert spec.done.eval_count == 80
+        assert 0 < spec.done.draft_accepted <= spec.done.draft_tokens
+        cells_match(engine)
+
+
+def test_the_default_drafts(engine):
+    run = Run(engine, PROMPTS[0], num_predict=60)
+    assert run.job.options.get("draft_num_predict") is None
+    run_all(engine, run)
+    assert run.done.draft_accepted > 20
+
+
+def test_drafts_are_checked_beside_other_sequences_in_one_decode(engine):
+    alone = {p: solo(engine, p, num_predict=50, draft_num_predict=0).done.context for p in PROMPTS}
+    decodes = []
+    real = llama_cpp.llama_decode
+
+    def counted(ctx, batch):
+        decodes.append(batch.n_tokens)
+        return real(ctx, batch)
+
+    llama_cpp.llama_decode = counted
+    try:
+        runs = [
+            Run(engine, p, num_predict=50, draft_num_predict=4 * (i % 2))
+            for i, p in enumerate(PROMPTS)
+        ]
+        run_all(engine, *runs)
+    finally:
+        llama_cpp.llama_decode = real
+    assert [r.done.context for r in runs] == [alone[p] for p in PROMPTS]
+    assert runs[1].done.draft_accepted > 0 and runs[0].done.draft_tokens == 0
+    assert len(decodes) <= 51  # one decode per step for all three: no extra pass for drafts
+    assert max(decodes[1:]) > 3  # three next tokens and a draft in one batch
+    cells_match(engine)
+
+
+def test_seeded_sampling_is_the_same_with_drafts(engine):
+    options = {"temperature": 0.7, "seed": 11, "num_predict": 60}
+    plain = solo(engine, PROMPTS[1], draft_num_predict=0, **options)
+    spec = solo(engine, PROMPTS[1], draft_num_predict=4, **options)
+    assert spec.done.context == plain.done.context
+    assert spec.done.draft_tokens > 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13])
+def test_num_predict_is_never_passed(engine, n):
+    plain = solo(engine, PROMPTS[0], num_predict=n, draft_num_predict=0)
+    spec = solo(engine, PROMPTS[0], num_predict=n, draft_num_predict=16)
+    assert spec.done.eval_count == n and spec.done.context == plain.done.context
+    cells_match(engine)
+
+
+def test_a_stop_inside_an_accepted_draft_ends_the_text_there(engine):
+    # a prompt that holds the model's own answer: drafts are accepted from the first token
+    prompt = PROMPTS[0] + solo(engine, PROMPTS[0], num_predict=30, draft_num_predict=0).output
+    text = solo(engine, prompt, num_predict=40, draft_num_predict=0).output
+    stop = text[9:12]
+    cut = text.index(stop)
+    spec = solo(engine, prompt, num_predict=40, stop=[stop], draft_num_predict=8)
+    base = solo(engine, prompt, num_predict=40, stop=[stop], draft_num_predict=0)
+    assert spec.output == base.output == text[:cut]
+    assert spec.done.done_reason == "stop" and spec.done.draft_accepted > 0
+    assert spec.done.context == base.done.context
+    cells_match(engine)
+
+
+def test_logprobs_one_entry_per_emitted_token(engine):
+    plain = solo(engine, PROMPTS[1], num_predict=40, logprobs=2, draft_num_predict=0)
+    spec = solo(engine, PROMPTS[1], num_predict=40, logprobs=2, draft_num_predict=4)
+    assert spec.done.draft_accepted > 0
+    assert len(spec.logprobs) == len(plain.logprobs) == 40
+    for a, b in zip(spec.logprobs, plain.logprobs, strict=True):
+        assert a["token"] == b["token"]
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-3)
+
+
+def test_a_grammar_sees_only_the_accepted_tokens(engine):
+    grammar = 'root ::= ("ab" | "abc" | "b")+ "."'
+    plain = solo(engine, "abcabcab", num_predict=60, grammar=grammar, draft_num_predict=0)
+    spec = solo(engine, "abcabcab", num_predict=60, grammar=grammar, draft_num_predict=6)
+    assert spec.done.context == plain.done.context
+    assert set(spec.output) <= set("abc.") and spec.done.draft_tokens > 0
+
+
+def test_context_shift_with_drafts(tmp_path: Path):
+    from jupyter_llm.demo import DemoModelSpec, write_demo_model
+
+    path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
+    small = Engine(LoadParams(path=str(path), n_ctx=64, n_batch=32, n_threads=2, n_seq=1))
+    try:
+        plain = solo(small, PROMPTS[0], num_predict=200, draft_num_predict=0)
+        spec = solo(small, PROMPTS[0], num_predict=200, draft_num_predict=8)
+        assert spec.output == plain.output and spec.done.eval_count == 200  # shifted thrice
+        assert spec.done.draft_accepted > 100
+        cells_match(small)
+        # drafts never ran past the context: the cache held at most n_ctx cells
+        assert len(small.slots[0].cached) <= small.n_ctx
+    finally:
+        small.close()
+
+
+# -- the real model ------------------------------------------------------------------------
+CODE = '''def moving_average(values, window):
+    """Return the moving averages of values over a window."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    result = []
+    total = 0.0
+    for index, value in enumerate(values):
+        total += value
+        if index >= window:
+            total -= values[index - window]
+        if index >= window - 1:
+            result.append(total / window)
+    return result
+'''
+
+
+def test_gemma_greedy_output_is_identical_and_drafts_are_accepted(gemma_gguf: Path):
+    gemma = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=2, n_seq=2))
+    ask = "Rewrite this function, renaming `values` to `series`. Reply with code only.\n\n"
+    prompt = f"<start_of_turn>user\n{ask}{CODE}<end_of_turn>\n<start_of_turn>model\n"
+    try:
+        plain = solo(gemma, prompt, num_predict=120, draft_num_predict=0)
+        spec = solo(gemma, prompt, num_predict=120, draft_num_predict=4)
+        assert spec.done.context == plain.done.context
+        assert spec.done.draft_accepted > 40, spec.done
+        cells_match(gemma)
+    finally:
+        gemma.close()
