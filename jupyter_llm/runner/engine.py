@@ -378,7 +378,7 @@ class Engine:
         self._cancel()
         self._assign()
         self._make_room_in_sequences()
-        running = [s.seq for s in self.slots if s.seq is not None and not s.paused]
+        running = self.pauses.this_step([s.seq for s in self.slots if s.seq and not s.paused])
         generating = [q for q in running if q.prompt_done]
         prompting = sorted((q for q in running if not q.prompt_done), key=prompt_order)
         if not generating and not prompting:

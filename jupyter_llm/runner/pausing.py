@@ -14,11 +14,16 @@ numbers; spare ids cost nothing but a few cells of a windowed (SWA) cache,
 which the memory estimate counts. Paused cells count as used: where the
 cache is full, idle caches go first, then the running sequences shift.
 
+While an interactive prompt is read, the batch sequences still running sit
+the step out (``sits_out``): the prompt's step is as short as on an idle
+model, since the step's cost grows with the logits of every sequence in it.
+
 Batch work is not starved (pure rules below, table-tested): a paused
 sequence resumes before any waiting request takes a free slot; a sequence
 is paused at most ``MAX_PAUSES`` times, and once resumed it is paused again
 only after it decoded something, so every pause costs it one interactive
-request's turn at most and it always gets on.
+request's turn at most and it always gets on; batch sequences sit out at
+most ``MAX_SIT_OUT`` steps in a row.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ if TYPE_CHECKING:
     from jupyter_llm.runner.slot import Slot
 
 MAX_PAUSES = 8  # times one batch sequence may be paused
+MAX_SIT_OUT = 4  # decode steps in a row batch sequences may sit out for interactive prompts
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,15 @@ def next_move(held: Seq[Held], idle_ids: int, waiting: Seq[str], slots: int) -> 
     return Move(start=first, pause=victim.index)
 
 
+def sits_out(interactive_prompting: bool, sat_out: int) -> bool:
+    """Do the running batch sequences sit this step out? While an interactive
+    prompt is read, its step holds it alone (with other interactive work), so
+    its first token costs what it costs on an idle model rather than a step
+    with every batch sequence's logits; at most ``MAX_SIT_OUT`` steps in a row,
+    so batch work still moves under a stream of interactive prompts."""
+    return interactive_prompting and sat_out < MAX_SIT_OUT
+
+
 def prompt_order(seq: Sequence) -> tuple[int, int]:
     """Prompt chunks go into a step interactive first, then by arrival, so a
     batch prompt never delays an interactive request's first token."""
@@ -109,6 +124,7 @@ class Pauses:
         self._pauses: dict[int, int] = {}  # id(sequence) -> times paused
         self._mark: dict[int, tuple[int, int]] = {}  # id(sequence) -> progress at (re)start
         self._order = 0
+        self._sat_out = 0  # steps in a row batch sequences sat out (``sits_out``)
 
     def held(self, slots: Iterable[Slot]) -> list[Held]:
         """The slots holding a sequence, as ``next_move`` reads them (and the
@@ -139,6 +155,16 @@ class Pauses:
     def next_move(self, slots: Seq[Slot], waiting: Seq[Sequence], n_slots: int) -> Move | None:
         idle = sum(1 for s in slots if s.seq is None)
         return next_move(self.held(slots), idle, [q.job.priority for q in waiting], n_slots)
+
+    def this_step(self, running: list[Sequence]) -> list[Sequence]:
+        """The running sequences that go into this decode step (``sits_out``)."""
+        prompting = any(q.job.priority != BATCH and not q.prompt_done for q in running)
+        batch = any(q.job.priority == BATCH for q in running)
+        if batch and sits_out(prompting, self._sat_out):
+            self._sat_out += 1
+            return [q for q in running if q.job.priority != BATCH]
+        self._sat_out = 0
+        return running
 
     def turn(self, slots: Seq[Slot], move: Move) -> None:
         """Apply ``move``'s pause or resume."""

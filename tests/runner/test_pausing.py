@@ -14,7 +14,15 @@ from waiting import until
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.runner.engine import Engine
-from jupyter_llm.runner.pausing import MAX_PAUSES, Held, Move, next_move, pausable
+from jupyter_llm.runner.pausing import (
+    MAX_PAUSES,
+    MAX_SIT_OUT,
+    Held,
+    Move,
+    next_move,
+    pausable,
+    sits_out,
+)
 from jupyter_llm.runner.protocol import Complete, Done, LoadParams
 from jupyter_llm.runner.sequence import Job
 from jupyter_llm.runner_client.launch import LoadSpec
@@ -76,6 +84,19 @@ INT, BAT = "interactive", "batch"
 )
 def test_the_next_move(held_, idle, waiting, slots, expected):
     assert next_move(held_, idle, waiting, slots) == expected
+
+
+@pytest.mark.parametrize(
+    ("prompting", "sat_out", "expected"),
+    [
+        (True, 0, True),  # an interactive prompt's step holds it alone
+        (True, MAX_SIT_OUT - 1, True),
+        (True, MAX_SIT_OUT, False),  # the bound: batch work joins the next step
+        (False, 0, False),  # no interactive prompt: everyone decodes
+    ],
+)
+def test_when_batch_sequences_sit_a_step_out(prompting, sat_out, expected):
+    assert sits_out(prompting, sat_out) is expected
 
 
 # -- the engine, in decode steps -----------------------------------------------------------------
@@ -166,6 +187,33 @@ def test_batch_work_gets_on_under_a_continuous_stream_of_interactive_requests(en
     assert chats > MAX_PAUSES
     while any(s.seq is not None for s in engine.slots) or engine.waiting:
         engine.step()
+
+
+def test_batch_sequences_sit_out_an_interactive_prompts_steps_within_the_bound(model_path):
+    """Two slots of batch work; an interactive prompt of many chunks pauses one
+    and the other sits out its steps, at most MAX_SIT_OUT in a row, and still
+    ends with the output of a run never held back."""
+    engine = Engine(LoadParams(path=str(model_path), n_ctx=1024, n_batch=8, n_threads=2, n_seq=2))
+    try:
+        reference = run_alone(engine, PROMPT, 30)
+        batch = [Run(engine, PROMPT, BAT, num_predict=30) for _ in range(2)]
+        while min(len(b.text) for b in batch) < 3:
+            engine.step()
+        long_prompt = " ".join(f"word{i}" for i in range(60))  # several chunks of 8
+        chat = Run(engine, long_prompt, INT, num_predict=2)
+        counts = []
+        while chat.done is None:
+            before = [len(b.text) for b in batch]
+            engine.step()
+            counts.append([len(b.text) for b in batch] != before)
+        held_back = counts[:MAX_SIT_OUT]
+        assert not any(held_back)  # the prompt's first steps hold it alone
+        assert any(counts[MAX_SIT_OUT:])  # then the running batch sequence moves again
+        while any(b.done is None for b in batch):
+            engine.step()
+        assert [b.tokens for b in batch] == [reference, reference]
+    finally:
+        engine.close()
 
 
 # -- real runner processes -----------------------------------------------------------------------
