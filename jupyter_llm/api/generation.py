@@ -78,6 +78,8 @@ class Finished:
     context: list[int]
     stop_sequence: str = ""  # the stop string that ended it, if one did
     prompt_cached: int = 0  # of prompt_eval_count, the tokens the cache held
+    draft_tokens: int = 0  # output tokens drafted by prompt lookup and checked
+    draft_accepted: int = 0  # of those, the ones the model confirmed
 
 
 @dataclass
@@ -194,6 +196,7 @@ async def _complete(
                         done.prompt_eval_count, done.eval_count, done.prompt_cached,
                         done.eval_duration,
                     )  # fmt: skip
+                    counted.drafts(done.draft_tokens, done.draft_accepted)
                     if job.format is not None and done.done_reason == "stop":
                         await check_format(job.format, "".join(text))
                     total = time.perf_counter_ns() - started
@@ -276,6 +279,8 @@ def finished(done: Done, load_duration: int, total_duration: int) -> Finished:
         context=done.context,
         stop_sequence=done.stop_sequence,
         prompt_cached=done.prompt_cached,
+        draft_tokens=done.draft_tokens,
+        draft_accepted=done.draft_accepted,
     )
 
 

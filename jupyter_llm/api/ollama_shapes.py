@@ -188,7 +188,15 @@ def done_fields(f: Finished) -> dict[str, Any]:
         "prompt_eval_duration": f.prompt_eval_duration,
         "eval_count": f.eval_count,
         "eval_duration": f.eval_duration,
-    }
+    } | draft_fields(f)
+
+
+def draft_fields(f: Finished) -> dict[str, Any]:
+    """Speculative decoding's counters, where it drafted (names as ``Done``'s;
+    Ollama has none: llama-server's ``timings`` say draft_n, draft_n_accepted)."""
+    if not f.draft_tokens:
+        return {}
+    return {"draft_tokens": f.draft_tokens, "draft_accepted": f.draft_accepted}
 
 
 class OllamaEncoder:

@@ -1,7 +1,8 @@
 """The ``/api/ps`` body: each loaded model with Ollama's fields plus where each
 byte lives, how many requests it serves at once (``parallel``) and its
 requests by priority (``priorities``: running and queued, interactive and
-batch), and the models being loaded with their progress (``loading``). Our
+batch), its speculative decoding's draft tokens so far (``speculative``:
+drafted and accepted), and the models being loaded with their progress (``loading``). Our
 additions are read by the sidebar, ``jupyter llm`` and the kernel; Ollama's clients ignore them."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from jupyter_llm.devices import on_node
 from jupyter_llm.memory import CPU
+from jupyter_llm.metrics.instruments import drafts_so_far
 from jupyter_llm.request.priority import PRIORITIES
 from jupyter_llm.scheduler import Loaded, Scheduler
 
@@ -24,6 +26,7 @@ def ps_body(scheduler: Scheduler) -> dict[str, Any]:
     for m in scheduler.loaded_models():
         model = describe_loaded(m, holders(m, scheduler.queued(m)))
         model["priorities"] = by_priority(m, scheduler.queued_by_priority(m))
+        model["speculative"] = drafts_so_far(m.entry.name.display)  # draft tokens so far
         models.append(model)
     return {"models": models, "loading": describe_loading(scheduler.loading_models())}
 

@@ -23,6 +23,8 @@ class Metrics:
     load_duration_ns: int = 0
     total_duration_ns: int = 0
     done_reason: str = ""
+    draft_tokens: int = 0  # speculative decoding: tokens drafted...
+    draft_accepted: int = 0  # ...and confirmed by the model
 
     @property
     def tokens_per_second(self) -> float:
@@ -38,10 +40,14 @@ class Metrics:
             load_duration_ns=final.get("load_duration", 0),
             total_duration_ns=final.get("total_duration", 0),
             done_reason=final.get("done_reason", ""),
+            draft_tokens=final.get("draft_tokens", 0),
+            draft_accepted=final.get("draft_accepted", 0),
         )
 
     def footer(self) -> str:
         parts = [self.model, f"{self.eval_count} tokens", f"{self.tokens_per_second:.1f} tok/s"]
+        if self.draft_tokens:
+            parts.append(f"{self.draft_accepted}/{self.draft_tokens} drafts accepted")
         if self.load_duration_ns > 1e6:
             parts.append(f"load {self.load_duration_ns / 1e9:.2f} s")
         if self.done_reason in ("length", "cancel"):

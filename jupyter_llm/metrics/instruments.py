@@ -51,6 +51,17 @@ INTER_TOKEN_LATENCY = Histogram(
     ["model"],
     buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2),
 )
+DRAFT_TOKENS = Counter(
+    "jupyter_llm_draft_tokens",
+    "Tokens drafted by prompt lookup (speculative decoding) and checked by the model",
+    ["model"],
+)
+DRAFT_ACCEPTED = Counter(
+    "jupyter_llm_draft_accepted_tokens",
+    "Drafted tokens the model's own sampler confirmed; over jupyter_llm_draft_tokens: "
+    "the acceptance rate",
+    ["model"],
+)
 LOADS = Counter("jupyter_llm_model_loads", "Runners started for a model", ["model"])
 EVICTIONS = Counter(
     "jupyter_llm_model_evictions", "Models unloaded to make room for another", ["model"]
@@ -130,6 +141,21 @@ class Completion:
             labels(TIME_TO_FIRST_TOKEN, self.model).observe(first - self.started)
         if generated > 1:
             labels(INTER_TOKEN_LATENCY, self.model).observe(eval_ns / (generated - 1) / 1e9)
+
+
+    def drafts(self, drafted: int, accepted: int) -> None:
+        """The runner's ``done``: its speculative decoding's draft tokens."""
+        labels(DRAFT_TOKENS, self.model).inc(drafted)
+        labels(DRAFT_ACCEPTED, self.model).inc(accepted)
+
+
+def drafts_so_far(model: str) -> dict[str, int]:
+    """``{"drafted", "accepted"}``: ``model``'s draft tokens since the server
+    started (``/api/ps``)."""
+    return {
+        "drafted": int(labels(DRAFT_TOKENS, model)._value.get()),
+        "accepted": int(labels(DRAFT_ACCEPTED, model)._value.get()),
+    }
 
 
 def model_event(metric: Counter, model: str) -> None:
