@@ -142,7 +142,6 @@ class Completion:
         if generated > 1:
             labels(INTER_TOKEN_LATENCY, self.model).observe(eval_ns / (generated - 1) / 1e9)
 
-
     def drafts(self, drafted: int, accepted: int) -> None:
         """The runner's ``done``: its speculative decoding's draft tokens."""
         labels(DRAFT_TOKENS, self.model).inc(drafted)
