@@ -94,7 +94,11 @@ class ServerEndpoint:
     def openai_client(self) -> Any:
         import openai
 
-        return openai.OpenAI(base_url=f"{self.llm_url}/v1", api_key=self.token or "none")
+        return openai.OpenAI(
+            base_url=f"{self.llm_url}/v1",
+            api_key=self.token or "none",
+            default_headers=current_headers(),  # the kernel and cell that made it
+        )
 
 
 def raise_for_error(response: httpx.Response) -> None:

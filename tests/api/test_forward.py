@@ -153,6 +153,20 @@ async def test_the_priority_header_reaches_the_engine(here, engine):
     assert good.status_code == 200
 
 
+async def test_the_kernel_and_cell_reach_the_engines_usage(here, engine):
+    """The origin headers are sent on: the engine counts the request under them."""
+    origin = {"X-LLM-Kernel": "forwarded-kernel", "X-LLM-Cell": "c-7", "X-LLM-Execution-Count": "7"}
+    body = {"model": "tiny", "stream": False, "max_tokens": 2, "messages": _hi()}
+    async with here:
+        answer = await here.post("v1/chat/completions", json=body, headers=origin)
+    assert answer.status_code == 200
+    async with httpx.AsyncClient(base_url=f"{engine.url}llm/", headers=_auth(engine)) as c:
+        usage = (await c.get("api/usage", params={"kernel": "forwarded-kernel"})).json()
+    assert [(r["cell"], r["execution_count"], r["requests"]) for r in usage["cells"]] == [
+        ("c-7", 7, 1)
+    ]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status"),
     [
