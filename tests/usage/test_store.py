@@ -3,7 +3,13 @@ bounds (every LRU keeps at most its limit, whatever the clients send)."""
 
 from __future__ import annotations
 
-from jupyter_llm.request.limits import USAGE_CELLS, USAGE_KERNELS, USAGE_ROWS, USAGE_USERS
+from jupyter_llm.request.limits import (
+    USAGE_CELLS,
+    USAGE_KERNELS,
+    USAGE_MODELS,
+    USAGE_ROWS,
+    USAGE_USERS,
+)
 from jupyter_llm.request.origin import NO_ORIGIN, Origin
 from jupyter_llm.usage import Sample, UsageStore
 
@@ -14,7 +20,9 @@ def one(model="m", generated=4):
 
 
 def test_the_defaults_are_the_limits_table():
-    assert UsageStore().bounds[:3] == (USAGE_KERNELS.value, USAGE_CELLS.value, USAGE_USERS.value)
+    assert UsageStore().bounds == (
+        USAGE_KERNELS.value, USAGE_CELLS.value, USAGE_USERS.value, USAGE_MODELS.value
+    )  # fmt: skip
 
 
 def test_rows_per_user_and_per_cell():
