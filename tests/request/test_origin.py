@@ -5,11 +5,13 @@ echoes the value; and the kernel side sends only what the server takes."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jupyter_llm.connect.origin import current_headers, origin_headers, set_source
 from jupyter_llm.kernel.origin import kernel_id_from_file
 from jupyter_llm.request.limits import ORIGIN_CHARS
-from jupyter_llm.request.origin import NO_ORIGIN, Origin, cell_key, parse_origin
+from jupyter_llm.request.origin import NO_ORIGIN, PLAIN, Origin, cell_key, parse_origin
 
 KID = "3f1c2a9e-8b7d-4c6e-9a1b-2d3e4f5a6b7c"
 LONG = "k" * (ORIGIN_CHARS.value + 1)
@@ -111,3 +113,16 @@ def test_the_running_cells_count(count, running):
     from jupyter_llm.kernel.origin import running_count
 
     assert running_count(SimpleNamespace(execution_count=count)) == running
+
+
+@given(st.text(max_size=200), st.text(max_size=200), st.text(max_size=20))
+@settings(max_examples=500, deadline=None)
+def test_any_header_values_give_an_origin_or_a_clean_error(kernel, cell, count):
+    """Whatever a client sends: an ``Origin`` of plain short values, or a
+    ``ValueError`` (the 400), never anything else."""
+    try:
+        origin = parse_origin(headers(kernel=kernel, cell=cell, count=count))
+    except ValueError:
+        return
+    for value in (origin.kernel, origin.cell):
+        assert len(value) <= ORIGIN_CHARS.value and PLAIN.fullmatch(value)
