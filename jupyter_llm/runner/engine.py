@@ -261,7 +261,7 @@ class Engine:
         """Give waiting jobs idle slots, each the one whose cache shares the
         longest prefix with its prompt; drop the rest of that cache. Who
         starts, pauses or resumes is ``runner.pausing``'s call."""
-        while (move := self.pauses.next_move(self.slots, self.waiting, self.n_seq)) is not None:
+        while move := self.pauses.next_move(self.slots, self.waiting, self.n_seq, self.n_ctx):
             if move.resume is not None or move.pause is not None:
                 self.pauses.turn(self.slots, move)
             if move.start is None:

@@ -11,8 +11,10 @@ from the same cells, with the same sampler: its greedy output is the output
 of an unpaused run. Moving the cells elsewhere (to the host, or dropping and
 re-evaluating them) would cost time at every pause and could change the
 numbers; spare ids cost nothing but a few cells of a windowed (SWA) cache,
-which the memory estimate counts. Paused cells count as used: where the
-cache is full, idle caches go first, then the running sequences shift.
+which the memory estimate counts. Paused cells count as used: a batch
+sequence is paused only where the interactive prompt fits beside the cells
+sequences hold (idle caches are dropped for it as ever); otherwise the
+interactive request waits for a free slot, and nothing is dropped.
 
 While an interactive prompt is read, the batch sequences still running sit
 the step out (``sits_out``): the prompt's step is as short as on an idle
@@ -75,15 +77,19 @@ def pausable(held: Held) -> bool:
     )
 
 
-def next_move(held: Seq[Held], idle_ids: int, waiting: Seq[str], slots: int) -> Move | None:
+def next_move(
+    held: Seq[Held], idle_ids: int, waiting: Seq[str], slots: int, fits: bool = True
+) -> Move | None:
     """The next move, or None when nothing changes now.
 
     ``held``: the ids holding a sequence; ``idle_ids``: ids holding none;
     ``waiting``: the waiting jobs' priorities in arrival order; ``slots``:
-    sequences decoded at once. A free slot goes to the earliest paused
+    sequences decoded at once; ``fits``: the first interactive job's prompt
+    fits the cells no sequence holds. A free slot goes to the earliest paused
     sequence, else to the first interactive job, else to the first job.
     With no free slot, an interactive job pauses a pausable batch sequence
-    (the least paused, then the highest id) if an id is idle for it."""
+    (the least paused, then the highest id) if an id is idle for it and its
+    prompt fits beside the paused cells (else it waits: nothing is dropped)."""
     running = [h for h in held if not h.paused]
     first = min(range(len(waiting)), key=lambda i: (rank(waiting[i]), i), default=None)
     if len(running) < slots:
@@ -93,7 +99,7 @@ def next_move(held: Seq[Held], idle_ids: int, waiting: Seq[str], slots: int) -> 
         if first is not None and idle_ids:
             return Move(start=first)
         return None
-    if first is None or waiting[first] == BATCH or not idle_ids:
+    if first is None or waiting[first] == BATCH or not idle_ids or not fits:
         return None
     victims = [h for h in running if pausable(h)]
     if not victims:
@@ -152,9 +158,15 @@ class Pauses:
                 del book[key]
         return out
 
-    def next_move(self, slots: Seq[Slot], waiting: Seq[Sequence], n_slots: int) -> Move | None:
+    def next_move(
+        self, slots: Seq[Slot], waiting: Seq[Sequence], n_slots: int, n_ctx: int
+    ) -> Move | None:
         idle = sum(1 for s in slots if s.seq is None)
-        return next_move(self.held(slots), idle, [q.job.priority for q in waiting], n_slots)
+        held = sum(len(s.cached) for s in slots if s.seq is not None)  # idle caches may go
+        first = next((q for q in waiting if q.job.priority != BATCH), None)
+        fits = first is None or held + len(first.job.tokens) + 1 <= n_ctx
+        priorities = [q.job.priority for q in waiting]
+        return next_move(self.held(slots), idle, priorities, n_slots, fits)
 
     def this_step(self, running: list[Sequence]) -> list[Sequence]:
         """The running sequences that go into this decode step (``sits_out``)."""
