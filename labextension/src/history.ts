@@ -8,6 +8,7 @@ import { formatBytes } from './format';
 import {
   colourIndex,
   IBox,
+  IStackPoint,
   linePath,
   spanLabel,
   memorySeries,
@@ -45,6 +46,65 @@ function svg(tag: string, attributes: Record<string, string>): SVGElement {
 
 function rate(n: number): string {
   return n >= 100 ? n.toFixed(0) : n.toFixed(1);
+}
+
+/** What one chart shows, worked out before any DOM is touched. */
+interface IChartSpec {
+  key: string; // "memory:<device>" or "tokens"
+  kind: 'memory' | 'tokens';
+  device: string;
+  title: string;
+  now: string;
+  scale: string;
+  box: IBox;
+  series: IStackPoint[];
+  order: string[];
+  utilization: string; // the line's path ("" without one)
+}
+
+/** Per device a memory chart (system RAM only when a model held some), then tokens/s. */
+function chartSpecs(history: IHistory): IChartSpec[] {
+  const samples = history.samples;
+  const { t0, t1 } = windowOf(history);
+  const specs: IChartSpec[] = [];
+  for (const device of history.devices) {
+    const series = memorySeries(samples, device.id);
+    const order = stackOrder(series);
+    if (device.library === 'CPU' && !order.length) {
+      continue;
+    }
+    const util = utilizationSeries(samples, device.id);
+    const peak = stackPeak(series);
+    const box = { width: WIDTH, height: HEIGHT, t0, t1, max: peak * 1.15 };
+    specs.push({
+      key: `memory:${device.id}`,
+      kind: 'memory',
+      device: device.id,
+      title: device.library === 'CPU' ? 'System RAM' : device.name || device.id,
+      now: util.length ? `GPU ${Math.round(util[util.length - 1].value)}%` : '',
+      scale: `peak ${formatBytes(peak)} of ${formatBytes(device.total_memory)}`,
+      box,
+      series,
+      order,
+      utilization: util.length ? linePath(util, { ...box, max: 100 }) : ''
+    });
+  }
+  const series = tokenSeries(samples);
+  const last = samples.length ? samples[samples.length - 1].tokens_per_second : {};
+  const peak = stackPeak(series);
+  specs.push({
+    key: 'tokens',
+    kind: 'tokens',
+    device: '',
+    title: 'Tokens/s',
+    now: `${rate(Object.values(last).reduce((a, b) => a + b, 0))} now`,
+    scale: `peak ${rate(peak)} tokens/s`,
+    box: { width: WIDTH, height: HEIGHT, t0, t1, max: Math.max(1, peak * 1.15) },
+    series,
+    order: stackOrder(series),
+    utilization: ''
+  });
+  return specs;
 }
 
 export class HistoryView {
@@ -87,103 +147,17 @@ export class HistoryView {
     this.empty.textContent = history.sampling
       ? 'Collecting the history…'
       : 'The server is not sampling a history.';
-    const { t0, t1 } = windowOf(history);
-    const seen: string[] = [];
-    const charts: HTMLElement[] = [];
-    for (const device of history.devices) {
-      const series = memorySeries(samples, device.id);
-      const order = stackOrder(series);
-      const util = utilizationSeries(samples, device.id);
-      if (device.library === 'CPU' && !order.length) {
-        continue; // system RAM only when a model held some
-      }
-      seen.push(...order);
-      const peak = stackPeak(series);
-      const box = { width: WIDTH, height: HEIGHT, t0, t1, max: peak * 1.15 };
-      const title = device.library === 'CPU' ? 'System RAM' : device.name || device.id;
-      const now = util.length ? `GPU ${Math.round(util[util.length - 1].value)}%` : '';
-      const chart = this.chart('memory', device.id, title, now, box, series, order);
-      if (util.length) {
-        chart.querySelector('svg')!.append(
-          svg('path', {
-            class: 'jp-LLM-history-utilization',
-            d: linePath(util, { ...box, max: 100 })
-          })
-        );
-      }
-      const foot = `peak ${formatBytes(peak)} of ${formatBytes(device.total_memory)}`;
-      chart.querySelector('.jp-LLM-history-scale')!.textContent = foot;
-      charts.push(chart);
-    }
-    const tokens = tokenSeries(samples);
-    const tokenOrder = stackOrder(tokens);
-    seen.push(...tokenOrder);
-    const last = samples.length ? samples[samples.length - 1].tokens_per_second : {};
-    const current = Object.values(last).reduce((a, b) => a + b, 0);
-    const peak = stackPeak(tokens);
-    const box = { width: WIDTH, height: HEIGHT, t0, t1, max: Math.max(1, peak * 1.15) };
-    const chart = this.chart(
-      'tokens',
-      '',
-      'Tokens/s',
-      `${rate(current)} now`,
-      box,
-      tokens,
-      tokenOrder
+    const specs = chartSpecs(history);
+    const index = colourIndex(
+      this.loaded,
+      specs.flatMap(spec => spec.order)
     );
-    chart.querySelector('.jp-LLM-history-scale')!.textContent = `peak ${rate(peak)} tokens/s`;
-    charts.push(chart);
-    this.colour(charts, colourIndex(this.loaded, seen));
-    this.charts.replaceChildren(...charts);
-  }
-
-  private chart(
-    kind: string,
-    device: string,
-    title: string,
-    now: string,
-    box: IBox,
-    series: ReturnType<typeof memorySeries>,
-    order: string[]
-  ): HTMLElement {
-    const node = el('div', `jp-LLM-history-chart jp-LLM-history-${kind}`);
-    if (device) {
-      node.dataset.device = device;
+    const nodes = specs.map(spec => this.draw(spec, index));
+    const current = Array.from(this.charts.children);
+    if (nodes.length !== current.length || nodes.some((n, i) => n !== current[i])) {
+      this.charts.replaceChildren(...nodes); // only when charts come or go: hovers stay put
     }
-    const head = el('div', 'jp-LLM-row-head');
-    head.append(el('span', 'jp-LLM-device-name', title), el('span', 'jp-LLM-history-now', now));
-    const chart = svg('svg', {
-      class: 'jp-LLM-chart',
-      viewBox: `0 0 ${WIDTH} ${HEIGHT}`,
-      preserveAspectRatio: 'none',
-      role: 'img',
-      'aria-label': `${title}, from ${spanLabel(box.t1 - box.t0)} to now`
-    });
-    for (const area of stackAreas(series, order, box)) {
-      const path = svg('path', { class: 'jp-LLM-history-area', d: area.d });
-      path.dataset.model = area.model;
-      const title = svg('title', {});
-      title.textContent = area.model;
-      path.append(title);
-      chart.append(path);
-    }
-    const foot = el('div', 'jp-LLM-row-foot');
-    const span = spanLabel(box.t1 - box.t0);
-    foot.append(el('span', 'jp-LLM-subtitle', span), el('span', 'jp-LLM-history-scale'));
-    node.append(head, chart, foot);
-    return node;
-  }
-
-  /** Each area, and the legend, in its model's colour. */
-  private colour(charts: HTMLElement[], index: Map<string, number>): void {
-    const used = new Set<string>();
-    for (const chart of charts) {
-      for (const path of Array.from(chart.querySelectorAll('path.jp-LLM-history-area'))) {
-        const model = (path as SVGElement).dataset.model ?? '';
-        used.add(model);
-        path.classList.add(this.colourClass(model, index));
-      }
-    }
+    const used = new Set(specs.flatMap(spec => spec.order));
     this.legend.replaceChildren(
       ...Array.from(index.keys())
         .filter(name => used.has(name))
@@ -193,6 +167,73 @@ export class HistoryView {
           return item;
         })
     );
+  }
+
+  /** The chart for `spec`, kept from the last poll when there was one (keyed by `spec.key`). */
+  private draw(spec: IChartSpec, index: Map<string, number>): HTMLElement {
+    let node = Array.from(this.charts.children).find(
+      c => (c as HTMLElement).dataset.key === spec.key
+    ) as HTMLElement | undefined;
+    if (!node) {
+      node = el('div', `jp-LLM-history-chart jp-LLM-history-${spec.kind}`);
+      node.dataset.key = spec.key;
+      if (spec.device) {
+        node.dataset.device = spec.device;
+      }
+      const head = el('div', 'jp-LLM-row-head');
+      head.append(el('span', 'jp-LLM-device-name'), el('span', 'jp-LLM-history-now'));
+      const chart = svg('svg', {
+        class: 'jp-LLM-chart',
+        viewBox: `0 0 ${WIDTH} ${HEIGHT}`,
+        preserveAspectRatio: 'none',
+        role: 'img'
+      });
+      const foot = el('div', 'jp-LLM-row-foot');
+      foot.append(el('span', 'jp-LLM-subtitle'), el('span', 'jp-LLM-history-scale'));
+      node.append(head, chart, foot);
+    }
+    const span = spanLabel(spec.box.t1 - spec.box.t0);
+    node.querySelector('.jp-LLM-device-name')!.textContent = spec.title;
+    node.querySelector('.jp-LLM-history-now')!.textContent = spec.now;
+    node.querySelector('.jp-LLM-subtitle')!.textContent = span;
+    node.querySelector('.jp-LLM-history-scale')!.textContent = spec.scale;
+    const chart = node.querySelector('svg')!;
+    chart.setAttribute('aria-label', `${spec.title}, from ${span} to now`);
+    this.drawAreas(chart, spec, index);
+    let line = chart.querySelector('.jp-LLM-history-utilization');
+    if (spec.utilization && !line) {
+      line = svg('path', { class: 'jp-LLM-history-utilization' });
+    }
+    if (line && spec.utilization) {
+      line.setAttribute('d', spec.utilization);
+      chart.append(line); // drawn over the areas
+    } else {
+      line?.remove();
+    }
+    return node;
+  }
+
+  /** One path per model, updated in place (a tooltip under the pointer stays). */
+  private drawAreas(chart: Element, spec: IChartSpec, index: Map<string, number>): void {
+    const stale = new Map<string, SVGElement>();
+    for (const path of Array.from(chart.querySelectorAll('path.jp-LLM-history-area'))) {
+      stale.set((path as SVGElement).dataset.model ?? '', path as SVGElement);
+    }
+    for (const area of stackAreas(spec.series, spec.order, spec.box)) {
+      let path = stale.get(area.model);
+      stale.delete(area.model);
+      if (!path) {
+        path = svg('path', {});
+        path.dataset.model = area.model;
+        const title = svg('title', {});
+        title.textContent = area.model;
+        path.append(title);
+      }
+      path.setAttribute('class', `jp-LLM-history-area ${this.colourClass(area.model, index)}`);
+      path.setAttribute('d', area.d);
+      chart.append(path); // in stack order
+    }
+    stale.forEach(path => path.remove());
   }
 
   private colourClass(model: string, index: Map<string, number>): string {

@@ -139,6 +139,31 @@ describe('HistoryView', () => {
     expect((view.node.querySelector('.jp-LLM-history-empty') as HTMLElement).hidden).toBe(true);
   });
 
+  it('updates its charts in place, so a hovered area is the same node', () => {
+    const view = new HistoryView();
+    view.update(history(samples));
+    const chart = view.node.querySelector('[data-device="GPU-0"]')!;
+    const tiny = chart.querySelector('path[data-model="tiny:latest"]')!;
+    const before = tiny.getAttribute('d');
+    const later = {
+      t: 104,
+      memory: { 'GPU-0': { 'tiny:latest': 2 * GiB }, cpu: {} },
+      utilization: {},
+      tokens_per_second: {}
+    };
+    view.update(history([...samples, later]));
+    expect(view.node.querySelector('[data-device="GPU-0"]')).toBe(chart);
+    expect(chart.querySelector('path[data-model="tiny:latest"]')).toBe(tiny);
+    expect(tiny.getAttribute('d')).not.toBe(before);
+    // gemma is still in the window: its area stays; with a window of only the
+    // last sample it goes, and so does the utilization line
+    expect(chart.querySelector('path[data-model="gemma:270m"]')).not.toBeNull();
+    view.update(history([later]));
+    expect(chart.querySelector('path[data-model="gemma:270m"]')).toBeNull();
+    expect(chart.querySelector('.jp-LLM-history-utilization')).toBeNull();
+    expect(chart.querySelector('.jp-LLM-history-now')!.textContent).toBe('');
+  });
+
   it('says when the server keeps no history', () => {
     const view = new HistoryView();
     view.update(history([], false));
