@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 INTERVAL = 2.0  # seconds between samples: 300 samples make the ten-minute window
+# The device list (ids, names, totals) is read again every this many samples,
+# or when the loaded models change; memory by model is the scheduler's own
+# figure, so a runner is not asked for its devices every 2 seconds.
+DEVICES_EVERY = 15
 
 
 def memory_by_model(devices: list[DeviceInfo], loaded: list[Loaded]) -> dict[str, dict[str, int]]:
@@ -48,11 +52,12 @@ class HistorySampler:
     ) -> None:
         self.ring = HistoryRing()
         self.interval = interval
-        self._scheduler, self._devices, self._tally, self._clock = (
+        self._scheduler, self._source, self._tally, self._clock = (
             scheduler, devices, tally, clock,
         )  # fmt: skip
         self._task: asyncio.Task[None] | None = None
         self._last: tuple[float, dict[str, int]] | None = None
+        self._devices: tuple[tuple[str, ...], int, list[DeviceInfo]] | None = None
 
     @property
     def running(self) -> bool:
@@ -80,9 +85,10 @@ class HistorySampler:
 
     async def sample(self) -> Sample:
         """Take one sample now and add it to the ring."""
-        devices = await self._scheduler.current_devices()
-        utilization = await self._devices.utilization(devices)
-        memory = memory_by_model(devices, self._scheduler.loaded_models())
+        loaded = self._scheduler.loaded_models()
+        devices = await self._device_list(tuple(m.key for m in loaded))
+        utilization = await self._source.utilization(devices)
+        memory = memory_by_model(devices, loaded)
         now, totals = time.monotonic(), self._tally.totals()
         per_second = rates(self._last[1], totals, now - self._last[0]) if self._last else {}
         self._last = (now, totals)
@@ -93,3 +99,14 @@ class HistorySampler:
         ]
         self.ring.add(sample)
         return sample
+
+    async def _device_list(self, models: tuple[str, ...]) -> list[DeviceInfo]:
+        """The devices, read again when ``models`` changed or every ``DEVICES_EVERY`` calls."""
+        if self._devices is not None:
+            seen, age, devices = self._devices
+            if seen == models and age < DEVICES_EVERY:
+                self._devices = (seen, age + 1, devices)
+                return devices
+        devices = await self._scheduler.current_devices()
+        self._devices = (models, 1, devices)
+        return devices

@@ -14,7 +14,7 @@ from waiting import until
 
 from jupyter_llm.devices import DeviceInfo, DeviceSource
 from jupyter_llm.devices import nvml as nvml_module
-from jupyter_llm.history.sampler import HistorySampler
+from jupyter_llm.history.sampler import DEVICES_EVERY, HistorySampler
 from jupyter_llm.history.tokens import TokenTally
 
 GPU = DeviceInfo("GPU-0", "CUDA", "Sim", total_memory=8, free_memory=4)
@@ -24,10 +24,12 @@ CPU = DeviceInfo("cpu", "CPU", "CPU", total_memory=16, free_memory=8)
 class Scheduler:
     def __init__(self) -> None:
         self.fail = False
+        self.asked = 0
         alloc = SimpleNamespace(device="GPU-0", total=3)
         self.models = [SimpleNamespace(key="m", node="", allocations=(alloc,))]
 
     async def current_devices(self):
+        self.asked += 1
         if self.fail:
             raise RuntimeError("runner gone")
         return [GPU, CPU]
@@ -55,6 +57,21 @@ async def test_a_sample_and_the_rate_between_two():
     assert sampler.ring.devices[0] == {
         "id": "GPU-0", "name": "Sim", "library": "CUDA", "total_memory": 8,
     }  # fmt: skip
+
+
+async def test_devices_are_read_again_when_models_change_or_now_and_then():
+    scheduler = Scheduler()
+    sampler = HistorySampler(scheduler, Devices())
+    for _ in range(3):
+        await sampler.sample()
+    assert scheduler.asked == 1  # the same models: the list from the first sample
+    alloc = SimpleNamespace(device="GPU-0", total=2)
+    scheduler.models = [*scheduler.models, SimpleNamespace(key="n", node="", allocations=(alloc,))]
+    sample = await sampler.sample()
+    assert scheduler.asked == 2 and sample.memory["GPU-0"] == {"m": 3, "n": 2}
+    for _ in range(DEVICES_EVERY):
+        await sampler.sample()
+    assert scheduler.asked == 3
 
 
 async def test_a_failed_read_costs_a_point_not_the_task():
