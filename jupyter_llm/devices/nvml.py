@@ -76,10 +76,12 @@ def nvml_utilization() -> dict[str, float]:
 
 
 def utilization_of(devices: list[DeviceInfo], nvml: dict[str, float]) -> dict[str, float]:
-    """Pure: the utilization NVML reports for each CUDA device it knows, by our device id."""
+    """Pure: the utilization NVML reports for each CUDA device it knows, by our
+    device id. Only this machine's devices: a cluster node's GPU may share a
+    PCI bus id with one here."""
     out = {}
     for d in devices:
-        if d.library != "CUDA":
+        if d.library != "CUDA" or d.node:
             continue
         for key in (d.id.lower(), _long_pci(d.pci_id), d.pci_id.lower()):
             if key and key in nvml:

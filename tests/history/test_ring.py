@@ -192,6 +192,8 @@ def test_nvml_utilization_by_our_ids():
         DeviceInfo("0000:01:00.0", "CUDA", "B", pci_id="0000:01:00.0"),
         DeviceInfo("GPU-cc", "Vulkan", "C"),
         DeviceInfo("GPU-dd", "CUDA", "D"),
+        # a cluster node's GPU on the same bus id as one here: not this NVML's
+        DeviceInfo("n1/0000:01:00.0", "CUDA", "E", pci_id="0000:01:00.0", node="n1"),
     ]
     nvml = {"gpu-aa": 30.0, "00000000:01:00.0": 70.0, "gpu-cc": 5.0}
     assert utilization_of(devices, nvml) == {"GPU-aa": 30.0, "0000:01:00.0": 70.0}
