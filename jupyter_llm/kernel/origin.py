@@ -32,7 +32,7 @@ def kernel_id(shell: Any) -> str:
             from ipykernel.connect import get_connection_file
 
             return kernel_id_from_file(get_connection_file())
-        except Exception:
+        except Exception:  # a kernel that no Jupyter app started: no connection file
             pass
     return f"ipython-{os.getpid()}"
 

@@ -21,7 +21,7 @@ class Held:
     ) -> None:
         self.store, self.user, self.model = store, user, model
         self.origin = ORIGIN.get()  # read now: the handler's context
-        held_on = getattr(lease.loaded, "allocations", ())
+        held_on = getattr(getattr(lease, "loaded", None), "allocations", ())
         self.devices = len({a.device for a in held_on if a.total}) or 1
         self.started = started_ns / 1e9  # the request's start (perf_counter)
         self.held_from = time.perf_counter()
