@@ -428,7 +428,7 @@ async def test_the_scheduler_keeps_a_loading_models_progress():
     import asyncio
 
     from fakes import FakeRunnerFactory
-    from test_scheduler import ONE_GPU, entry, make
+    from scheduler_env import ONE_GPU, entry, make
 
     from jupyter_llm.api.ps import ps_body
     from jupyter_llm.scheduler import LoadOptions
