@@ -74,6 +74,7 @@ def context_params(params: LoadParams, n_ctx_train: int) -> Any:
     # every generating sequence's token fits in a step beside a prompt chunk
     cp.n_batch = cp.n_ubatch = max(1, n_seq, min(params.n_batch, n_ctx))
     cp.n_seq_max = seq_ids(n_seq)  # and spare ids for paused batch sequences (pausing)
+    cp.n_outputs_max = max(cp.n_batch, cp.n_seq_max)  # llama.cpp reserves a row per id
     cp.kv_unified = True
     # windowed layers keep only their window (as llama-server and Ollama);
     # a cached prefix is then reusable only while its window is still held

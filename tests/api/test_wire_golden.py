@@ -38,6 +38,7 @@ VARYING = {
     "system_fingerprint",
     "size_vram",
     "pid",
+    "speculative",  # /api/ps: draft tokens since the server started, every test's
 }
 GENERATED_ID = re.compile(r"^(chatcmpl|cmpl|call)[-_]")
 
