@@ -111,7 +111,7 @@ DRAFT_TOKENS = Limit(
     16,
     "tokens",
     "each drafted token costs a logit row and a cell per step; prompt-lookup drafts "
-    "past a few tokens are seldom accepted whole (llama-server's --draft-max is 16)",
+    "past a few tokens are seldom accepted whole (llama-server drafts 3 by default)",
 )
 DRAFT_LOOKUP = Limit(
     "draft_lookup",

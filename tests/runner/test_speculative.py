@@ -276,6 +276,23 @@ def test_context_shift_with_drafts(tmp_path: Path):
         small.close()
 
 
+def test_drafts_beside_a_small_batch_and_many_sequence_ids(tmp_path: Path):
+    """num_batch 2 with 4 slots (8 sequence ids): llama.cpp's output rows
+    must hold a draft's rows (it asserted before ``n_outputs_max`` was set)."""
+    from jupyter_llm.demo import DemoModelSpec, write_demo_model
+
+    path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
+    small = Engine(LoadParams(path=str(path), n_ctx=256, n_batch=2, n_threads=2, n_seq=4))
+    try:
+        runs = [Run(small, p, num_predict=30, draft_num_predict=4) for p in PROMPTS]
+        run_all(small, *runs)
+        assert all(r.done.eval_count == 30 for r in runs)
+        assert sum(r.done.draft_accepted for r in runs) > 0
+        cells_match(small)
+    finally:
+        small.close()
+
+
 # -- the real model ------------------------------------------------------------------------
 CODE = '''def moving_average(values, window):
     """Return the moving averages of values over a window."""
