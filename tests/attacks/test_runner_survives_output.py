@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from harness import record, runner_pids
+from runner_streams import text_and_done
 
 from jupyter_llm.chat_formats import read_template
 from jupyter_llm.demo import DemoModelSpec, byte_to_unicode, write_demo_model
@@ -181,17 +182,6 @@ def qwen_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_model(tmp_path_factory.mktemp("qwen") / "qwen.gguf", spec)
 
 
-async def answer(stream: Any) -> tuple[str, dict[str, Any]]:
-    text = []
-    async for batch in stream:
-        for message in batch:
-            if message["type"] == "token":
-                text.append(message["text"])
-            elif message["type"] == "done":
-                return "".join(text), message
-    raise AssertionError("no done message")
-
-
 @pytest.mark.parametrize(
     ("grammar", "says"),
     [
@@ -211,7 +201,9 @@ async def test_a_reader_bug_in_a_real_runner_ends_that_request_only(
     runner = await start_runner_with(spec, python=str(python), load_timeout=60)
     try:
         victim_request = {"prompt": "the victim", "options": {**GREEDY, "num_predict": 300}}
-        alone, _ = await asyncio.wait_for(answer(runner.complete(Complete(**victim_request))), 120)
+        alone, _ = await asyncio.wait_for(
+            text_and_done(runner.complete(Complete(**victim_request))), 120
+        )
         pid = runner.pid
         victim = runner.complete(Complete(**victim_request))
         first = await asyncio.wait_for(anext(victim), 60)  # it streams
@@ -219,16 +211,18 @@ async def test_a_reader_bug_in_a_real_runner_ends_that_request_only(
             Complete(messages=ASK, tools=TOOLS, grammar=grammar, options=GREEDY)
         )
         with pytest.raises(RunnerFailed) as failed:
-            await asyncio.wait_for(answer(attack), 60)
+            await asyncio.wait_for(text_and_done(attack), 60)
         error = str(failed.value)
         assert "the model's output could not be read (RecursionError" in error
         assert says in error and "Traceback" not in error
-        rest, done = await asyncio.wait_for(answer(victim), 120)
+        rest, done = await asyncio.wait_for(text_and_done(victim), 120)
         text = "".join(m["text"] for m in first if m["type"] == "token") + rest
         assert done["eval_count"] == 300 and text == alone
         assert runner.pid == pid and runner.alive
         _, after = await asyncio.wait_for(
-            answer(runner.complete(Complete(prompt="next", options={**GREEDY, "num_predict": 3}))),
+            text_and_done(
+                runner.complete(Complete(prompt="next", options={**GREEDY, "num_predict": 3}))
+            ),
             60,
         )
         assert after["eval_count"] == 3
@@ -241,7 +235,9 @@ async def test_a_reader_bug_in_a_real_runner_ends_that_request_only(
 NUM_CTX = 4096  # one KV cache for both streams: the attack's ~1050 tokens and the victim's
 ATTACK_TOKENS = 1080  # at most: each pathology below is written in fewer (or exactly so many)
 VICTIM_TOKENS = 1200  # more than any attack writes: it is still streaming when one ends
-OPTIONS = {**GREEDY, "num_ctx": NUM_CTX}
+# one token per decode step for each stream, which the victim's timing below
+# relies on: speculation would let either stream take several in a step
+OPTIONS = {**GREEDY, "num_ctx": NUM_CTX, "draft_num_predict": 0}
 TEMPLATES = {
     "qwen": "Qwen-Qwen2.5-7B-Instruct",  # Hermes calls, Qwen3-Coder's XML body too
     "mistral": "mistralai-Mistral-Nemo-Instruct-2407",  # [TOOL_CALLS] and [ARGS]

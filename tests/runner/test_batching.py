@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_streams import text_and_done
 
 from jupyter_llm.runner.chat_plan import chat_prompt
 from jupyter_llm.runner.engine import Engine
@@ -191,15 +192,6 @@ def test_a_long_chat_keeps_its_system_prompt_and_latest_message(engine):
 
 
 # -- through a runner process ------------------------------------------------------------
-async def collect(stream) -> tuple[str, dict[str, Any]]:
-    text = []
-    async for batch in stream:
-        for message in batch:
-            if message["type"] == "token":
-                text.append(message["text"])
-            elif message["type"] == "done":
-                return "".join(text), message
-    raise AssertionError("no done message")
 
 
 async def test_a_runner_serves_requests_while_another_streams(demo_gguf: Path):
@@ -212,13 +204,17 @@ async def test_a_runner_serves_requests_while_another_streams(demo_gguf: Path):
         assert first
         # served at once beside it (a runner serving one at a time would hang here)
         _, done = await asyncio.wait_for(
-            collect(runner.complete(Complete(prompt="hi", options={**GREEDY, "num_predict": 3}))),
+            text_and_done(
+                runner.complete(Complete(prompt="hi", options={**GREEDY, "num_predict": 3}))
+            ),
             60,
         )
         assert done["eval_count"] == 3
         await endless.aclose()  # the client leaves: the runner cancels the sequence
         _, done = await asyncio.wait_for(
-            collect(runner.complete(Complete(prompt="hi", options={**GREEDY, "num_predict": 3}))),
+            text_and_done(
+                runner.complete(Complete(prompt="hi", options={**GREEDY, "num_predict": 3}))
+            ),
             60,
         )
         assert done["eval_count"] == 3

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_streams import text_and_done
 from waiting import until
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
@@ -257,7 +258,7 @@ async def test_a_runner_pauses_batch_work_for_an_interactive_request(model_path:
         reader = asyncio.ensure_future(read_into(batch, text))
         await until(lambda: "".join(text), 60, "the batch request's first tokens")
         chat = Complete(prompt="hello there", options={**GREEDY, "num_predict": 8})
-        _, done = await asyncio.wait_for(collect(runner.complete(chat)), 60)
+        _, done = await asyncio.wait_for(text_and_done(runner.complete(chat)), 60)
         assert done["eval_count"] == 8 and not reader.done()
         at_answer = len("".join(text))
         await until(lambda: len("".join(text)) >= at_answer + 100, 60, "more batch text")
@@ -289,14 +290,3 @@ async def first_chars(runner: Any, request: Complete, n: int) -> str:
     finally:
         await stream.aclose()
     raise AssertionError("the reference run ended early")
-
-
-async def collect(stream: Any) -> tuple[str, dict[str, Any]]:
-    text = []
-    async for batch in stream:
-        for message in batch:
-            if message["type"] == "token":
-                text.append(message["text"])
-            elif message["type"] == "done":
-                return "".join(text), message
-    raise AssertionError("no done message")
