@@ -33,6 +33,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from jupyter_llm.runner import grammar_walk
 from jupyter_llm.runner.protocol import EngineError
 from jupyter_llm.runner.utf8 import BOUNDARY, Utf8State, advance
 
@@ -244,6 +245,7 @@ class GrammarSampler:
     output: bytearray = field(default_factory=bytearray)  # while awaiting a trigger
     _patterns: list[tuple[re.Pattern[bytes], bool]] = field(default_factory=list)
     check_first: bool = field(default_factory=lambda: CHECK_SAMPLED_FIRST)
+    need: int = 0  # allowed tokens that decide the chain's pick (``grammar_walk``); 0: full pass
 
     def __post_init__(self) -> None:
         if self.triggers is None:
@@ -266,7 +268,25 @@ class GrammarSampler:
             return token
         if self._allowed(token):
             return self._take(token, checked=True)
-        return self._take(self._constrained(ctx, index), checked=False)
+        walked = self._walked(ctx, index) if self.need else None
+        if walked is None:
+            walked = self._constrained(ctx, index)
+        return self._take(walked, checked=False)
+
+    def _walked(self, ctx: Any, index: int) -> int | None:
+        """The pick among the best allowed tokens, found by walking the
+        candidates in logit order (``grammar_walk``: the full pass's token);
+        None when the walk gives up and the full pass must run."""
+        c = self.candidates
+        c.fill(ctx, index)
+        penalties = grammar_walk.penalties_first(self.chain)
+        if penalties is not None:
+            c.apply(penalties)  # in place, logits in id order
+        logits = c.data["logit"]
+        found = grammar_walk.walk(logits, self.need, self._allowed)
+        if not found:
+            return None
+        return grammar_walk.pick_among(self.chain, int(penalties is not None), found, logits)
 
     def _take(self, token: int, checked: bool) -> int:
         """Accept ``token`` once in the grammar holding (checked first:

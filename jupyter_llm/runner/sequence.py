@@ -19,6 +19,7 @@ import llama_cpp
 
 from jupyter_llm.runner.constrained import Candidates, GrammarSampler, TokenTable, Triggers
 from jupyter_llm.runner.context_window import num_keep
+from jupyter_llm.runner.grammar_walk import walk_need
 from jupyter_llm.runner.protocol import Done, EngineError
 from jupyter_llm.runner.stops import StopScanner
 
@@ -96,7 +97,8 @@ def make_sampler(
         llama_cpp.llama_sampler_free(chain)
         raise EngineError("invalid grammar")
     try:
-        return GrammarSampler(table, candidates, chain, native, triggers, preserve)
+        need = walk_need(opts)  # resample by walking the best candidates (``grammar_walk``)
+        return GrammarSampler(table, candidates, chain, native, triggers, preserve, need=need)
     except Exception:
         llama_cpp.llama_sampler_free(native)
         llama_cpp.llama_sampler_free(chain)

@@ -66,3 +66,74 @@ def test_greedy_output_with_the_fast_path_is_the_full_paths(gemma, monkeypatch):
         import json
 
         jsonschema.validate(json.loads(slow_text), SCHEMA)
+
+
+# A schema that the model's free picks break often: digits and short enums.
+REFUSING = {
+    "type": "object",
+    "properties": {
+        "year": {"type": "integer", "minimum": 1000},
+        "rating": {"enum": ["G", "PG", "R"]},
+        "cast": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 4},
+    },
+    "required": ["year", "rating", "cast"],
+}
+
+
+def walked_run(engine: Engine, monkeypatch, walk: bool, options: dict) -> tuple[list, int, int]:
+    """Tokens, refusals resolved by the walk, and full passes taken."""
+    walks, passes = [], []
+    walked, full = constrained.GrammarSampler._walked, constrained.GrammarSampler._constrained
+
+    def counted_walk(self, ctx, index):
+        token = walked(self, ctx, index) if walk else None
+        if token is not None:
+            walks.append(token)
+        return token
+
+    def counted_full(self, ctx, index):
+        passes.append(index)
+        return full(self, ctx, index)
+
+    monkeypatch.setattr(constrained.GrammarSampler, "_walked", counted_walk)
+    monkeypatch.setattr(constrained.GrammarSampler, "_constrained", counted_full)
+    prompt = "Describe a film as JSON."
+    _, done = generate(engine, prompt, options=options, grammar=parse_format(REFUSING).grammar)
+    monkeypatch.undo()
+    return done.context[len(engine.model.prompt_tokens(prompt)) :], len(walks), len(passes)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {**GREEDY, "num_predict": 80},
+        {**GREEDY, "num_predict": 80, "repeat_penalty": 1.3},
+        {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 7, "num_predict": 80},
+        {"temperature": 1.2, "top_k": 5, "min_p": 0.05, "seed": 3, "num_predict": 80},
+    ],
+)
+def test_the_walk_picks_the_full_passs_token_on_gemma(gemma, monkeypatch, options):
+    full_tokens, _, full_passes = walked_run(gemma, monkeypatch, False, options)
+    walk_tokens, walks, passes = walked_run(gemma, monkeypatch, True, options)
+    assert walk_tokens == full_tokens
+    assert full_passes > 0  # the schema did refuse picks
+    assert walks > 0 and passes < full_passes  # and the walk settled them
+
+
+def test_the_walk_on_a_generated_model(tmp_path, monkeypatch):
+    from jupyter_llm import demo
+
+    path = tmp_path / "tiny.gguf"
+    demo.write_demo_model(path)
+    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_threads=2, n_seq=1))
+    try:
+        for options in (
+            {**GREEDY, "num_predict": 60},
+            {"temperature": 1.0, "top_k": 8, "seed": 5, "num_predict": 60},
+        ):
+            full_tokens, _, full_passes = walked_run(engine, monkeypatch, False, options)
+            walk_tokens, walks, _ = walked_run(engine, monkeypatch, True, options)
+            assert walk_tokens == full_tokens
+            assert full_passes > 0 and walks > 0
+    finally:
+        engine.close()
