@@ -363,6 +363,14 @@ USAGE_KERNELS = Limit(
     "kernels",
     "a team server runs tens of kernels at once; the least recently active is dropped first",
 )
+USAGE_USER_KERNELS = Limit(
+    "usage_user_kernels",
+    "kernels (and other clients) whose usage the server keeps for one user",
+    32,
+    "kernels",
+    "a user runs a few notebooks at once; past it that user's least recently active kernel "
+    "is dropped, so one user naming new kernels cannot push other users' rows out",
+)
 USAGE_CELLS = Limit(
     "usage_cells",
     "cells whose usage the server keeps, per kernel",
@@ -472,6 +480,7 @@ TABLE: tuple[Limit, ...] = (
     STORED_SECONDS,
     ORIGIN_CHARS,
     USAGE_KERNELS,
+    USAGE_USER_KERNELS,
     USAGE_CELLS,
     USAGE_USERS,
     USAGE_MODELS,

@@ -1,7 +1,10 @@
 """The usage table the server keeps in memory: per user (and model), and
 per kernel, cell and model. Bounded: kernels and their cells are LRUs
 (``USAGE_KERNELS``, ``USAGE_CELLS``), users too (``USAGE_USERS``), and a
-cell or user counts at most ``USAGE_MODELS`` models apart. Only the event
+cell or user counts at most ``USAGE_MODELS`` models apart. One user keeps at
+most ``USAGE_USER_KERNELS`` kernels, their own oldest dropped first: anyone
+may name a new kernel in a header, and that must not push out other users'
+rows. Only the event
 loop touches it (records at a request's end, reads by ``/api/usage``), so
 it takes no lock. A restart forgets it."""
 
@@ -18,6 +21,7 @@ from jupyter_llm.request.limits import (
     USAGE_KERNELS,
     USAGE_MODELS,
     USAGE_ROWS,
+    USAGE_USER_KERNELS,
     USAGE_USERS,
 )
 from jupyter_llm.request.origin import Origin, cell_key
@@ -57,8 +61,10 @@ class UsageStore:
         cells: int = USAGE_CELLS.value,
         users: int = USAGE_USERS.value,
         models: int = USAGE_MODELS.value,
+        user_kernels: int = USAGE_USER_KERNELS.value,
     ) -> None:
         self.bounds = (kernels, cells, users, models)
+        self.user_kernels = user_kernels
         self._users: OrderedDict[str, ByModel] = OrderedDict()
         self._kernels: OrderedDict[tuple[str, str], OrderedDict[str, CellUsage]] = OrderedDict()
 
@@ -66,12 +72,22 @@ class UsageStore:
         """Count one request that ended, in its user's and its cell's rows."""
         kernels, cells, users, models = self.bounds
         _count(_touch(self._users, user, OrderedDict, users), sample, models)
+        self._make_room(user, origin.kernel)
         cell_table = _touch(self._kernels, (user, origin.kernel), OrderedDict, kernels)
         cell = _touch(cell_table, cell_key(origin), lambda: CellUsage(None), cells)
         if origin.execution_count is not None:
             cell.execution_count = origin.execution_count
         cell.last = time.time() if now is None else now
         _count(cell.models, sample, models)
+
+    def _make_room(self, user: str, kernel: str) -> None:
+        """Before ``user`` gets a new kernel: their least recently active one
+        dropped if they hold ``user_kernels`` already."""
+        if (user, kernel) in self._kernels:
+            return
+        mine = [key for key in self._kernels if key[0] == user]
+        for key in mine[: max(0, len(mine) - self.user_kernels + 1)]:
+            del self._kernels[key]
 
     def user_rows(self, user: str | None = None) -> list[dict[str, Any]]:
         """Per user and model (one user's, or everyone's with None), by user."""

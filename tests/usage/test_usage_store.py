@@ -8,6 +8,7 @@ from jupyter_llm.request.limits import (
     USAGE_KERNELS,
     USAGE_MODELS,
     USAGE_ROWS,
+    USAGE_USER_KERNELS,
     USAGE_USERS,
 )
 from jupyter_llm.request.origin import NO_ORIGIN, Origin
@@ -68,5 +69,17 @@ def test_cells_and_models_per_kernel_are_bounded():
 def test_an_answer_has_at_most_usage_rows():
     store = UsageStore()
     for i in range(USAGE_ROWS.value + 50):
-        store.record("u", Origin(f"k{i % 200}", f"c{i}", i), one(), now=i)
+        store.record(f"u{i % 10}", Origin(f"k{i % 200}", f"c{i}", i), one(), now=i)
     assert len(store.cell_rows()) == USAGE_ROWS.value
+
+
+def test_one_user_naming_new_kernels_drops_only_their_own():
+    store = UsageStore(kernels=8, user_kernels=3)
+    for i in range(4):
+        store.record(f"victim{i}", Origin(f"v{i}", "c", 1), one(), now=i)
+    for i in range(1000):
+        store.record("mallory", Origin(f"m{i}", "c", 1), one(), now=10 + i)
+    kernels = [(r["user"], r["kernel"]) for r in store.cell_rows()]
+    assert kernels[:3] == [("mallory", "m999"), ("mallory", "m998"), ("mallory", "m997")]
+    assert sorted(kernels[3:]) == [(f"victim{i}", f"v{i}") for i in range(4)]
+    assert UsageStore().user_kernels == USAGE_USER_KERNELS.value
