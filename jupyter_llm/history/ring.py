@@ -51,7 +51,8 @@ def bounded(sample: Sample) -> Sample:
     return Sample(
         t=sample.t,
         memory={d: top_models(sample.memory[d]) for d in kept},
-        utilization={d: u for d, u in list(sample.utilization.items())[: HISTORY_DEVICES.value]},
+        # the kept devices' (a device without memory figures is not charted)
+        utilization={d: u for d, u in sample.utilization.items() if d in kept},
         tokens_per_second=top_models(sample.tokens_per_second),
     )
 
@@ -63,8 +64,11 @@ class HistoryRing:
         self._samples: deque[Sample] = deque(maxlen=size)
         self.devices: list[dict[str, Any]] = []  # the latest device list: id, name, totals
 
-    def add(self, sample: Sample) -> None:
-        self._samples.append(bounded(sample))
+    def add(self, sample: Sample) -> Sample:
+        """Keep ``sample`` within the caps; the sample as kept."""
+        kept = bounded(sample)
+        self._samples.append(kept)
+        return kept
 
     def samples(self) -> list[Sample]:
         return list(self._samples)

@@ -92,13 +92,13 @@ class HistorySampler:
         now, totals = time.monotonic(), self._tally.totals()
         per_second = rates(self._last[1], totals, now - self._last[0]) if self._last else {}
         self._last = (now, totals)
-        sample = Sample(self._clock(), memory, utilization, per_second)
-        self.ring.devices = [
+        kept = self.ring.add(Sample(self._clock(), memory, utilization, per_second))
+        self.ring.devices = [  # those the sample kept (``history_devices``), not a whole cluster's
             {"id": d.id, "name": d.name, "library": d.library, "total_memory": d.total_memory}
             for d in devices
+            if d.id in kept.memory
         ]
-        self.ring.add(sample)
-        return sample
+        return kept
 
     async def _device_list(self, models: tuple[str, ...]) -> list[DeviceInfo]:
         """The devices, read again when ``models`` changed or every ``DEVICES_EVERY`` calls."""

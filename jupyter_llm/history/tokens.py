@@ -3,23 +3,27 @@ end of a completion), so the history's tokens/s moves while a model writes."""
 
 from __future__ import annotations
 
-from jupyter_llm.request.limits import HISTORY_MODELS
+from collections import OrderedDict
 
-OTHER = "other"
+from jupyter_llm.request.limits import HISTORY_MODELS
 
 
 class TokenTally:
-    """Running totals per model; models past the cap are counted as ``other``
-    (the store bounds models, this bounds what one process keeps)."""
+    """Running totals per model, at most ``cap`` models: the model that
+    generated least recently is forgotten for a new one. A fixed set of the
+    first models seen would turn every later model into ``other`` for the
+    server's life (models come and go; a user may copy a model under new
+    names). A forgotten model's rate between two samples is left out
+    (``rates`` skips totals that went down or vanished)."""
 
     def __init__(self, cap: int = HISTORY_MODELS.value * 4) -> None:
-        self._totals: dict[str, int] = {}
+        self._totals: OrderedDict[str, int] = OrderedDict()
         self._cap = cap
 
     def add(self, model: str, count: int = 1) -> None:
-        if model not in self._totals and len(self._totals) >= self._cap:
-            model = OTHER
-        self._totals[model] = self._totals.get(model, 0) + count
+        self._totals[model] = self._totals.pop(model, 0) + count
+        while len(self._totals) > self._cap:
+            self._totals.popitem(last=False)
 
     def totals(self) -> dict[str, int]:
         return dict(self._totals)

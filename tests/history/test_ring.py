@@ -144,11 +144,15 @@ def test_rates(before, after, seconds, expected):
     assert rates(before, after, seconds) == expected
 
 
-def test_the_tally_is_capped():
+def test_the_tally_is_capped_to_the_models_that_generated_last():
     tally = TokenTally(cap=2)
-    for model in ("a", "b", "c", "d", "a"):
+    for model in ("a", "b", "b", "c", "d", "d", "a"):
         tally.add(model)
-    assert tally.totals() == {"a": 2, "b": 1, "other": 2}
+    # not the first two models seen for ever: a model new to the server is its own
+    assert tally.totals() == {"d": 2, "a": 1}
+    before = tally.totals()
+    tally.add("e")  # "d" forgotten: its rate is left out, never negative
+    assert rates(before, tally.totals(), 1.0) == {"e": 1.0}
 
 
 def alloc(device, total):
