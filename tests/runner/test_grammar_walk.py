@@ -1,0 +1,113 @@
+"""The walk's resample against the full pass on a toy vocabulary: a native
+chain (top-k, top-p, temperature, draw) from the same seed picks the same
+token from the walked set as from every candidate with the refused ones at
+-inf, draw after draw, so the distributions are the same, not just close."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from jupyter_llm.runner import grammar_walk
+from jupyter_llm.runner.sequence import build_chain
+
+N_VOCAB = 3000
+DEFAULTS = {
+    "repeat_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repeat_last_n": 64,
+    "mirostat": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
+    "typical_p": 1.0,
+    "min_p": 0.0,
+    "top_p": 1.0,
+}
+
+
+def full_pick(chain, logits: np.ndarray, allowed: np.ndarray) -> int:
+    data = np.zeros(len(logits), dtype=grammar_walk.TOKEN_DATA)
+    data["id"] = np.arange(len(logits))
+    data["logit"] = np.where(allowed, logits, -np.inf)
+    array = llama_cpp.llama_token_data_array(
+        data=data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
+        size=len(logits),
+        selected=-1,
+        sorted=False,
+    )
+    llama_cpp.llama_sampler_apply(chain, ctypes.byref(array))
+    return int(array.data[array.selected].id)
+
+
+def walked_pick(chain, need: int, logits: np.ndarray, allowed: np.ndarray) -> int:
+    found = grammar_walk.walk(logits, need, lambda t: bool(allowed[t]))
+    if found is None:  # past MAX_WALK checks: the sampler takes the full pass too
+        return -1 - full_pick(chain, logits, allowed)
+    picked = grammar_walk.pick_among(chain, 0, found, logits)
+    assert picked is not None
+    return picked
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"temperature": 0.0, "top_k": 40, "seed": 1},
+        {"temperature": 0.8, "top_k": 40, "seed": 11},
+        {"temperature": 1.5, "top_k": 5, "seed": 12, "top_p": 0.9},
+        {"temperature": 1.0, "top_k": 20, "seed": 13, "min_p": 0.05},
+    ],
+)
+def test_walked_draws_are_the_full_passs_draws(opts):
+    opts = {**DEFAULTS, **opts}
+    need = grammar_walk.walk_need(opts)
+    assert need >= 1
+    rng = np.random.default_rng(opts["seed"])
+    full_chain = build_chain(N_VOCAB, 512, opts)
+    walk_chain = build_chain(N_VOCAB, 512, opts)
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    try:
+        for step in range(300):
+            logits = rng.normal(0, 3, N_VOCAB).astype(np.float32)
+            allowed = rng.random(N_VOCAB) < (0.002 if step % 3 == 0 else 0.3)  # often few allowed
+            allowed[rng.integers(N_VOCAB)] = True
+            full = full_pick(full_chain, logits, allowed)
+            walked = walked_pick(walk_chain, need, logits, allowed)
+            if walked < 0:
+                walked = -1 - walked
+                counts["gave up"][walked] += 1
+            assert walked == full, step
+            assert allowed[walked]
+            counts["full"][full] += 1
+            counts["walk"][walked] += 1
+    finally:
+        llama_cpp.llama_sampler_free(full_chain)
+        llama_cpp.llama_sampler_free(walk_chain)
+    assert counts["full"] == counts["walk"]
+    assert counts["gave up"].total() < 300 // 2  # most resamples were walks
+
+
+def test_greedy_walk_takes_the_best_allowed_lowest_id_first():
+    logits = np.array([1.0, 5.0, 5.0, 4.0, 5.0, -np.inf], dtype=np.float32)
+    assert grammar_walk.walk(logits, 1, lambda t: t in (2, 4)) == [2]
+    assert grammar_walk.walk(logits, 2, lambda t: t in (0, 3)) == [3, 0]
+    assert grammar_walk.walk(logits, 3, lambda t: t == 0) == [0]  # all there are
+    assert grammar_walk.walk(logits, 1, lambda t: False) == []
+
+
+def test_a_walk_past_its_bound_gives_the_full_pass_the_job(monkeypatch):
+    monkeypatch.setattr(grammar_walk, "MAX_WALK", 8)
+    logits = np.arange(100, dtype=np.float32)
+    assert grammar_walk.walk(logits, 1, lambda t: t == 0) is None
+    assert grammar_walk.walk(logits, 1, lambda t: t == 95) == [95]
+
+
+def test_need_follows_the_chain():
+    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0, "top_k": 0}) == 1
+    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0.7, "top_k": 40}) == 40
+    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0.7, "top_k": 0}) == 0
+    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0.7, "top_k": 40, "mirostat": 2}) == 0
