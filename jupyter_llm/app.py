@@ -41,6 +41,7 @@ SETTINGS_TRAITS = (
     "load_timeout",
     "stream_interval",
     "flash_attention",
+    "kv_cache_type",
     "num_threads",
     "python",
     "engine_url",
@@ -77,6 +78,9 @@ class LLMExtension(ExtensionApp):
     stream_interval = Float(None, allow_none=True, config=True, help="Token grouping (s).")
     flash_attention = Unicode(
         None, allow_none=True, config=True, help="Flash attention: auto, on or off."
+    )
+    kv_cache_type = Unicode(
+        None, allow_none=True, config=True, help="KV cache type: f16, q8_0 or q4_0."
     )
     python = Unicode(
         None,

@@ -37,6 +37,7 @@ class Settings:
     num_threads: int = 0  # 0: the physical cores the runner may use (runner/cpu_threads.py)
     stream_interval: float = 0.1  # seconds a fast model's tokens are grouped for streaming
     flash_attention: str = "auto"  # "auto" (llama.cpp's choice per backend), "on" or "off"
+    kv_cache_type: str = "f16"  # "f16", "q8_0" or "q4_0" (quantized needs flash attention)
     python: str = ""  # interpreter for runner processes; "" = this one
     # a shared engine (``jupyter llm serve`` behind JupyterHub): this server then
     # starts no scheduler and forwards its ``/llm/`` routes there (``api.forward``)
@@ -91,7 +92,9 @@ DURATIONS = ("keep_alive", "load_timeout")  # seconds or "5m"; negative: forever
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True}
 _BOOLS |= {"0": False, "false": False, "no": False, "off": False}
 _SWITCH = {"auto": "auto"} | {k: "on" if v else "off" for k, v in _BOOLS.items()}
-CHOICES = {"flash_attention": _SWITCH}  # fields of a few values, each with its spellings
+KV_CACHE_TYPES = {"f16": "f16", "q8_0": "q8_0", "q4_0": "q4_0"}  # Ollama's OLLAMA_KV_CACHE_TYPE
+# fields of a few values, each with its spellings
+CHOICES = {"flash_attention": _SWITCH, "kv_cache_type": KV_CACHE_TYPES}
 _EXPECTED = {
     "int": "an integer",
     "float": "a number",
@@ -127,5 +130,11 @@ def _parse(name: str, raw: Any, label: str) -> Any:
             return Path(raw)
         return raw
     except (KeyError, TypeError, ValueError):
-        expected = "auto, on or off" if name in CHOICES else _EXPECTED[kind]
+        expected = _one_of(CHOICES[name]) if name in CHOICES else _EXPECTED[kind]
         raise ConfigError(f"invalid {label}: {raw!r}; expected {expected}") from None
+
+
+def _one_of(choices: dict[str, str]) -> str:
+    """``a, b or c``: the values a choice field takes."""
+    *first, last = dict.fromkeys(choices.values())
+    return f"{', '.join(first)} or {last}"

@@ -54,6 +54,8 @@ def plan_body(model: str, plan: LoadPlan) -> dict[str, Any]:
         "busy": [m.key for m in plan.evicts if m.refcount],  # the load waits for these
         "context_length": plan.wanted.num_ctx,
         "num_batch": plan.wanted.num_batch,
+        "kv_cache_type": plan.wanted.kv_cache_type,
+        "kv_cache_fallback": plan.wanted.kv_cache_fallback,
         "parallel": plan.parallel,
         "node": plan.node,
         "num_gpu_layers": placement.n_gpu_layers if placement else 0,

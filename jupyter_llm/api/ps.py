@@ -77,6 +77,8 @@ def describe_loaded(loaded: Loaded, users: list[dict[str, Any]] | None = None) -
         "details": entry.details,
         "expires_at": _iso(expires) if expires is not None else FOREVER_ISO,
         "context_length": loaded.wanted.num_ctx,
+        "kv_cache_type": loaded.wanted.kv_cache_type,  # the type used (f16 on a fallback)
+        "kv_cache_fallback": loaded.wanted.kv_cache_fallback,  # why, "" when none
         "num_gpu_layers": loaded.placement.n_gpu_layers,
         "num_layers": loaded.placement.n_layers,
         "pid": loaded.runner.pid,

@@ -100,14 +100,18 @@ class LoadParams:
     flash_attn: str = "auto"  # "auto" (llama.cpp's default), "on" or "off"
     n_seq: int = 1  # sequences decoded together, sharing the n_ctx cells
     projector: str = ""  # the image projector (mmproj GGUF) to load beside the model
+    kv_cache_type: str = "f16"  # "f16", "q8_0" or "q4_0" (runner/kv_cache.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensor_split", tuple(self.tensor_split))
         if self.flash_attn not in FLASH_ATTENTION:
             raise ProtocolError(f"flash_attn must be one of {', '.join(FLASH_ATTENTION)}")
+        if self.kv_cache_type not in KV_CACHE_TYPES:
+            raise ProtocolError(f"kv_cache_type must be one of {', '.join(KV_CACHE_TYPES)}")
 
 
 FLASH_ATTENTION = ("auto", "on", "off")
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 
 
 @dataclass(frozen=True)

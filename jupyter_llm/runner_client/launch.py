@@ -39,6 +39,7 @@ class LoadRequest:
     projector: str = ""  # the vision projector GGUF ("" = none)
     node: str = ""  # the cluster node it loads on ("": this machine)
     flash_attn: str = "auto"  # "auto", "on" or "off" (``Settings.flash_attention``)
+    kv_cache_type: str = "f16"  # the type chosen for this load (memory.kv_cache)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
         use_mmap=request.use_mmap,
         projector=request.projector,
         flash_attn=request.flash_attn,
+        kv_cache_type=request.kv_cache_type,
     )
     placement = request.placement
     if request.simulated:

@@ -48,7 +48,12 @@ def estimate_on(
     """The model's memory with these options; what the serving GPUs' backend
     refuses (a tensor past its limit) is counted on the CPU."""
     limit = gpu_max_tensor(serving_gpus(devices))
-    opts = EstimateOptions(num_ctx=wanted.num_ctx, num_batch=wanted.num_batch, gpu_max_tensor=limit)
+    opts = EstimateOptions(
+        num_ctx=wanted.num_ctx,
+        num_batch=wanted.num_batch,
+        kv_type=wanted.kv_cache_type,
+        gpu_max_tensor=limit,
+    )
     return estimate(info, opts, projector)
 
 

@@ -5,6 +5,7 @@ on them; tests read them as tables."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
@@ -19,9 +20,12 @@ from jupyter_llm.memory import (
     Placement,
     plan_layout,
 )
+from jupyter_llm.memory.kv_cache import choose_kv_type
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.runner_client.launch import LoadRequest
 from jupyter_llm.scheduler.types import Loaded, LoadOptions, Wanted
+
+log = logging.getLogger(__name__)
 
 MAX_BACKOFF_STEPS = 9  # new estimates: 10 %, 20 %, ... 90 % less free memory
 VRAM_RECOVERY_SHARE = 0.75
@@ -80,7 +84,20 @@ def wanted(options: LoadOptions, info: ModelInfo, settings: Settings) -> Wanted:
         num_gpu=-1 if options.num_gpu is None else options.num_gpu,
         main_gpu=options.main_gpu or 0,
         flash_attn=settings.flash_attention,
+        **kv_cache_fields(settings, info),
     )
+
+
+def kv_cache_fields(settings: Settings, info: ModelInfo) -> dict[str, str]:
+    """The cache type this model gets; a fallback to f16 is logged once per model."""
+    choice = choose_kv_type(settings.kv_cache_type, settings.flash_attention, info)
+    if choice.fallback and (info.architecture, choice.fallback) not in _WARNED:
+        _WARNED.add((info.architecture, choice.fallback))
+        log.warning("KV cache f16 instead of %s: %s", settings.kv_cache_type, choice.fallback)
+    return {"kv_cache_type": choice.kv_type, "kv_cache_fallback": choice.fallback}
+
+
+_WARNED: set[tuple[str, str]] = set()  # (architecture, reason) already logged
 
 
 def parallel_slots(info: ModelInfo, settings: Settings) -> int:
@@ -201,6 +218,7 @@ def load_request(
         projector=str(entry.projector_path or ""),
         node=node,
         flash_attn=wanted.flash_attn,
+        kv_cache_type=wanted.kv_cache_type,
     )
 
 

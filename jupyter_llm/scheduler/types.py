@@ -73,6 +73,8 @@ class Wanted:
     num_gpu: int
     main_gpu: int
     flash_attn: str = "auto"  # the server's setting (``Settings.flash_attention``)
+    kv_cache_type: str = "f16"  # the type this load gets (memory.kv_cache.choose_kv_type)
+    kv_cache_fallback: str = ""  # why it is f16 though the setting asks for another
 
 
 @dataclass

@@ -39,6 +39,10 @@ from jupyter_llm.request.errors import ConfigError
         ({"JUPYTER_LLM_FLASH_ATTENTION": "1"}, "flash_attention", "on"),
         ({"JUPYTER_LLM_FLASH_ATTENTION": "False"}, "flash_attention", "off"),
         ({"JUPYTER_LLM_FLASH_ATTENTION": "0"}, "flash_attention", "off"),
+        ({}, "kv_cache_type", "f16"),
+        ({"JUPYTER_LLM_KV_CACHE_TYPE": "q8_0"}, "kv_cache_type", "q8_0"),
+        ({"JUPYTER_LLM_KV_CACHE_TYPE": "Q4_0"}, "kv_cache_type", "q4_0"),
+        ({"JUPYTER_LLM_KV_CACHE_TYPE": "f16"}, "kv_cache_type", "f16"),
         ({}, "hf_endpoint", "https://huggingface.co"),
         ({"HF_ENDPOINT": "https://mirror.example"}, "hf_endpoint", "https://mirror.example"),
         ({}, "trusted_auth_hosts", ""),
@@ -65,12 +69,19 @@ def test_models_dir_expands_user():
         {"JUPYTER_LLM_NEW_ESTIMATES": "maybe"},
         {"JUPYTER_LLM_KEEP_ALIVE": "soon"},
         {"JUPYTER_LLM_FLASH_ATTENTION": "sometimes"},
+        {"JUPYTER_LLM_KV_CACHE_TYPE": "q5_1"},
+        {"JUPYTER_LLM_KV_CACHE_TYPE": "int8"},
     ],
 )
 def test_bad_env_names_the_variable_and_the_value(env):
     name, value = next(iter(env.items()))
     with pytest.raises(ConfigError, match=f"{name}: '{value}'"):
         Settings.from_env(env)
+
+
+def test_a_bad_cache_type_lists_the_types():
+    with pytest.raises(ConfigError, match="expected f16, q8_0 or q4_0"):
+        Settings.from_env({"JUPYTER_LLM_KV_CACHE_TYPE": "q8"})
 
 
 def test_bad_override_names_the_value():
