@@ -41,12 +41,16 @@ import numpy as np
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 MAX_WALK = 2048  # single-token checks before the full pass is cheaper
+WALK_FROM_VOCAB = 16384  # a smaller vocabulary's full pass costs less than the walk's checks
 
 
-def walk_need(opts: dict[str, Any]) -> int:
+def walk_need(opts: dict[str, Any], n_vocab: int) -> int:
     """How many allowed tokens decide the chain's pick for ``opts`` (as
     ``sequence.build_chain`` builds it): 1 greedy, top_k with top-k, else 0
-    (every allowed token matters: the full pass)."""
+    (every allowed token matters: the full pass). 0 for a small vocabulary,
+    whose full pass in C is cheaper than checks one at a time from Python."""
+    if n_vocab < WALK_FROM_VOCAB:
+        return 0
     if float(opts["temperature"]) <= 0:
         return 1
     if int(opts["mirostat"]) in (1, 2):

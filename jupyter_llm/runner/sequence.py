@@ -97,7 +97,9 @@ def make_sampler(
         llama_cpp.llama_sampler_free(chain)
         raise EngineError("invalid grammar")
     try:
-        need = walk_need(opts)  # resample by walking the best candidates (``grammar_walk``)
+        need = walk_need(
+            opts, table.n_vocab
+        )  # resample by walking the best candidates (``grammar_walk``)
         return GrammarSampler(table, candidates, chain, native, triggers, preserve, need=need)
     except Exception:
         llama_cpp.llama_sampler_free(native)

@@ -9,8 +9,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from jupyter_llm import demo
 from jupyter_llm.api.structured import parse_format
-from jupyter_llm.runner import constrained
+from jupyter_llm.runner import constrained, grammar_walk
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.protocol import LoadParams
 from tests.runner.test_constrained import GREEDY, generate
@@ -80,7 +81,7 @@ REFUSING = {
 }
 
 
-def walked_run(engine: Engine, monkeypatch, walk: bool, options: dict) -> tuple[list, int, int]:
+def walked_run(engine: Engine, walk: bool, options: dict) -> tuple[list, int, int]:
     """Tokens, refusals resolved by the walk, and full passes taken."""
     walks, passes = [], []
     walked, full = constrained.GrammarSampler._walked, constrained.GrammarSampler._constrained
@@ -95,11 +96,12 @@ def walked_run(engine: Engine, monkeypatch, walk: bool, options: dict) -> tuple[
         passes.append(index)
         return full(self, ctx, index)
 
-    monkeypatch.setattr(constrained.GrammarSampler, "_walked", counted_walk)
-    monkeypatch.setattr(constrained.GrammarSampler, "_constrained", counted_full)
-    prompt = "Describe a film as JSON."
-    _, done = generate(engine, prompt, options=options, grammar=parse_format(REFUSING).grammar)
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:  # the caller's own patches stay
+        patch.setattr(constrained.GrammarSampler, "_walked", counted_walk)
+        patch.setattr(constrained.GrammarSampler, "_constrained", counted_full)
+        prompt = "Describe a film as JSON."
+        grammar = parse_format(REFUSING).grammar
+        _, done = generate(engine, prompt, options=options, grammar=grammar)
     return done.context[len(engine.model.prompt_tokens(prompt)) :], len(walks), len(passes)
 
 
@@ -112,17 +114,16 @@ def walked_run(engine: Engine, monkeypatch, walk: bool, options: dict) -> tuple[
         {"temperature": 1.2, "top_k": 5, "min_p": 0.05, "seed": 3, "num_predict": 80},
     ],
 )
-def test_the_walk_picks_the_full_passs_token_on_gemma(gemma, monkeypatch, options):
-    full_tokens, _, full_passes = walked_run(gemma, monkeypatch, False, options)
-    walk_tokens, walks, passes = walked_run(gemma, monkeypatch, True, options)
+def test_the_walk_picks_the_full_passs_token_on_gemma(gemma, options):
+    full_tokens, _, full_passes = walked_run(gemma, False, options)
+    walk_tokens, walks, passes = walked_run(gemma, True, options)
     assert walk_tokens == full_tokens
     assert full_passes > 0  # the schema did refuse picks
     assert walks > 0 and passes < full_passes  # and the walk settled them
 
 
 def test_the_walk_on_a_generated_model(tmp_path, monkeypatch):
-    from jupyter_llm import demo
-
+    monkeypatch.setattr(grammar_walk, "WALK_FROM_VOCAB", 0)  # its vocabulary is small
     path = tmp_path / "tiny.gguf"
     demo.write_demo_model(path)
     engine = Engine(LoadParams(path=str(path), n_ctx=512, n_threads=2, n_seq=1))
@@ -131,8 +132,8 @@ def test_the_walk_on_a_generated_model(tmp_path, monkeypatch):
             {**GREEDY, "num_predict": 60},
             {"temperature": 1.0, "top_k": 8, "seed": 5, "num_predict": 60},
         ):
-            full_tokens, _, full_passes = walked_run(engine, monkeypatch, False, options)
-            walk_tokens, walks, _ = walked_run(engine, monkeypatch, True, options)
+            full_tokens, _, full_passes = walked_run(engine, False, options)
+            walk_tokens, walks, _ = walked_run(engine, True, options)
             assert walk_tokens == full_tokens
             assert full_passes > 0 and walks > 0
     finally:

@@ -62,9 +62,10 @@ def walked_pick(chain, need: int, logits: np.ndarray, allowed: np.ndarray) -> in
         {"temperature": 1.0, "top_k": 20, "seed": 13, "min_p": 0.05},
     ],
 )
-def test_walked_draws_are_the_full_passs_draws(opts):
+def test_walked_draws_are_the_full_passs_draws(opts, monkeypatch):
+    monkeypatch.setattr(grammar_walk, "WALK_FROM_VOCAB", N_VOCAB)
     opts = {**DEFAULTS, **opts}
-    need = grammar_walk.walk_need(opts)
+    need = grammar_walk.walk_need(opts, N_VOCAB)
     assert need >= 1
     rng = np.random.default_rng(opts["seed"])
     full_chain = build_chain(N_VOCAB, 512, opts)
@@ -107,7 +108,12 @@ def test_a_walk_past_its_bound_gives_the_full_pass_the_job(monkeypatch):
 
 
 def test_need_follows_the_chain():
-    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0, "top_k": 0}) == 1
-    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0.7, "top_k": 40}) == 40
-    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0.7, "top_k": 0}) == 0
-    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0.7, "top_k": 40, "mirostat": 2}) == 0
+    big, small = grammar_walk.WALK_FROM_VOCAB, grammar_walk.WALK_FROM_VOCAB - 1
+    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0, "top_k": 40}, small) == 0
+    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0, "top_k": 0}, big) == 1
+    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0.7, "top_k": 40}, big) == 40
+    assert grammar_walk.walk_need({**DEFAULTS, "temperature": 0.7, "top_k": 0}, big) == 0
+    assert (
+        grammar_walk.walk_need({**DEFAULTS, "temperature": 0.7, "top_k": 40, "mirostat": 2}, big)
+        == 0
+    )
