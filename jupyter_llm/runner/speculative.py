@@ -9,10 +9,12 @@ if it is the token sampled there, and the first token sampled that differs
 from the draft is kept in its place (the bonus token). Every sampled token is
 thus one the target would have produced from the same context, and the
 sampler sees (and accepts, penalties and grammar included) exactly the
-tokens emitted, each once: greedy output is identical to decoding without a
-draft, and sampled output keeps the target's distribution (each token is
-drawn from the target's own distribution given the accepted prefix; the
-draft only decides how many positions are computed at once). The rejected
+tokens emitted, each once: greedy output is the token decoding without a
+draft picks, and sampled output keeps the target's distribution (each token
+is drawn from the target's own distribution given the accepted prefix; the
+draft only decides how many positions are computed at once). Up to
+llama.cpp's arithmetic: logits computed beside other tokens of the same
+sequence differ in the last bits, which can tip a near-tie (README). The rejected
 positions' KV cells are removed (``llama_memory_seq_rm``), so the slot's
 token record stays exactly what its cells hold.
 
