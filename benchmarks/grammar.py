@@ -12,7 +12,9 @@ own decode rate (``timings.predicted_per_second``) beside the runner's.
 Rounds alternate between them. Targets: the constrained rate is at least
 0.9x the unconstrained one, and at least 1.0x llama-server's with the schema.
 
-    [LLAMA_SERVER=.../llama-server] .venv/bin/python benchmarks/grammar.py [--gemma]
+    [LLAMA_SERVER=.../llama-server] .venv/bin/python benchmarks/grammar.py [--gemma] [--rounds N]
+
+Each round's rates are printed as it ends (a busy machine makes rounds slow).
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ async def main(gemma: bool, rounds: int = 7, n: int = 256) -> int:
                 if server:
                     rates["server free"].append(await server_rate(server[1], None, n))
                     rates["server schema"].append(await server_rate(server[1], SCHEMA, n))
+                print({name: round(v[-1], 1) for name, v in rates.items() if v}, flush=True)
         finally:
             await runner.close()
             if server:
@@ -163,4 +166,6 @@ def report(model: str, threads: int, n: int, rates: dict[str, list[float]]) -> i
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(gemma="--gemma" in sys.argv[1:])))
+    args = sys.argv[1:]
+    rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 7
+    sys.exit(asyncio.run(main(gemma="--gemma" in args, rounds=rounds)))
