@@ -8,9 +8,10 @@ token reaches the grammar unchecked:
 
 - the request's chain (penalties, top-k..., the final pick) samples first;
   the one token picked is checked against the grammar and against UTF-8, and
-  only when it is refused is the grammar applied to every candidate and the
-  chain run again (llama.cpp's common sampler does the same, so a schema costs
-  one check per token, not a pass over the whole vocabulary);
+  only when it is refused is the chain run again, over the best allowed
+  candidates found by walking them in logit order (``grammar_walk``), or over
+  every candidate the grammar allows (llama.cpp's common sampler does that),
+  so a schema costs one check per token, not a pass over the vocabulary;
 - a lazy grammar's triggers are watched here, not in llama.cpp: when one
   fires, the text it is fed from is checked in a copy of the grammar first; a
   token whose text the grammar refuses is left out and the chain picks again;
@@ -222,8 +223,10 @@ class GrammarSampler:
     Owns ``chain`` and ``grammar`` (native samplers) until ``free``.
 
     The chain picks from all candidates first and only that token is checked;
-    a refused one brings the grammar over every candidate and the chain picks
-    again, as llama.cpp's common sampler does. Greedy, that is the full
+    on a refusal the candidates are walked in logit order until the ``need``
+    best allowed ones are found and the chain picks among them (the full
+    pass's token: ``grammar_walk``), else the grammar goes over every
+    candidate and the chain picks again, as llama.cpp's common sampler does. Greedy, that is the full
     path's token (the best token, if allowed, is the best allowed one).
     Sampled, it is llama.cpp's distribution, not exactly the grammar-filtered
     one: an allowed token is taken with its unconstrained probability p, and
