@@ -226,8 +226,8 @@ class GrammarSampler:
     on a refusal the candidates are walked in logit order until the ``need``
     best allowed ones are found and the chain picks among them (the full
     pass's token: ``grammar_walk``), else the grammar goes over every
-    candidate and the chain picks again, as llama.cpp's common sampler does. Greedy, that is the full
-    path's token (the best token, if allowed, is the best allowed one).
+    candidate and the chain picks again, as llama.cpp's common sampler does.
+    Greedy, that is the full path's token (the best token, if allowed, is the best allowed one).
     Sampled, it is llama.cpp's distribution, not exactly the grammar-filtered
     one: an allowed token is taken with its unconstrained probability p, and
     the mass of refused tokens is spread over the allowed ones by the resample
