@@ -396,7 +396,7 @@ USAGE_MODELS = Limit(
 )
 USAGE_ROWS = Limit(
     "usage_rows",
-    "cell rows in one /api/usage answer (the most recently active first)",
+    "cell rows, and user rows, in one /api/usage answer (each; the most recently active first)",
     1000,
     "rows",
     "a notebook's table shows tens of cells; an admin asking for every kernel gets the "

@@ -27,7 +27,7 @@ class Sample:
     devices: int = 1  # devices holding part of the model
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: the table holds up to 260,000 of them
 class Totals:
     """What some requests used, summed."""
 

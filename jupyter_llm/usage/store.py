@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from jupyter_llm.request.limits import (
@@ -30,7 +31,7 @@ from jupyter_llm.usage.accounting import Sample, Totals, added, figures
 ByModel = OrderedDict[str, Totals]
 
 
-@dataclass
+@dataclass(slots=True)
 class CellUsage:
     execution_count: int | None
     models: ByModel = field(default_factory=OrderedDict)
@@ -90,13 +91,16 @@ class UsageStore:
             del self._kernels[key]
 
     def user_rows(self, user: str | None = None) -> list[dict[str, Any]]:
-        """Per user and model (one user's, or everyone's with None), by user."""
-        names = [user] if user is not None else sorted(self._users)
-        return [
+        """Per user and model (one user's, or everyone's with None), the most
+        recently active users first; at most ``USAGE_ROWS`` (an admin's answer
+        on a Hub of a thousand users would otherwise be 8,000 rows, 2 MiB)."""
+        names = [user] if user is not None else reversed(self._users)
+        rows = (
             {"user": name, "model": model, **figures(totals)}
             for name in names
             for model, totals in self._users.get(name, {}).items()
-        ]
+        )
+        return list(islice(rows, USAGE_ROWS.value))
 
     def cell_rows(self, user: str | None = None, kernel: str | None = None) -> list[dict[str, Any]]:
         """Per kernel, cell and model, the most recently active kernels first
