@@ -26,6 +26,10 @@ INTERVAL = 2.0  # seconds between samples: 300 samples make the ten-minute windo
 # or when the loaded models change; memory by model is the scheduler's own
 # figure, so a runner is not asked for its devices every 2 seconds.
 DEVICES_EVERY = 15
+# A sample waits at most this many intervals for its reads: a runner that does
+# not answer, or an NVML call that hangs in its thread, costs points, never the
+# sampler (it would otherwise wait for ever while saying it samples).
+READ_WAIT = 5
 
 
 def memory_by_model(devices: list[DeviceInfo], loaded: list[Loaded]) -> dict[str, dict[str, int]]:
@@ -58,6 +62,7 @@ class HistorySampler:
         self._task: asyncio.Task[None] | None = None
         self._last: tuple[float, dict[str, int]] | None = None
         self._devices: tuple[tuple[str, ...], int, list[DeviceInfo]] | None = None
+        self._reading: asyncio.Future[dict[str, float]] | None = None  # utilization in flight
 
     @property
     def running(self) -> bool:
@@ -74,11 +79,14 @@ class HistorySampler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._reading is not None:
+            self._reading.cancel()
+            self._reading = None
 
     async def _run(self) -> None:
         while True:
             try:
-                await self.sample()
+                await asyncio.wait_for(self.sample(), self.interval * READ_WAIT)
             except Exception as e:  # one failed read costs one point, not the history
                 log.debug("history sample failed: %s", e)
             await asyncio.sleep(self.interval)
@@ -87,7 +95,7 @@ class HistorySampler:
         """Take one sample now and add it to the ring."""
         loaded = self._scheduler.loaded_models()
         devices = await self._device_list(tuple(m.key for m in loaded))
-        utilization = await self._source.utilization(devices)
+        utilization = await self._utilization(devices)
         memory = memory_by_model(devices, loaded)
         now, totals = time.monotonic(), self._tally.totals()
         per_second = rates(self._last[1], totals, now - self._last[0]) if self._last else {}
@@ -100,6 +108,20 @@ class HistorySampler:
         ]
         return kept
 
+    async def _utilization(self, devices: list[DeviceInfo]) -> dict[str, float]:
+        """The devices' utilization, with at most one read in flight: while an
+        earlier read hangs (an NVML call holds an executor thread), none, so a
+        stuck driver holds one thread and not one more every interval. A read
+        that fails or hangs costs the utilization line, not the memory point."""
+        if self._reading is not None and not self._reading.done():
+            return {}
+        self._reading = reading = asyncio.ensure_future(self._source.utilization(devices))
+        reading.add_done_callback(_quiet)
+        try:
+            return await asyncio.wait_for(asyncio.shield(reading), self.interval)
+        except Exception:  # TimeoutError, or the read's own (logged by ``_quiet``)
+            return {}
+
     async def _device_list(self, models: tuple[str, ...]) -> list[DeviceInfo]:
         """The devices, read again when ``models`` changed or every ``DEVICES_EVERY`` calls."""
         if self._devices is not None:
@@ -110,3 +132,9 @@ class HistorySampler:
         devices = await self._scheduler.current_devices()
         self._devices = (models, 1, devices)
         return devices
+
+
+def _quiet(reading: asyncio.Future[dict[str, float]]) -> None:
+    """A read that failed after its sample stopped waiting: logged, not left unretrieved."""
+    if not reading.cancelled() and (e := reading.exception()) is not None:
+        log.debug("history utilization read failed: %s", e)
