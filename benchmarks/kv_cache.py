@@ -29,7 +29,7 @@ from jupyter_llm.runner_client.proxy import start_runner_with
 
 TYPES = ("f16", "q8_0", "q4_0")
 NUM_CTX, N_SEQ = 32768, 4
-LOG_PRECISION = (1 << 20) // 200  # 0.005 MiB: llama.cpp prints MiB with 2 decimals
+LOG_PRECISION = (1 << 20) // 200 + 1  # 0.005 MiB: llama.cpp prints MiB with 2 decimals
 OPTIONS = {"temperature": 0.8, "seed": 1, "repeat_penalty": 1.0}
 
 

@@ -21,7 +21,7 @@ from jupyter_llm.scheduler import LoadOptions, policy
 from jupyter_llm.scheduler.fit import estimate_on
 
 MiB = 1 << 20
-LOG_PRECISION = MiB // 200  # llama.cpp prints each KV buffer in MiB with 2 decimals
+LOG_PRECISION = MiB // 200 + 1  # llama.cpp prints each KV buffer in MiB with 2 decimals
 LLAMA = synthetic_model(n_embd=4096, n_head=32)  # heads 128 wide
 
 

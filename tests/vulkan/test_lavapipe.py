@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -224,6 +225,25 @@ async def test_measured_weights_and_kv_cache_match_the_estimate_per_device(
         real = measured[device]
         for kind in ("weights", "kv_cache"):
             assert within(getattr(real, kind), getattr(est, kind), TOLERANCE), (device, kind)
+
+
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+async def test_a_quantized_cache_on_vulkan0_is_the_estimate(
+    jp_fetch, jp_serverapp, models_dir, small_gguf, kv_type
+):
+    """kv_cache_type on ggml-vulkan: llama.cpp's KV buffer on each device is the
+    estimate to its printed precision (0.01 MiB), and /api/ps says the type."""
+    scheduler = jp_serverapp.web_app.settings["jupyter_llm"].scheduler
+    scheduler.settings = replace(scheduler.settings, kv_cache_type=kv_type)
+    install(models_dir, small_gguf, "small")
+    await generate(jp_fetch, "small", num_gpu=4)
+    model = loaded(jp_serverapp, "small:latest")
+    assert model.measured and model.wanted.kv_cache_type == kv_type
+    measured = {a.device: a.kv_cache for a in model.allocations}
+    for est in model.placement.allocations:
+        assert measured[est.device] > 0
+        assert abs(measured[est.device] - est.kv_cache) <= MiB // 200 + 1, est.device
+    assert (await ps(jp_fetch))[0]["kv_cache_type"] == kv_type
 
 
 @pytest.mark.parametrize("num_gpu", [-1, 4], ids=["all layers", "4 layers"])
