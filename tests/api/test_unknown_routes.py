@@ -26,7 +26,7 @@ from jupyter_llm.api.base import TOKEN_NEEDED
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")
 OPENAI_UNKNOWN = (
     "v1/assistants",
-    "v1/responses/resp_1",
+    "v1/responses/resp_1/input_items",
     "v1/nothing",
     "v1",
     "v1/chat/completions/",
