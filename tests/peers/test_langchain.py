@@ -288,7 +288,10 @@ class TestChatOpenAIGemma(TestChatOpenAI):
     ONLY = GEMMA_TESTS
     MODEL_FAILURES: ClassVar = {
         "test_tool_calling": ("the forced call's argument is 100, not 3", AssertionError),
-        "test_json_mode": GEMMA_JSON_MODE,
+        # the same weak model; where its greedy text tips on the last bits of the
+        # arithmetic (what the cache held, drafts decoded beside it), its JSON may
+        # also run on to the token limit, which the openai client raises as such
+        "test_json_mode": (GEMMA_JSON_MODE[0], (OutputParserException, LengthFinishReasonError)),
     }
 
     @pytest.fixture(autouse=True)
