@@ -10,35 +10,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from jupyter_server.auth.identity import IdentityProvider, User
+from hub_users import with_hub_users
 from tornado.httpclient import HTTPClientError
 
 KERNEL = "3f1c2a9e-8b7d-4c6e-9a1b-2d3e4f5a6b7c"
-USERS = {
-    "alice-token": {"name": "alice", "admin": False},
-    "bob-token": {"name": "bob", "admin": False},
-    "root-token": {"name": "root", "admin": True},
-}
-
-
-class HubUsers(IdentityProvider):
-    """Each token is one Hub user, as jupyterhub's identity provider makes them."""
-
-    async def get_user(self, handler):
-        token = handler.request.headers.get("Authorization", "").partition(" ")[2]
-        hub_user = USERS.get(token)
-        if hub_user is None:
-            return None
-        user = User(hub_user["name"])
-        user.hub_user = {**hub_user, "scopes": []}
-        return user
 
 
 @pytest.fixture
 def jp_server_config(jp_server_config):
-    app = {**jp_server_config["ServerApp"], "identity_provider_class": HubUsers,
-           "disable_check_xsrf": True}  # fmt: skip
-    return {**jp_server_config, "ServerApp": app}
+    return with_hub_users(jp_server_config)
 
 
 def auth(token: str, **more: str) -> dict[str, str]:

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import pytest
 from harness import record
-from jupyter_server.auth.identity import IdentityProvider, User
+from hub_users import with_hub_users
 from tornado.httpclient import HTTPClientError
 from waiting import until
 
@@ -56,29 +56,12 @@ from jupyter_llm.request.origin import Origin
 from jupyter_llm.usage import Sample as UsageSample
 from jupyter_llm.usage import UsageStore
 
-TOKENS_OF = {"alice-token": ("alice", False), "bob-token": ("bob", False),
-             "root-token": ("root", True)}  # fmt: skip
 ALICE_KERNEL = "3f1c2a9e-8b7d-4c6e-9a1b-2d3e4f5a6b7c"
-
-
-class HubUsers(IdentityProvider):
-    """Each token one Hub user, as jupyterhub's identity provider makes them."""
-
-    async def get_user(self, handler):
-        token = handler.request.headers.get("Authorization", "").partition(" ")[2]
-        if token not in TOKENS_OF:
-            return None
-        name, admin = TOKENS_OF[token]
-        user = User(name)
-        user.hub_user = {"name": name, "admin": admin, "scopes": []}
-        return user
 
 
 @pytest.fixture
 def jp_server_config(jp_server_config):
-    app = {**jp_server_config["ServerApp"], "identity_provider_class": HubUsers,
-           "disable_check_xsrf": True}  # fmt: skip
-    return {**jp_server_config, "ServerApp": app}
+    return with_hub_users(jp_server_config)
 
 
 def origin(kernel: str, cell: str = "c1", count: str = "1") -> dict[str, str]:
