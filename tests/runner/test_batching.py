@@ -5,7 +5,6 @@ process and count decode steps, never time."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,6 @@ from jupyter_llm.runner_client.proxy import start_runner_with
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 # a grammar that never completes: only a cancel or num_predict ends the answer
 ENDLESS = 'root ::= "a" root'
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    from jupyter_llm.demo import DemoModelSpec, write_demo_model
-
-    path = write_demo_model(tmp_path_factory.mktemp("batching") / "m.gguf", DemoModelSpec())
-    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_batch=32, n_threads=2, n_seq=3))
-    yield engine
-    engine.close()
 
 
 class Run:

@@ -5,7 +5,6 @@ one decode computes. Engine tests run in process and count tokens, never time.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,16 +101,6 @@ def test_the_index_follows_a_growing_history():
 
 
 # -- the engine, on a generated model ------------------------------------------------------
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    from jupyter_llm.demo import DemoModelSpec, write_demo_model
-
-    path = write_demo_model(tmp_path_factory.mktemp("spec") / "m.gguf", DemoModelSpec())
-    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_batch=32, n_threads=2, n_seq=3))
-    yield engine
-    engine.close()
-
-
 class Run:
     """One submitted job and what came back."""
 
