@@ -47,6 +47,7 @@ from jupyter_llm.runner.kv_cache import cache_type
 from jupyter_llm.runner.logprobs import Logprobs
 from jupyter_llm.runner.model import Model
 from jupyter_llm.runner.pausing import Pauses, prompt_order
+from jupyter_llm.runner.prompt_disk import open_disk, restore
 from jupyter_llm.runner.protocol import Done, EngineError, InputError, LoadParams
 from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
@@ -110,6 +111,7 @@ class Engine:
         self.logprobs = Logprobs(self.ctx, model.n_vocab, model.piece)
         self.slots = [Slot(i) for i in range(cp.n_seq_max)]  # n_seq decode at once
         self.pauses = Pauses()
+        self.disk = open_disk(params.prompt_disk)  # long prefixes kept on disk
         self.waiting: deque[Sequence] = deque()
         n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
         self.embeddings = EmbeddingContext(model, self.n_ctx, n_threads)
@@ -278,6 +280,7 @@ class Engine:
             index, shared = choose_slot(idle, seq.job.tokens)
             slot = self.slots[index]
             keep = self._reusable(slot, seq, shared)
+            keep = restore(self, slot, seq.job.tokens, keep)  # or a longer one from disk
             if keep < len(slot.cached):
                 if not llama_cpp.llama_memory_seq_rm(self.memory, index, keep, -1):
                     keep = 0

@@ -101,6 +101,7 @@ class LoadParams:
     n_seq: int = 1  # sequences decoded together, sharing the n_ctx cells
     projector: str = ""  # the image projector (mmproj GGUF) to load beside the model
     kv_cache_type: str = "f16"  # "f16", "q8_0" or "q4_0" (runner/kv_cache.py)
+    prompt_disk: dict[str, Any] = field(default_factory=dict)  # runner/prompt_disk.py; {}: off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensor_split", tuple(self.tensor_split))

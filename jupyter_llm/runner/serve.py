@@ -119,6 +119,9 @@ class RunnerService:
             # then embedding work, within its share of the loop (``runner.embedding``)
             self.engine.embed_turn(time.perf_counter() - started if streams else None)
         if self.engine is not None:
+            from jupyter_llm.runner.prompt_disk import save_slots
+
+            save_slots(self.engine)  # long prefixes to disk, if asked (bounded in time)
             self.engine.close()
 
     def handle(self, message: dict[str, Any]) -> None:
