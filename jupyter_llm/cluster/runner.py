@@ -77,6 +77,10 @@ class RayRunner:
     def measured(self) -> dict[str, dict[str, int]]:
         return dict(self.info.get("allocations") or {})
 
+    @property
+    def kv_cache_fallback(self) -> str:
+        return str(self.info.get("kv_cache_fallback", ""))[:200]
+
     # -- calls ---------------------------------------------------------------------------
     async def _call(self, ref: Any) -> Any:
         try:

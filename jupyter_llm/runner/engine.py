@@ -43,7 +43,7 @@ from jupyter_llm.runner.context_window import (
     truncation,
 )
 from jupyter_llm.runner.embedding_context import EmbeddingContext
-from jupyter_llm.runner.kv_cache import cache_type
+from jupyter_llm.runner.kv_cache import cache_type, open_context
 from jupyter_llm.runner.logprobs import Logprobs
 from jupyter_llm.runner.model import Model
 from jupyter_llm.runner.pausing import Pauses, prompt_order
@@ -98,7 +98,7 @@ class Engine:
         self.model = model = Model(params, progress)
         cp = context_params(params, model.n_ctx_train)
         self.n_seq, self.n_batch = max(1, min(params.n_seq, 256)), cp.n_batch  # decode slots
-        self.ctx = llama_cpp.llama_init_from_model(model.llama_model, cp)
+        self.ctx, self.kv_fallback = open_context(model.llama_model, cp, params)  # f16 if refused
         if not self.ctx:
             model.close()
             raise EngineError("failed to create the llama context (out of memory?)")

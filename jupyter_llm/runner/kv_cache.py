@@ -1,13 +1,18 @@
 """The KV cache's ggml type for the context (``LoadParams.kv_cache_type``).
 
-The server already chose the type (memory/kv_cache.py); the runner only
-refuses a quantized cache with flash attention off, since llama.cpp would
-then fail to create the context (a quantized V cache needs flash attention).
+The server already chose the type (memory/kv_cache.py); the runner refuses a
+quantized cache with flash attention off, since llama.cpp would then fail to
+create the context (a quantized V cache needs flash attention), and falls
+back to f16 where llama.cpp still refuses the quantized context (a backend
+without flash attention for this model, a head width the server's rule did
+not foresee): the load goes on, with the reason in the runner's log and in
+its load reply (``kv_cache_fallback``, shown by /api/ps).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import llama_cpp
 
@@ -28,3 +33,17 @@ def cache_type(params: LoadParams) -> int:
         log.warning("KV cache f16 instead of %s: flash attention is off", params.kv_cache_type)
         return GGML_TYPES["f16"]
     return GGML_TYPES[params.kv_cache_type]
+
+
+def open_context(llama_model: Any, cp: Any, params: LoadParams) -> tuple[Any, str]:
+    """llama.cpp's context for ``cp``, and why its cache is f16 ("" when it
+    has the type asked for). One retry at most: a quantized cache llama.cpp
+    refuses becomes f16; a null context then (or on f16) is the caller's
+    failure."""
+    ctx = llama_cpp.llama_init_from_model(llama_model, cp)
+    if ctx or cp.type_k == GGML_TYPES["f16"]:
+        return ctx, ""
+    reason = f"llama.cpp refused a {params.kv_cache_type} cache for this model"
+    log.warning("KV cache f16 instead of %s: %s", params.kv_cache_type, reason)
+    cp.type_k = cp.type_v = GGML_TYPES["f16"]
+    return llama_cpp.llama_init_from_model(llama_model, cp), reason

@@ -196,6 +196,7 @@ class RunnerService:
             "chat_template": self.engine.model.chat_template,
             "supports_insert": self.engine.model.supports_insert,
             "vision": vision is not None and not vision.refusal,
+            "kv_cache_fallback": self.engine.kv_fallback,  # why f16: llama.cpp refused the type
         }
 
     def op_complete(self, message: dict[str, Any]) -> None:

@@ -59,6 +59,11 @@ class RunnerProxy:
         return max(1, int(self.info.get("n_seq", self.spec.n_seq)))
 
     @property
+    def kv_cache_fallback(self) -> str:
+        """Why the runner's KV cache is f16 though the load asked for another ("" if not)."""
+        return str(self.info.get("kv_cache_fallback", ""))[:200]
+
+    @property
     def n_threads(self) -> int:
         """The CPU threads the runner decodes with (its default unless the spec set one)."""
         return int(self.info.get("n_threads", self.spec.n_threads))

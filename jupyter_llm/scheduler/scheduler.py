@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 from jupyter_llm.config import Settings
@@ -404,6 +405,13 @@ class Scheduler:
             names = backend_names(gpu_library(request) or "GPU", placement.gpus)
             if real := measured_allocations(placement, runner.measured, names):
                 allocations, measured = real, True
+        if (refused := runner.kv_cache_fallback) and wanted.kv_cache_type != "f16":
+            # llama.cpp refused the type: the runner made the cache f16
+            log.warning(
+                "%s: KV cache f16 instead of %s: %s",
+                entry.name.display, wanted.kv_cache_type, refused,
+            )  # fmt: skip
+            wanted = replace(wanted, kv_cache_type="f16", kv_cache_fallback=refused)
         return Loaded(
             entry=entry,
             runner=runner,

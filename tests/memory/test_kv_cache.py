@@ -7,14 +7,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fakes import synthetic_model
+from fakes import FakeRunnerFactory, synthetic_model
+from scheduler_env import ONE_GPU, entry, make, use
 
+from jupyter_llm.api.ps import describe_loaded
 from jupyter_llm.config import Settings
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.memory import EstimateOptions, estimate, plan_layout
 from jupyter_llm.memory.kv_cache import choose_kv_type
 from jupyter_llm.memory.model_info import read_model_info
-from jupyter_llm.runner.protocol import LoadParams, ProtocolError
+from jupyter_llm.runner.protocol import Complete, LoadParams, ProtocolError
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 from jupyter_llm.scheduler import LoadOptions, policy
@@ -106,3 +108,43 @@ async def test_gemma_at_32k(gemma_gguf):
         assert abs(estimated - measured[kv_type]) <= 2 * LOG_PRECISION
     assert measured["q8_0"] <= 0.55 * measured["f16"]
     assert measured["q4_0"] < measured["q8_0"]
+
+
+@pytest.fixture(scope="module")
+def narrow_heads(tmp_path_factory) -> Path:
+    """The demo model's default 16-wide heads: llama.cpp refuses a q8_0/q4_0
+    cache for them ("block size 32 does not divide n_embd_head_k")."""
+    return write_demo_model(tmp_path_factory.mktemp("kv") / "narrow.gguf")
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0", "q4_0"])
+async def test_the_runner_falls_back_to_f16_where_llama_cpp_refuses(narrow_heads, kv_type):
+    """The server's rule would have chosen f16 here; sent straight to the
+    runner, a quantized type meets llama.cpp's own refusal (a null context),
+    and the load still succeeds on an f16 cache, with the reason, and decodes."""
+    spec = LoadSpec(path=str(narrow_heads), n_ctx=2048, n_threads=2, kv_cache_type=kv_type)
+    runner = await start_runner_with(spec, load_timeout=120)
+    try:
+        refused = "" if kv_type == "f16" else f"llama.cpp refused a {kv_type} cache for this model"
+        assert runner.kv_cache_fallback == refused
+        measured = sum(d.get("kv_cache", 0) for d in runner.measured.values())
+        assert abs(estimated_kv(narrow_heads, 2048, "f16") - measured) <= LOG_PRECISION
+        request = Complete(prompt="hi", options={"num_predict": 4, "temperature": 0})
+        replies = [m async for batch in runner.complete(request) for m in batch]
+        assert replies[-1]["type"] == "done" and 1 <= replies[-1]["eval_count"] <= 4
+    finally:
+        await runner.close()
+
+
+async def test_a_load_llama_cpp_refused_shows_f16_and_why_in_ps(caplog):
+    """The runner's reason (above) reaches /api/ps and the server's log; the
+    model is then reused as it is, not reloaded for the type it could not have."""
+    refused = "llama.cpp refused a q8_0 cache for this model"
+    s, f = make(ONE_GPU, FakeRunnerFactory(kv_cache_fallback=refused), kv_cache_type="q8_0")
+    model = entry("refused", LLAMA)
+    loaded = await use(s, model)
+    assert f.specs[0].kv_cache_type == "q8_0"  # what the server chose and launched with
+    shown = describe_loaded(loaded)
+    assert (shown["kv_cache_type"], shown["kv_cache_fallback"]) == ("f16", refused)
+    assert f"refused:latest: KV cache f16 instead of q8_0: {refused}" in caplog.text
+    assert await use(s, model) is loaded and len(f.runners) == 1

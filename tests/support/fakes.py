@@ -34,6 +34,7 @@ class FakeRunner:
         self.pid = next(_pids)
         self.gpus = gpus or []
         self.measured = measured or {}
+        self.kv_cache_fallback = ""  # the real runner's reason when llama.cpp refused the type
         self.latency = latency
         self.info_calls = 0
         self.close_reason: RunnerFailed | None = None  # what ``close`` was told
@@ -86,10 +87,12 @@ class FakeRunnerFactory:
         fail: int = 0,
         measured: dict[str, dict[str, int]] | None = None,
         latency: float = 0.0,
+        kv_cache_fallback: str = "",
     ) -> None:
         self.specs: list[LoadSpec] = []
         self.runners: list[FakeRunner] = []
         self.fail, self.gpus, self.measured, self.latency = fail, gpus, measured, latency
+        self.kv_cache_fallback = kv_cache_fallback  # what every runner says llama.cpp refused
 
     async def __call__(self, request: LoadRequest, report: Callable[[float], None]) -> FakeRunner:
         spec = launch_spec(request, environ={})
@@ -99,6 +102,7 @@ class FakeRunnerFactory:
             self.fail -= 1
             raise AllocationFailed("failed to load model: could not allocate the KV cache")
         runner = FakeRunner(spec, self.gpus, self.measured, self.latency)
+        runner.kv_cache_fallback = self.kv_cache_fallback
         self.runners.append(runner)
         return runner
 
