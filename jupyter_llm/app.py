@@ -42,6 +42,9 @@ SETTINGS_TRAITS = (
     "stream_interval",
     "flash_attention",
     "kv_cache_type",
+    "prompt_disk_cache",
+    "prompt_disk_expiry",
+    "prompt_disk_dir",
     "num_threads",
     "python",
     "engine_url",
@@ -82,6 +85,13 @@ class LLMExtension(ExtensionApp):
     kv_cache_type = Unicode(
         None, allow_none=True, config=True, help="KV cache type: f16, q8_0 or q4_0."
     )
+    prompt_disk_cache = Int(
+        None, allow_none=True, config=True, help="Bytes of prompt caches on disk; 0: off."
+    )
+    prompt_disk_expiry = _duration("Delete a prompt cache file unused this long: '24h'.")
+    prompt_disk_dir = Unicode(
+        None, allow_none=True, config=True, help="Prompt caches' folder; empty: beside the models."
+    )
     python = Unicode(
         None,
         allow_none=True,
@@ -120,7 +130,7 @@ class LLMExtension(ExtensionApp):
     services: LLMServices | None = None  # None: the routes forward to ``engine``
     engine: forward.SharedEngine | None = None
 
-    @validate("keep_alive", "load_timeout")
+    @validate("keep_alive", "load_timeout", "prompt_disk_expiry")
     def _valid_duration(self, proposal: Any) -> Any:
         value = proposal["value"]
         if value is not None:

@@ -38,6 +38,12 @@ class Settings:
     stream_interval: float = 0.1  # seconds a fast model's tokens are grouped for streaming
     flash_attention: str = "auto"  # "auto" (llama.cpp's choice per backend), "on" or "off"
     kv_cache_type: str = "f16"  # "f16", "q8_0" or "q4_0" (quantized needs flash attention)
+    # long prompt prefixes' KV state on disk (runner/prompt_disk.py): a byte budget for
+    # the whole directory (0: off), how long an unused file is kept, and where ("": beside
+    # the models, <models_dir>/prompt-cache)
+    prompt_disk_cache: int = 1 << 30
+    prompt_disk_expiry: float = 86400.0
+    prompt_disk_dir: str = ""
     python: str = ""  # interpreter for runner processes; "" = this one
     # a shared engine (``jupyter llm serve`` behind JupyterHub): this server then
     # starts no scheduler and forwards its ``/llm/`` routes there (``api.forward``)
@@ -66,6 +72,7 @@ class Settings:
                 values[name] = _parse(name, value, name) if parsed else value
         settings = replace(cls(), **values)
         settings = replace(settings, models_dir=Path(settings.models_dir).expanduser())
+        _check_prompt_disk(settings)
         if settings.engine_url:
             return _with_engine(settings, env)
         return settings
@@ -84,11 +91,33 @@ def _with_engine(settings: Settings, env: Any) -> Settings:
     return replace(settings, engine_url=url.rstrip("/") + "/", engine_token=token)
 
 
+def _check_prompt_disk(settings: Settings) -> None:
+    """The prompt cache's budget is 0 (off) or more, and its files expire."""
+    if settings.prompt_disk_cache < 0:
+        raise ConfigError(
+            f"invalid {env_name('prompt_disk_cache')}: {settings.prompt_disk_cache}; "
+            "expected a byte budget, 0 to turn the prompt cache on disk off"
+        )
+    if not settings.prompt_disk_expiry > 0:
+        raise ConfigError(
+            f"invalid {env_name('prompt_disk_expiry')}: {settings.prompt_disk_expiry:g}; "
+            'expected a positive duration such as "24h"'
+        )
+
+
+def prompt_disk_dir(settings: Settings) -> Path:
+    """Where the prompt cache's files go."""
+    if settings.prompt_disk_dir:
+        return Path(settings.prompt_disk_dir).expanduser()
+    return Path(settings.models_dir) / "prompt-cache"
+
+
 ENV_NAMES = {"models_dir": "MODELS"}
 FOREIGN_ENV_NAMES = {
     "hf_endpoint": "HF_ENDPOINT"
 }  # variables other tools read too, as they spell them
-DURATIONS = ("keep_alive", "load_timeout")  # seconds or "5m"; negative: forever
+# seconds or "5m"; negative: forever (an expiry of 0 is refused)
+DURATIONS = ("keep_alive", "load_timeout", "prompt_disk_expiry")
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True}
 _BOOLS |= {"0": False, "false": False, "no": False, "off": False}
 _SWITCH = {"auto": "auto"} | {k: "on" if v else "off" for k, v in _BOOLS.items()}

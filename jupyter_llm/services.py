@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 
-from jupyter_llm.config import Settings
+from jupyter_llm.config import Settings, prompt_disk_dir
 from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw
 from jupyter_llm.history import HistorySampler
 from jupyter_llm.models.pull import Puller
 from jupyter_llm.models.store import ModelStore
 from jupyter_llm.runner_client.device_probe import discover_raw_devices
+from jupyter_llm.runner_client.launch import PromptDisk
 from jupyter_llm.runner_client.proxy import start_serving_runner
 from jupyter_llm.scheduler import Scheduler
 from jupyter_llm.usage import UsageStore
@@ -71,8 +72,14 @@ def build_services(settings: Settings) -> LLMServices:
         devices, start = ray_services(settings)
     else:
         devices = DeviceSource(discover, python=settings.python)
+        disk = PromptDisk(
+            str(prompt_disk_dir(settings)), settings.prompt_disk_cache, settings.prompt_disk_expiry
+        )
         start = partial(
-            start_serving_runner, python=settings.python, load_timeout=settings.load_timeout
+            start_serving_runner,
+            python=settings.python,
+            load_timeout=settings.load_timeout,
+            prompt_disk=disk,
         )
     store = ModelStore(settings.models_dir)
     scheduler = Scheduler(settings, start, devices)

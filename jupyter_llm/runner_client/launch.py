@@ -9,8 +9,11 @@ chosen GPUs visible to its backend.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
 
 from jupyter_llm.devices import DeviceInfo
 from jupyter_llm.memory import Placement
@@ -88,6 +91,30 @@ def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
         main_gpu=0,
         env=visibility_env(gpu_library(request), used, environ),
     )
+
+
+@dataclass(frozen=True)
+class PromptDisk:
+    """The prompt cache on disk as the server configures it (``Settings.prompt_disk_*``)."""
+
+    dir: str
+    max_bytes: int
+    expiry: float
+
+
+BLOB_NAME = re.compile(r"sha256-([0-9a-f]{64})")  # the store's blobs (ModelStore.blob_path)
+
+
+def prompt_disk_spec(request: LoadRequest, disk: PromptDisk | None) -> dict[str, Any]:
+    """``LoadParams.prompt_disk`` for this load: the model's key is its GGUF
+    blob's sha256 (the store verified it) with the KV cache's type and flash
+    attention, which fix the state's layout. Off ({}) where it is off, or
+    for a file outside the store (no digest to key it by)."""
+    blob = BLOB_NAME.fullmatch(Path(request.path).name)
+    if disk is None or disk.max_bytes <= 0 or blob is None:
+        return {}
+    model = f"sha256:{blob.group(1)}|{request.kv_cache_type}|fa-{request.flash_attn}"
+    return {"dir": disk.dir, "model": model, "max_bytes": disk.max_bytes, "expiry": disk.expiry}
 
 
 def hidden_gpus_env(gpus: Sequence[DeviceInfo]) -> tuple[tuple[str, str], ...]:

@@ -21,7 +21,13 @@ from typing import Any
 
 from jupyter_llm.request.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
 from jupyter_llm.runner.protocol import Complete, Embed, Health, ProtocolError, fields_of, read
-from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
+from jupyter_llm.runner_client.launch import (
+    LoadRequest,
+    LoadSpec,
+    PromptDisk,
+    launch_spec,
+    prompt_disk_spec,
+)
 from jupyter_llm.runner_client.process import RunnerProcess
 
 log = logging.getLogger(__name__)
@@ -197,11 +203,14 @@ async def start_serving_runner(
     python: str = "",
     load_timeout: float,
     environ: Mapping[str, str] | None = None,
+    prompt_disk: PromptDisk | None = None,
 ) -> RunnerProxy:
     """Spawn a runner and load ``request`` into it; no runner is left behind on
     failure; ``report`` is told the load's progress. ``load_timeout`` is both
-    the load's stall timer and the watchdog's."""
+    the load's stall timer and the watchdog's. ``prompt_disk``: where the
+    runner keeps long prefixes (runner/prompt_disk.py)."""
     spec = launch_spec(request, os.environ if environ is None else environ)
+    spec = replace(spec, prompt_disk=prompt_disk_spec(request, prompt_disk))
     return await start_runner_with(spec, python=python, load_timeout=load_timeout, report=report)
 
 

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from jupyter_llm.config import Settings, prompt_disk_dir
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.memory import Placement
+from jupyter_llm.request.errors import ConfigError
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.prompt_disk import (
     HEADER,
@@ -18,7 +22,10 @@ from jupyter_llm.runner.prompt_disk import (
     PromptDisk,
     save_slots,
 )
-from jupyter_llm.runner.protocol import LoadParams
+from jupyter_llm.runner.protocol import Complete, LoadParams
+from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, prompt_disk_spec
+from jupyter_llm.runner_client.launch import PromptDisk as PromptDiskSettings
+from jupyter_llm.runner_client.proxy import start_runner_with
 
 GREEDY = {"temperature": 0, "num_predict": 12, "seed": 1}
 
@@ -218,3 +225,98 @@ def test_gemma_second_turn_after_unload(gemma_gguf: Path, tmp_path: Path) -> Non
     saved prefix is restored and the rest evaluated, as a cold run would."""
     first = "Summarise this notebook cell and explain each step in detail. " * 70  # > window
     unload_and_return(gemma_gguf, tmp_path, first, " Now explain the second cell.")
+
+
+# -- the server's side: the key, and a real runner process ---------------------------------
+BLOB = "sha256-" + "ab" * 32
+
+
+def request(path: str, **kw: Any) -> LoadRequest:
+    args = {"num_ctx": 1024, "num_batch": 64, "num_thread": 0, "use_mmap": True, "parallel": 2}
+    return LoadRequest(path=path, placement=Placement((), (), 0, 0), **{**args, **kw})
+
+
+def test_the_key_is_the_blob_digest_and_the_cache_layout(tmp_path: Path) -> None:
+    disk = PromptDiskSettings(str(tmp_path), 1 << 30, 3600.0)
+    spec = prompt_disk_spec(request(f"/m/blobs/{BLOB}", kv_cache_type="q8_0"), disk)
+    assert spec == {
+        "dir": str(tmp_path),
+        "model": f"sha256:{'ab' * 32}|q8_0|fa-auto",
+        "max_bytes": 1 << 30,
+        "expiry": 3600.0,
+    }
+    assert prompt_disk_spec(request("/elsewhere/model.gguf"), disk) == {}  # no digest: off
+    off = PromptDiskSettings(str(tmp_path), 0, 3600.0)
+    assert prompt_disk_spec(request(f"/m/blobs/{BLOB}"), off) == {}
+
+
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [
+        ({"JUPYTER_LLM_PROMPT_DISK_CACHE": "-1"}, "JUPYTER_LLM_PROMPT_DISK_CACHE"),
+        ({"JUPYTER_LLM_PROMPT_DISK_EXPIRY": "0"}, "JUPYTER_LLM_PROMPT_DISK_EXPIRY"),
+        ({"JUPYTER_LLM_PROMPT_DISK_CACHE": "lots"}, "JUPYTER_LLM_PROMPT_DISK_CACHE"),
+    ],
+)
+def test_settings_bounds(env: dict[str, str], error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        Settings.from_env(env)
+
+
+def test_settings_defaults(tmp_path: Path) -> None:
+    settings = Settings.from_env({"JUPYTER_LLM_MODELS": str(tmp_path)})
+    assert settings.prompt_disk_cache == 1 << 30 and settings.prompt_disk_expiry == 86400
+    assert prompt_disk_dir(settings) == tmp_path / "prompt-cache"
+    off = Settings.from_env(
+        {"JUPYTER_LLM_PROMPT_DISK_CACHE": "0", "JUPYTER_LLM_PROMPT_DISK_EXPIRY": "2h"}
+    )
+    assert off.prompt_disk_cache == 0 and off.prompt_disk_expiry == 7200
+    never = Settings.from_env({"JUPYTER_LLM_PROMPT_DISK_EXPIRY": "-1"})  # as keep_alive
+    assert never.prompt_disk_expiry == float("inf")  # the budget and the count still bound it
+
+
+async def answer(runner: Any, prompt: str) -> tuple[str, dict[str, Any]]:
+    text, done = [], {}
+    async for batch in runner.complete(Complete(prompt=prompt, options=dict(GREEDY))):
+        for message in batch:
+            if message["type"] == "token":
+                text.append(message["text"])
+            elif message["type"] == "done":
+                done = message
+    return "".join(text), done
+
+
+async def test_a_runner_saves_at_unload_and_the_next_runner_restores(tmp_path: Path) -> None:
+    """A real runner process, closed as keep_alive expiry or eviction closes
+    it; a new runner of the same blob answers the second turn from disk."""
+    blob = tmp_path / "blobs" / BLOB
+    blob.parent.mkdir()
+    write_demo_model(blob, DemoModelSpec())
+    cache = tmp_path / "prompt-cache"
+    disk = PromptDiskSettings(str(cache), 64 << 20, 3600.0)
+
+    def spec(on: bool) -> LoadSpec:
+        disk_spec = prompt_disk_spec(request(str(blob)), disk if on else None)
+        disk_spec = {**disk_spec, "min_tokens": 64} if disk_spec else {}
+        return LoadSpec(path=str(blob), n_ctx=1024, n_batch=64, n_seq=2, prompt_disk=disk_spec)
+
+    first = "The first cell of a notebook, explained at length. " * 8
+    runner = await start_runner_with(spec(True), load_timeout=60)
+    try:
+        reply, _ = await answer(runner, first)
+    finally:
+        await runner.close()  # what an unload does
+    assert len(list(cache.glob("*.kv"))) == 1
+    follow = first + reply + " And the second cell?"
+    cold = await start_runner_with(spec(False), load_timeout=60)
+    try:
+        cold_text, cold_done = await answer(cold, follow)
+    finally:
+        await cold.close()
+    again = await start_runner_with(spec(True), load_timeout=60)
+    try:
+        text, done = await answer(again, follow)
+    finally:
+        await again.close()
+    assert cold_done["prompt_cached"] == 0 and done["prompt_cached"] >= 64
+    assert text == cold_text
