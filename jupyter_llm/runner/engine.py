@@ -280,7 +280,7 @@ class Engine:
             index, shared = choose_slot(idle, seq.job.tokens)
             slot = self.slots[index]
             keep = self._reusable(slot, seq, shared)
-            keep = restore(self, slot, seq.job.tokens, keep)  # or a longer one from disk
+            keep, seq.prompt_cache = restore(self, slot, seq.job.tokens, keep)  # or from disk
             if keep < len(slot.cached):
                 if not llama_cpp.llama_memory_seq_rm(self.memory, index, keep, -1):
                     keep = 0

@@ -227,28 +227,29 @@ def open_disk(spec: dict[str, Any]) -> PromptDisk | None:
         return None
 
 
-def restore(engine: Engine, slot: Slot, tokens: list[int], keep: int) -> int:
+def restore(engine: Engine, slot: Slot, tokens: list[int], keep: int) -> tuple[int, str]:
     """Before ``tokens`` go into ``slot``, which reuses ``keep`` of them: the
     longest stored prefix longer than that, restored into the slot. Returns
-    the tokens now reused (``keep`` where nothing better is on disk). One
-    token is always left to evaluate: its logits start the answer."""
+    the tokens now reused and where they are from ("disk", else "slot":
+    ``keep``, where nothing better is on disk). One token is always left to
+    evaluate: its logits start the answer."""
     disk = engine.disk
     if disk is None or len(tokens) - 1 <= max(keep, disk.params.min_tokens - 1):
-        return keep
+        return keep, "slot"
     if any(t < 0 for t in tokens):  # images: never stored
-        return keep
+        return keep, "slot"
     hit = disk.lookup(tokens[:-1], longer_than=keep)
     if hit is None:
-        return keep
+        return keep, "slot"
     n, state = hit
     llama_cpp.llama_memory_seq_rm(engine.memory, slot.index, -1, -1)
     slot.truncate(0)
     buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
     if llama_cpp.llama_state_seq_set_data(engine.ctx, buf, len(state), slot.index) == 0:
         llama_cpp.llama_memory_seq_rm(engine.memory, slot.index, -1, -1)
-        return 0  # llama.cpp refused it (another layout): evaluate it all
+        return 0, ""  # llama.cpp refused it (another layout): evaluate it all
     slot.cached[:] = tokens[:n]
-    return n
+    return n, "disk"
 
 
 def save_slots(engine: Engine, seconds: float = SAVE_SECONDS) -> int:

@@ -152,6 +152,7 @@ class Done:
     tool_calls_count: int = 0
     stop_sequence: str = ""  # the stop string that ended it (Anthropic reports it)
     prompt_cached: int = 0  # prompt tokens reused from the slot's cache, not evaluated
+    prompt_cache: str = ""  # where those came from: "slot" or "disk" (runner/prompt_disk.py)
     draft_tokens: int = 0  # output tokens drafted by prompt lookup (runner.speculative)
     draft_accepted: int = 0  # of those, the ones the model's own sampler confirmed
 

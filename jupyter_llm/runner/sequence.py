@@ -162,6 +162,7 @@ class Sequence:
         self.slot = -1
         self.fed = 0  # prompt tokens whose KV entries are in the slot
         self.reused = 0  # of those, the ones its slot's cache already held
+        self.prompt_cache = ""  # where: "slot", or "disk" when restored (runner.prompt_disk)
         self.next_token: int | None = None  # sampled, not yet decoded
         self.generated: list[int] = []
         self.reason = ""  # set when finished
@@ -212,6 +213,7 @@ class Sequence:
             stop_sequence=self.stops.hit,
             prompt_eval_count=len(prompt) if done else evaluated,
             prompt_cached=self.reused,
+            prompt_cache=self.prompt_cache if self.reused else "",
             draft_tokens=self.drafting.drafted if self.drafting else 0,
             draft_accepted=self.drafting.accepted if self.drafting else 0,
             prompt_eval_duration=self.prompt_ns,

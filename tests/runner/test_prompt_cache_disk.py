@@ -162,6 +162,8 @@ def load(path: Path, cache: Path | None, digest: str = "sha256:demo", **kw: obje
 def run(engine: Engine, prompt: str) -> tuple[str, int]:
     out: list[str] = []
     done = engine.complete(prompt, dict(GREEDY), out.append, lambda: False)
+    assert done.prompt_cache == ("" if not done.prompt_cached else done.prompt_cache)
+    engine.last_source = done.prompt_cache  # type: ignore[attr-defined]
     return "".join(out), done.prompt_cached
 
 
@@ -184,6 +186,9 @@ def unload_and_return(model: Path, tmp_path: Path, first: str, second: str) -> N
     again = load(model, cache)  # a new runner: the unload or restart is over
     try:
         text, cached = run(again, follow)
+        assert again.last_source == "disk"  # type: ignore[attr-defined]
+        _, from_slot = run(again, follow)  # the slot holds it now
+        assert from_slot and again.last_source == "slot"  # type: ignore[attr-defined]
     finally:
         again.close()
     assert cached >= 64  # restored from disk, evaluated only the rest
@@ -318,5 +323,6 @@ async def test_a_runner_saves_at_unload_and_the_next_runner_restores(tmp_path: P
         text, done = await answer(again, follow)
     finally:
         await again.close()
-    assert cold_done["prompt_cached"] == 0 and done["prompt_cached"] >= 64
+    assert cold_done["prompt_cached"] == 0 and cold_done.get("prompt_cache", "") == ""
+    assert done["prompt_cached"] >= 64 and done["prompt_cache"] == "disk"
     assert text == cold_text
