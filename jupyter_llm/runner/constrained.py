@@ -174,12 +174,16 @@ class Candidates:
             sorted=False,
         )
 
-    def fill(self, ctx: Any, index: int) -> None:
-        logits = np.ctypeslib.as_array(
+    def logits(self, ctx: Any, index: int) -> np.ndarray:
+        """llama.cpp's logits for output ``index``, in place (read only: they
+        are the context's own, valid until its next decode)."""
+        return np.ctypeslib.as_array(
             llama_cpp.llama_get_logits_ith(ctx, index), shape=(self.n_vocab,)
         )
+
+    def fill(self, ctx: Any, index: int) -> None:
         self.data["id"] = self.ids
-        self.data["logit"] = logits
+        self.data["logit"] = self.logits(ctx, index)
         self.data["p"] = 0.0
         self.array.data = self.data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
         self.array.size = self.n_vocab
@@ -249,8 +253,10 @@ class GrammarSampler:
     _patterns: list[tuple[re.Pattern[bytes], bool]] = field(default_factory=list)
     check_first: bool = field(default_factory=lambda: CHECK_SAMPLED_FIRST)
     need: int = 0  # allowed tokens that decide the chain's pick (``grammar_walk``); 0: full pass
+    _penalties: Any = None  # the chain's leading penalties sampler, if any
 
     def __post_init__(self) -> None:
+        self._penalties = grammar_walk.penalties_first(self.chain)
         if self.triggers is None:
             self.active = self.grammar
         else:
@@ -260,9 +266,7 @@ class GrammarSampler:
         """The next token, accepted by the chain and any grammar holding."""
         if self.active is not None and not self.check_first:
             return self._take(self._constrained(ctx, index), checked=False)
-        c = self.candidates
-        c.fill(ctx, index)
-        token = c.pick(self.chain)
+        token = self._first_pick(ctx, index)
         if token is None:
             raise EngineError("the sampler left no token to choose")
         if self.active is None:
@@ -276,16 +280,30 @@ class GrammarSampler:
             walked = self._constrained(ctx, index)
         return self._take(walked, checked=False)
 
+    def _first_pick(self, ctx: Any, index: int) -> int | None:
+        """The chain's pick over every candidate. Greedy or top-k without
+        penalties: from the best ``need`` read off llama.cpp's logits in place
+        (``grammar_walk.first_pick``, the same token); else the chain over a
+        filled candidate array."""
+        if self.need and self._penalties is None:
+            return grammar_walk.first_pick(
+                self.chain, self.need, self.candidates.logits(ctx, index)
+            )
+        self.candidates.fill(ctx, index)
+        return self.candidates.pick(self.chain)
+
     def _walked(self, ctx: Any, index: int) -> int | None:
         """The pick among the best allowed tokens, found by walking the
         candidates in logit order (``grammar_walk``: the full pass's token);
         None when the walk gives up and the full pass must run."""
         c = self.candidates
-        c.fill(ctx, index)
-        penalties = grammar_walk.penalties_first(self.chain)
-        if penalties is not None:
+        penalties = self._penalties
+        if penalties is None:
+            logits = c.logits(ctx, index)  # read in place: no copy
+        else:
+            c.fill(ctx, index)
             c.apply(penalties)  # in place, logits in id order
-        logits = c.data["logit"]
+            logits = c.data["logit"]
         found = grammar_walk.walk(logits, self.need, self._allowed)
         if not found:
             return None

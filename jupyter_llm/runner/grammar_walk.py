@@ -62,16 +62,49 @@ def ranked(logits: np.ndarray, limit: int) -> tuple[np.ndarray, bool]:
     """Token ids by logit descending (lowest id first among equals), at
     least the best ``limit`` of them with every tie at the cut; and whether
     they are all the finite ones (the walk can then end without finding
-    enough)."""
+    enough). Reads ``logits`` without copying them all (``best``)."""
     n = len(logits)
-    if n <= limit:
-        idx = np.arange(n)
-    else:
-        cut = np.partition(logits, n - limit)[n - limit]
-        idx = np.flatnonzero(logits >= cut)
+    idx = np.arange(n) if n <= limit else best(logits, limit)
     idx = idx[np.argsort(-logits[idx], kind="stable")]
     finite = idx[np.isfinite(logits[idx])]
     return finite, len(idx) == n or len(finite) < len(idx)
+
+
+def best(logits: np.ndarray, limit: int) -> np.ndarray:
+    """The ids of the ``limit`` highest logits and every one tied with the
+    last (``limit`` < their number). The logits are dealt into ``blocks``
+    strided blocks and only the blocks whose maximum reaches the ``limit``-th highest
+    block maximum are read: at least ``limit`` logits reach it, so the best
+    ``limit`` all lie in those blocks (and in the tail a whole block does not
+    cover). A pass over the vocabulary in C, then a few thousand logits."""
+    n = len(logits)
+    size = max(1, min(64, n // (8 * limit)))
+    blocks = n // size
+    if blocks <= limit:
+        cut = np.partition(logits, n - limit)[n - limit]
+        return np.flatnonzero(logits >= cut)
+    maxima = logits[: blocks * size].reshape(size, blocks).max(axis=0)  # block j: j, j + blocks...
+    threshold = np.partition(maxima, blocks - limit)[blocks - limit]
+    chosen = np.flatnonzero(maxima >= threshold)
+    ids = (np.arange(size)[:, None] * blocks + chosen).ravel()
+    ids = np.concatenate([ids, np.arange(blocks * size, n)])
+    values = logits[ids]
+    cut = np.partition(values, len(ids) - limit)[len(ids) - limit]
+    return ids[values >= cut]
+
+
+def first_pick(chain: Any, need: int, logits: np.ndarray) -> int | None:
+    """The chain's pick over every token (a chain without penalties, for
+    which ``need`` is 1 or its top-k) from the ``need`` best alone, read
+    from ``logits`` in place: the same token as the chain over all of them
+    (the module's reasons), without building a 262k candidate array."""
+    if need == 1:
+        token = int(np.argmax(logits))  # the first maximum: greedy's pick
+        return token if np.isfinite(logits[token]) else None
+    order, _ = ranked(logits, need)
+    if len(order) == 0:
+        return None
+    return pick_among(chain, 0, order[:need].tolist(), logits)
 
 
 def walk(logits: np.ndarray, need: int, allowed: Callable[[int], bool]) -> list[int] | None:
