@@ -78,6 +78,7 @@ class Finished:
     context: list[int]
     stop_sequence: str = ""  # the stop string that ended it, if one did
     prompt_cached: int = 0  # of prompt_eval_count, the tokens the cache held
+    prompt_cache: str = ""  # where those came from: "slot", "disk" (the runner's Done)
     draft_tokens: int = 0  # output tokens drafted by prompt lookup and checked
     draft_accepted: int = 0  # of those, the ones the model confirmed
 
@@ -197,6 +198,7 @@ async def _complete(
                         done.eval_duration,
                     )  # fmt: skip
                     counted.drafts(done.draft_tokens, done.draft_accepted)
+                    counted.cache_hit(done.prompt_cache)
                     if job.format is not None and done.done_reason == "stop":
                         await check_format(job.format, "".join(text))
                     total = time.perf_counter_ns() - started
@@ -279,6 +281,7 @@ def finished(done: Done, load_duration: int, total_duration: int) -> Finished:
         context=done.context,
         stop_sequence=done.stop_sequence,
         prompt_cached=done.prompt_cached,
+        prompt_cache=done.prompt_cache,
         draft_tokens=done.draft_tokens,
         draft_accepted=done.draft_accepted,
     )

@@ -179,16 +179,30 @@ def message_fields(text: str, thinking: str, calls: list[dict[str, Any]] | None)
 
 
 def done_fields(f: Finished) -> dict[str, Any]:
-    return {
-        "done": True,
-        "done_reason": f.done_reason,
-        "total_duration": f.total_duration,
-        "load_duration": f.load_duration,
-        "prompt_eval_count": f.prompt_eval_count,
-        "prompt_eval_duration": f.prompt_eval_duration,
-        "eval_count": f.eval_count,
-        "eval_duration": f.eval_duration,
-    } | draft_fields(f)
+    return (
+        {
+            "done": True,
+            "done_reason": f.done_reason,
+            "total_duration": f.total_duration,
+            "load_duration": f.load_duration,
+            "prompt_eval_count": f.prompt_eval_count,
+            "prompt_eval_duration": f.prompt_eval_duration,
+            "eval_count": f.eval_count,
+            "eval_duration": f.eval_duration,
+        }
+        | draft_fields(f)
+        | cache_fields(f)
+    )
+
+
+def cache_fields(f: Finished) -> dict[str, Any]:
+    """A hit in a prompt cache that outlived its slot (Ollama has none):
+    ``prompt_cache`` "ram" or "disk", ``prompt_cached`` the tokens not
+    evaluated again. A slot's own reuse stays out of the chunk, as before
+    (OpenAI's ``cached_tokens`` counts every kind)."""
+    if not f.prompt_cached or f.prompt_cache not in ("ram", "disk"):
+        return {}
+    return {"prompt_cache": f.prompt_cache, "prompt_cached": f.prompt_cached}
 
 
 def draft_fields(f: Finished) -> dict[str, Any]:

@@ -39,6 +39,12 @@ PROMPT_CACHE_TOKENS = Counter(
     "Prompt tokens reused from a slot's cache instead of evaluated again",
     ["model", "user"],
 )
+PROMPT_CACHE_HITS = Counter(
+    "jupyter_llm_prompt_cache_hits",
+    "Completions that reused cached prompt tokens, by where they were kept",
+    ["model", "source"],
+)
+CACHE_SOURCES = ("slot", "ram", "disk")  # the source label's values (bounded)
 TIME_TO_FIRST_TOKEN = Histogram(
     "jupyter_llm_time_to_first_token_seconds",
     "From the request to its first generated token (load and queue included)",
@@ -141,6 +147,11 @@ class Completion:
             labels(TIME_TO_FIRST_TOKEN, self.model).observe(first - self.started)
         if generated > 1:
             labels(INTER_TOKEN_LATENCY, self.model).observe(eval_ns / (generated - 1) / 1e9)
+
+    def cache_hit(self, source: str) -> None:
+        """The runner's ``done``: where its reused prompt tokens were kept, if any."""
+        if source in CACHE_SOURCES:
+            labels(PROMPT_CACHE_HITS, self.model, source).inc()
 
     def drafts(self, drafted: int, accepted: int) -> None:
         """The runner's ``done``: its speculative decoding's draft tokens."""

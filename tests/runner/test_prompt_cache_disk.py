@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
+from jupyter_llm.api.generation import Finished
+from jupyter_llm.api.ollama_shapes import done_fields
 from jupyter_llm.config import Settings, prompt_disk_dir
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.memory import Placement
+from jupyter_llm.metrics.instruments import Completion
 from jupyter_llm.request.errors import ConfigError
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.prompt_disk import (
@@ -326,3 +330,39 @@ async def test_a_runner_saves_at_unload_and_the_next_runner_restores(tmp_path: P
     assert cold_done["prompt_cached"] == 0 and cold_done.get("prompt_cache", "") == ""
     assert done["prompt_cached"] >= 64 and done["prompt_cache"] == "disk"
     assert text == cold_text
+
+
+# -- what a client sees: the final chunk and the metric -------------------------------------
+@pytest.mark.parametrize(
+    ("source", "cached", "expected"),
+    [
+        ("disk", 1908, {"prompt_cache": "disk", "prompt_cached": 1908}),
+        ("ram", 10, {"prompt_cache": "ram", "prompt_cached": 10}),
+        ("slot", 10, {}),  # a slot's own reuse stays out of Ollama's chunk, as before
+        ("", 0, {}),
+        ("disk", 0, {}),
+    ],
+)
+def test_final_chunk_reports_a_hit_that_outlived_its_slot(
+    source: str, cached: int, expected: dict[str, Any]
+) -> None:
+    done = Finished("stop", 5, 1, 1, 1, 1, 1, [], prompt_cached=cached, prompt_cache=source)
+    chunk = done_fields(done)
+    assert {k: chunk[k] for k in ("prompt_cache", "prompt_cached") if k in chunk} == expected
+
+
+def test_hits_are_counted_by_source_with_bounded_labels() -> None:
+    def hits(source: str) -> float:
+        value = REGISTRY.get_sample_value(
+            "jupyter_llm_prompt_cache_hits_total", {"model": "m-c2", "source": source}
+        )
+        return value or 0.0
+
+    before = {s: hits(s) for s in ("slot", "disk")}
+    completion = Completion("m-c2", "u")
+    completion.cache_hit("disk")
+    completion.cache_hit("slot")
+    completion.cache_hit("")  # no hit
+    completion.cache_hit("elsewhere")  # never a label value
+    assert hits("disk") == before["disk"] + 1 and hits("slot") == before["slot"] + 1
+    assert hits("elsewhere") == 0
