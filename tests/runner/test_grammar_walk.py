@@ -11,23 +11,13 @@ import ctypes
 import llama_cpp
 import numpy as np
 import pytest
+from sampler_options import NEUTRAL
 
 from jupyter_llm.runner import grammar_walk
 from jupyter_llm.runner.sequence import build_chain
 
 N_VOCAB = 3000
-DEFAULTS = {
-    "repeat_penalty": 1.0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "repeat_last_n": 64,
-    "mirostat": 0,
-    "mirostat_tau": 5.0,
-    "mirostat_eta": 0.1,
-    "typical_p": 1.0,
-    "min_p": 0.0,
-    "top_p": 1.0,
-}
+DEFAULTS = NEUTRAL
 
 
 def full_pick(chain, logits: np.ndarray, allowed: np.ndarray) -> int:
