@@ -30,7 +30,7 @@ import llama_cpp
 
 from jupyter_llm.request.limits import repeat_window
 from jupyter_llm.request.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
-from jupyter_llm.request.priority import seq_ids
+from jupyter_llm.request.priority import BATCH, seq_ids
 from jupyter_llm.runner.constrained import Candidates
 from jupyter_llm.runner.context_window import (
     SlotView,
@@ -43,6 +43,7 @@ from jupyter_llm.runner.context_window import (
     truncation,
 )
 from jupyter_llm.runner.embedding_context import EmbeddingContext
+from jupyter_llm.runner.interrupt import ABORTED, StepInterrupt
 from jupyter_llm.runner.kv_cache import cache_type, open_context
 from jupyter_llm.runner.logprobs import Logprobs
 from jupyter_llm.runner.model import Model
@@ -111,6 +112,7 @@ class Engine:
         self.logprobs = Logprobs(self.ctx, model.n_vocab, model.piece)
         self.slots = [Slot(i) for i in range(cp.n_seq_max)]  # n_seq decode at once
         self.pauses = Pauses()
+        self.interrupt = StepInterrupt(self.ctx)  # interactive arrivals cut batch-only steps
         self.disk = open_disk(params.prompt_disk)  # long prefixes kept on disk
         self.waiting: deque[Sequence] = deque()
         n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
@@ -531,8 +533,11 @@ class Engine:
         where it failed (every sequence in the batch ends with the error)."""
         self.batch.n_tokens = n
         t0 = time.perf_counter_ns()
-        rc = llama_cpp.llama_decode(self.ctx, self.batch)
+        batch_only = all(q.job.priority == BATCH for q, _ in [*outputs, *fed])
+        rc = self.interrupt.decode(self.batch, batch_only)
         elapsed = time.perf_counter_ns() - t0
+        if rc == ABORTED and self.interrupt.cut_last:
+            return None  # interactive work arrived: it goes first, this step runs again
         if rc != 0:
             error = EngineError(f"llama_decode failed with status {rc}")
             for seq in {id(q): q for q, _ in [*outputs, *fed]}.values():

@@ -12,7 +12,7 @@ import llama_cpp
 from jupyter_llm.memory.measured import AllocationLog
 
 _LOG_DEBUG, _LOG_CONT = 1, 5  # enum ggml_log_level
-_log_state = {"keep": True, "ready": False}
+_log_state: dict = {"keep": True, "ready": False, "held": None}
 allocation_log = AllocationLog()  # what the current load allocated, per device
 
 
@@ -24,9 +24,30 @@ def _log_to_stderr(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     _log_state["keep"] = keep
     if keep:
         line = text.decode(errors="replace")
-        allocation_log.feed(line)
-        sys.stderr.write(line)
-        sys.stderr.flush()
+        if _log_state["held"] is not None:
+            _log_state["held"].append(line)
+            return
+        _write(line)
+
+
+def _write(line: str) -> None:
+    allocation_log.feed(line)
+    sys.stderr.write(line)
+    sys.stderr.flush()
+
+
+def hold_log() -> None:
+    """Keep llama.cpp's lines back until ``release_log``: a decode step that
+    interactive work cuts short (``runner.interrupt``) logs its rollback as
+    errors, which are no news to anyone reading the server's log."""
+    _log_state["held"] = []
+
+
+def release_log(drop: bool) -> None:
+    """Write the lines held since ``hold_log``, or drop them."""
+    held, _log_state["held"] = _log_state["held"] or [], None
+    for line in [] if drop else held:
+        _write(line)
 
 
 def init_backend() -> None:

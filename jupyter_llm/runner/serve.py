@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from jupyter_llm.request.priority import BATCH
 from jupyter_llm.runner.chat_plan import ChatPlanner
 from jupyter_llm.runner.completion import CompletionReplies, error_reply
 from jupyter_llm.runner.context_window import num_keep
@@ -93,6 +94,9 @@ class RunnerService:
                     self.send({"id": message.get("id"), "type": "result", **self.health()})
                 else:
                     self.requests.put(message)
+                    engine = self.engine
+                    if op == "complete" and message.get("priority") != BATCH and engine:
+                        engine.interrupt.request()  # a batch-only step in flight ends
         except OSError:
             pass
         os._exit(0)  # the server is gone (or closed us): nothing left to serve
@@ -104,6 +108,8 @@ class RunnerService:
         threading.Thread(target=self.read_requests, daemon=True, name="requests").start()
         while True:
             busy = self.engine is not None and self.engine.busy
+            if self.engine is not None:  # arrivals from here on are read below or cut a step
+                self.engine.interrupt.clear()
             try:
                 message: dict[str, Any] | None = self.requests.get(block=not busy)
             except queue.Empty:
