@@ -1,8 +1,10 @@
 """The ``/api/ps`` body: each loaded model with Ollama's fields plus where each
 byte lives, how many requests it serves at once (``parallel``) and its
 requests by priority (``priorities``: running and queued, interactive and
-batch), its speculative decoding's draft tokens so far (``speculative``:
-drafted and accepted), and the models being loaded with their progress (``loading``). Our
+batch) and one by one (``requests``: state, user, priority, since; at most
+``limits.PS_REQUESTS``, ``requests_left_out`` counting the rest), its
+speculative decoding's draft tokens so far (``speculative``: drafted and
+accepted), and the models being loaded with their progress (``loading``). Our
 additions are read by the sidebar, ``jupyter llm`` and the kernel; Ollama's clients ignore them."""
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any
 from jupyter_llm.devices import on_node
 from jupyter_llm.memory import CPU
 from jupyter_llm.metrics.instruments import drafts_so_far
+from jupyter_llm.request.limits import PS_REQUESTS
 from jupyter_llm.request.priority import PRIORITIES
 from jupyter_llm.scheduler import Loaded, Scheduler
+from jupyter_llm.scheduler.types import Request
 
 FOREVER_ISO = "2318-01-01T00:00:00Z"  # what Ollama reports for keep_alive < 0
 
@@ -26,6 +30,7 @@ def ps_body(scheduler: Scheduler) -> dict[str, Any]:
     for m in scheduler.loaded_models():
         model = describe_loaded(m, holders(m, scheduler.queued(m)))
         model["priorities"] = by_priority(m, scheduler.queued_by_priority(m))
+        model.update(listed(scheduler.requests(m)))
         model["speculative"] = drafts_so_far(m.entry.name.display)  # draft tokens so far
         models.append(model)
     return {"models": models, "loading": describe_loading(scheduler.loading_models())}
@@ -41,6 +46,21 @@ def by_priority(loaded: Loaded, queued: dict[str, dict[str, int]]) -> dict[str, 
         }
         for p in PRIORITIES
     }
+
+
+def listed(requests: list[Request], cap: int = PS_REQUESTS.value) -> dict[str, Any]:
+    """``{"requests": [{"user", "priority", "state", "since"}]}``: the first
+    ``cap`` of them, and ``requests_left_out`` with the count of the rest
+    where there are more. Users are named as in ``users``; no prompt text."""
+    body: dict[str, Any] = {
+        "requests": [
+            {"user": r.user, "priority": r.priority, "state": r.state, "since": _iso(r.since)}
+            for r in requests[:cap]
+        ]
+    }
+    if len(requests) > cap:
+        body["requests_left_out"] = len(requests) - cap
+    return body
 
 
 def describe_loading(loading: dict[str, float]) -> list[dict[str, Any]]:

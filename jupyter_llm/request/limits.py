@@ -438,6 +438,15 @@ HISTORY_DEVICES = Limit(
     "devices",
     "a machine has at most 8 or 16 GPUs; on a cluster, those holding most memory are kept",
 )
+PS_REQUESTS = Limit(
+    "ps_requests",
+    "requests listed one by one per model in /api/ps (`requests`: running first, then queued)",
+    64,
+    "requests",
+    "a model runs num_parallel (4 by default) at once and a glance at the queue needs its "
+    "head; past it `requests_left_out` counts the rest, and `priorities` and `users` still "
+    "count every request (the queue holds up to max_queue, 512 by default)",
+)
 
 # -- table ----------------------------------------------------------------------------------
 TABLE: tuple[Limit, ...] = (
@@ -490,6 +499,7 @@ TABLE: tuple[Limit, ...] = (
     HISTORY_POINTS,
     HISTORY_MODELS,
     HISTORY_DEVICES,
+    PS_REQUESTS,
 )
 BY_KEY = {limit.key: limit for limit in TABLE}
 

@@ -12,6 +12,7 @@ unless batch work on that model is due (``scheduler.priority``).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -21,12 +22,14 @@ from jupyter_llm.scheduler.priority import batch_due, order, passes_after
 
 @dataclass(frozen=True, eq=False)
 class Waiter:
-    """One pending request: whose, for which model, its arrival order and priority."""
+    """One pending request: whose, for which model, its arrival order and
+    priority, and when it was queued (wall clock, for ``/api/ps``)."""
 
     user: str
     model: str
     seq: int
     priority: str = INTERACTIVE
+    since: float = 0.0
 
 
 def next_waiter(
@@ -76,7 +79,7 @@ class FairQueue:
     _passed_over: dict[str, int] = field(default_factory=dict)  # per model (``order``)
 
     def push(self, user: str, model: str, priority: str = INTERACTIVE) -> Waiter:
-        waiter = Waiter(user, model, next(self._seqs), priority)
+        waiter = Waiter(user, model, next(self._seqs), priority, time.time())
         self._waiting.append(waiter)
         return waiter
 
@@ -118,6 +121,10 @@ class FairQueue:
                 mine = counts.setdefault(w.user, {})
                 mine[w.priority] = mine.get(w.priority, 0) + 1
         return counts
+
+    def waiting_for(self, model: str) -> list[Waiter]:
+        """The requests waiting for ``model``, in arrival order."""
+        return [w for w in self._waiting if w.model == model]
 
     def __len__(self) -> int:
         return len(self._waiting)

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from jupyter_llm.config import Settings
@@ -43,7 +44,7 @@ from jupyter_llm.request.identity import LOCAL, Requester
 from jupyter_llm.request.priority import INTERACTIVE
 from jupyter_llm.runner_client.launch import LoadRequest, gpu_library
 from jupyter_llm.scheduler import fit, policy
-from jupyter_llm.scheduler.fair_queue import unload_now
+from jupyter_llm.scheduler.fair_queue import Waiter, unload_now
 from jupyter_llm.scheduler.keep_alive import start_timer, stop_timer
 from jupyter_llm.scheduler.load_progress import LoadProgress
 from jupyter_llm.scheduler.model_facts import ModelFacts
@@ -53,6 +54,7 @@ from jupyter_llm.scheduler.types import (
     Loaded,
     LoadOptions,
     MustDrain,
+    Request,
     Runner,
     RunnerFactory,
     Unloaded,
@@ -122,7 +124,7 @@ class Scheduler:
                 loaded, fresh_ns = await self._get_loaded(entry, options, keep_alive)
                 loaded.waiting += 1
                 try:
-                    await self._take_slot(loaded, requester.name, priority)
+                    waiter = await self._take_slot(loaded, requester.name, priority)
                     break
                 except Unloaded:
                     continue  # load it again (or fail with the reason it cannot load)
@@ -134,22 +136,26 @@ class Scheduler:
         stop_timer(loaded)
         if keep_alive is not None:
             loaded.keep_alive = keep_alive
-        return Lease(loaded, fresh_ns, requester.name, self._release, priority)
+        release = partial(self._release, waiter=waiter)
+        return Lease(loaded, fresh_ns, requester.name, release, priority)
 
-    async def _take_slot(self, loaded: Loaded, user: str, priority: str) -> None:
+    async def _take_slot(self, loaded: Loaded, user: str, priority: str) -> Waiter:
         """Wait in ``user``'s queue until this request has a slot on ``loaded``."""
         waiter, granted = self._slots.request(loaded, user, priority)
         try:
             await granted
         except BaseException:
             if granted.done() and not granted.cancelled():
-                self._release(loaded, user, priority)  # granted as it was cancelled
+                self._release(loaded, user, priority, waiter)  # granted as it was cancelled
             else:
                 self._slots.withdraw(waiter)
             raise
+        return waiter
 
-    def _release(self, loaded: Loaded, user: str, priority: str = INTERACTIVE) -> None:
-        self._slots.give_back(loaded, user, priority)
+    def _release(
+        self, loaded: Loaded, user: str, priority: str = INTERACTIVE, waiter: Waiter | None = None
+    ) -> None:
+        self._slots.give_back(loaded, user, priority, waiter)
         loaded.last_used = time.monotonic()
         if self._closing:
             return
@@ -185,6 +191,12 @@ class Scheduler:
         if self._loaded.get(loaded.key) is not loaded:
             return {}
         return self._slots.queued_by_priority(loaded.key)
+
+    def requests(self, loaded: Loaded) -> list[Request]:
+        """Each request running or queued on ``loaded`` (``SlotGrants.requests``)."""
+        if self._loaded.get(loaded.key) is not loaded:
+            return []
+        return self._slots.requests(loaded)
 
     async def current_devices(self) -> list[DeviceInfo]:
         """Devices with free memory as of now; a loaded runner is asked first."""

@@ -5,12 +5,13 @@ per model, per user and per priority while they run."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 from jupyter_llm.request.priority import INTERACTIVE
 from jupyter_llm.scheduler.fair_queue import FairQueue, Waiter
 from jupyter_llm.scheduler.priority import admits
-from jupyter_llm.scheduler.types import Loaded, Unloaded
+from jupyter_llm.scheduler.types import Loaded, Request, Unloaded
 
 
 class SlotGrants:
@@ -57,11 +58,21 @@ class SlotGrants:
             loaded.refcount += 1
             loaded.users[waiter.user] += 1
             loaded.by_priority[waiter.priority] += 1
+            loaded.admitted[waiter] = time.time()
             self._active[waiter.user] += 1
             granted.set_result(None)
 
-    def give_back(self, loaded: Loaded, user: str, priority: str = INTERACTIVE) -> None:
-        """A request on ``loaded`` ended: its slot is free (``dispatch`` hands it on)."""
+    def give_back(
+        self, loaded: Loaded, user: str, priority: str = INTERACTIVE, waiter: Waiter | None = None
+    ) -> None:
+        """A request on ``loaded`` ended: its slot is free (``dispatch`` hands it
+        on). ``waiter``: the request as it was queued (None: any of ``user``'s
+        running ones of that priority)."""
+        if waiter is None:
+            mine = (w for w in loaded.admitted if w.user == user and w.priority == priority)
+            waiter = next(mine, None)
+        if waiter is not None:
+            loaded.admitted.pop(waiter, None)
         loaded.refcount -= 1
         loaded.by_priority[priority] -= 1
         loaded.users[user] -= 1
@@ -87,3 +98,15 @@ class SlotGrants:
     def queued_by_priority(self, model: str) -> dict[str, dict[str, int]]:
         """Per user, how many requests of each priority wait for ``model``."""
         return self._fair.queued_by_priority(model)
+
+    def requests(self, loaded: Loaded) -> list[Request]:
+        """Each request on ``loaded``: the running ones by when they got their
+        slot, then the queued ones in arrival order."""
+        running = sorted(loaded.admitted.items(), key=lambda item: (item[1], item[0].seq))
+        return [
+            *(Request("running", w.user, w.priority, t) for w, t in running),
+            *(
+                Request("queued", w.user, w.priority, w.since)
+                for w in self._fair.waiting_for(loaded.key)
+            ),
+        ]

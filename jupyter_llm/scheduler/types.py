@@ -8,13 +8,14 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from jupyter_llm.memory import Allocation, Placement
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import RunnerFailed
 from jupyter_llm.runner.protocol import Complete, Embed
 from jupyter_llm.runner_client.launch import LoadRequest
+from jupyter_llm.scheduler.fair_queue import Waiter
 
 
 class Runner(Protocol):
@@ -94,6 +95,7 @@ class Loaded:
     refcount: int = 0  # slots taken (requests running on it)
     users: Counter[str] = field(default_factory=Counter)  # running requests per user
     by_priority: Counter[str] = field(default_factory=Counter)  # running, per priority
+    admitted: dict[Waiter, float] = field(default_factory=dict)  # running: when each got its slot
     node: str = ""  # the cluster node it runs on ("": this machine)
     waiting: int = 0
     drainers: int = 0  # loads waiting (without the load lock) for its requests to end
@@ -110,6 +112,17 @@ class Loaded:
         """An eviction or reload waits for it: new requests wait too, so the
         drain ends."""
         return self.drainers > 0
+
+
+class Request(NamedTuple):
+    """One request on a model as ``/api/ps`` lists it: ``state`` is
+    "running" or "queued", ``since`` when it got its slot or was queued
+    (wall clock). Never its prompt."""
+
+    state: str
+    user: str
+    priority: str
+    since: float
 
 
 class MustDrain(Exception):
