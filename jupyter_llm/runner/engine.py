@@ -111,7 +111,7 @@ class Engine:
         self.candidates = Candidates(model.n_vocab)  # shared: sequences sample one by one
         self.logprobs = Logprobs(self.ctx, model.n_vocab, model.piece)
         self.slots = [Slot(i) for i in range(cp.n_seq_max)]  # n_seq decode at once
-        self.pauses = Pauses()
+        self.pauses = Pauses(self.memory)  # pauses drop cells where the context is full
         self.interrupt = StepInterrupt(self.ctx)  # interactive arrivals cut batch-only steps
         self.disk = open_disk(params.prompt_disk)  # long prefixes kept on disk
         self.waiting: deque[Sequence] = deque()
@@ -386,6 +386,7 @@ class Engine:
         self._cancel()
         self._assign()
         self._make_room_in_sequences()
+        self.pauses.before_step(self)  # cells dropped for a pause, or decoded again
         running = self.pauses.this_step([s.seq for s in self.slots if s.seq and not s.paused])
         generating = [q for q in running if q.prompt_done]
         prompting = sorted((q for q in running if not q.prompt_done), key=prompt_order)

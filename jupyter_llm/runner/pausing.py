@@ -12,9 +12,19 @@ of an unpaused run. Moving the cells elsewhere (to the host, or dropping and
 re-evaluating them) would cost time at every pause and could change the
 numbers; spare ids cost nothing but a few cells of a windowed (SWA) cache,
 which the memory estimate counts. Paused cells count as used: a batch
-sequence is paused only where the interactive prompt fits beside the cells
-sequences hold (idle caches are dropped for it as ever); otherwise the
-interactive request waits for a free slot, and nothing is dropped.
+sequence keeps its cells where the interactive prompt fits beside the cells
+sequences hold (idle caches are dropped for it as ever).
+
+Where it does not (batch work fills the context), the pause drops the
+cells of a batch sequence whose cells make the room (``runner.refill``):
+its tokens and all its state stay in Python, and on resume its tokens are
+decoded again, a chunk a step, before it decodes on from where it stopped.
+A sequence with images is never dropped (its image cells cannot be decoded
+again from tokens), nor one whose cells would not make the room: the
+interactive request then waits for a free slot. Spare ids always suffice:
+a pause pairs a paused sequence with a running interactive one, and a
+free slot resumes a paused one first, so the paused never outnumber the
+slots, and with every id held, every running sequence is interactive.
 
 While an interactive prompt is read, the batch sequences still running sit
 the step out (``sits_out``): the prompt's step is as short as on an idle
@@ -36,8 +46,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jupyter_llm.request.priority import BATCH, rank
+from jupyter_llm.runner.refill import drop_cells, refill_chunk
 
 if TYPE_CHECKING:
+    from jupyter_llm.runner.engine import Engine
     from jupyter_llm.runner.sequence import Sequence
     from jupyter_llm.runner.slot import Slot
 
@@ -55,16 +67,20 @@ class Held:
     pauses: int  # times it was paused so far
     progressed: bool  # decoded something since it started or last resumed
     paused_order: int = 0  # when it was paused (lower: earlier)
+    cells: int = 0  # KV cells it holds
+    droppable: bool = True  # its cells may be dropped and decoded again (no images)
 
 
 @dataclass(frozen=True)
 class Move:
     """One thing to do: start ``start`` (a position in the waiting queue),
-    after pausing ``pause`` (a slot) where set; or resume ``resume`` (a slot)."""
+    after pausing ``pause`` (a slot) where set, its cells dropped where
+    ``drop``; or resume ``resume`` (a slot)."""
 
     start: int | None = None
     pause: int | None = None
     resume: int | None = None
+    drop: bool = False
 
 
 def pausable(held: Held) -> bool:
@@ -78,18 +94,20 @@ def pausable(held: Held) -> bool:
 
 
 def next_move(
-    held: Seq[Held], idle_ids: int, waiting: Seq[str], slots: int, fits: bool = True
+    held: Seq[Held], idle_ids: int, waiting: Seq[str], slots: int, short: int = 0
 ) -> Move | None:
     """The next move, or None when nothing changes now.
 
     ``held``: the ids holding a sequence; ``idle_ids``: ids holding none;
     ``waiting``: the waiting jobs' priorities in arrival order; ``slots``:
-    sequences decoded at once; ``fits``: the first interactive job's prompt
-    fits the cells no sequence holds. A free slot goes to the earliest paused
-    sequence, else to the first interactive job, else to the first job.
-    With no free slot, an interactive job pauses a pausable batch sequence
-    (the least paused, then the highest id) if an id is idle for it and its
-    prompt fits beside the paused cells (else it waits: nothing is dropped)."""
+    sequences decoded at once; ``short``: the cells the first interactive
+    job's prompt lacks beside the cells sequences hold (0: it fits). A free
+    slot goes to the earliest paused sequence, else to the first interactive
+    job, else to the first job. With no free slot, an interactive job pauses
+    a pausable batch sequence (the least paused, then the highest id) if an
+    id is idle for it: keeping its cells where the prompt fits beside them,
+    else dropping the cells of one whose cells make the room (the least
+    paused, then the fewest cells to decode again); else it waits."""
     running = [h for h in held if not h.paused]
     first = min(range(len(waiting)), key=lambda i: (rank(waiting[i]), i), default=None)
     if len(running) < slots:
@@ -99,13 +117,17 @@ def next_move(
         if first is not None and idle_ids:
             return Move(start=first)
         return None
-    if first is None or waiting[first] == BATCH or not idle_ids or not fits:
+    if first is None or waiting[first] == BATCH or not idle_ids:
         return None
     victims = [h for h in running if pausable(h)]
+    if victims and short <= 0:
+        victim = min(victims, key=lambda h: (h.pauses, -h.index))
+        return Move(start=first, pause=victim.index)
+    victims = [h for h in victims if h.droppable and h.cells >= short]
     if not victims:
         return None
-    victim = min(victims, key=lambda h: (h.pauses, -h.index))
-    return Move(start=first, pause=victim.index)
+    victim = min(victims, key=lambda h: (h.pauses, h.cells, -h.index))
+    return Move(start=first, pause=victim.index, drop=True)
 
 
 def sits_out(interactive_prompting: bool, sat_out: int) -> bool:
@@ -126,9 +148,13 @@ def prompt_order(seq: Sequence) -> tuple[int, int]:
 class Pauses:
     """The pause state of the sequences in slots, and the moves of ``next_move``."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory: Any = None) -> None:
+        self._memory = memory  # the context's KV cache (``refill.drop_cells``)
         self._pauses: dict[int, int] = {}  # id(sequence) -> times paused
         self._mark: dict[int, tuple[int, int]] = {}  # id(sequence) -> progress at (re)start
+        # id(sequence) -> the tokens of its dropped cells (None: to drop before the next step)
+        self._kept: dict[int, list[int] | None] = {}
+        self._refilling: set[int] = set()  # resumed, its cells not all back yet
         self._order = 0
         self._sat_out = 0  # steps in a row batch sequences sat out (``sits_out``)
 
@@ -146,27 +172,30 @@ class Pauses:
                 Held(
                     index=slot.index,
                     batch=seq.job.priority == BATCH,
-                    paused=slot.paused,
+                    paused=slot.paused and key not in self._refilling,
                     pauses=self._pauses.get(key, 0),
                     progressed=_progress(seq) != mark,
                     paused_order=slot.paused_order,
+                    cells=self._cells(slot),
+                    droppable=not slot.images and not seq.job.images,
                 )
             )
         live = {id(slot.seq) for slot in slots if slot.seq is not None}
-        for book in (self._pauses, self._mark):
+        for book in (self._pauses, self._mark, self._kept):
             for key in [k for k in book if k not in live]:
                 del book[key]
+        self._refilling &= live
         return out
 
     def next_move(
         self, slots: Seq[Slot], waiting: Seq[Sequence], n_slots: int, n_ctx: int
     ) -> Move | None:
         idle = sum(1 for s in slots if s.seq is None)
-        held = sum(len(s.cached) for s in slots if s.seq is not None)  # idle caches may go
+        held = sum(self._cells(s) for s in slots if s.seq is not None)  # idle caches may go
         first = next((q for q in waiting if q.job.priority != BATCH), None)
-        fits = first is None or held + len(first.job.tokens) + 1 <= n_ctx
+        short = 0 if first is None else held + len(first.job.tokens) + 1 - n_ctx
         priorities = [q.job.priority for q in waiting]
-        return next_move(self.held(slots), idle, priorities, n_slots, fits)
+        return next_move(self.held(slots), idle, priorities, n_slots, short)
 
     def this_step(self, running: list[Sequence]) -> list[Sequence]:
         """The running sequences that go into this decode step (``sits_out``)."""
@@ -181,23 +210,63 @@ class Pauses:
     def turn(self, slots: Seq[Slot], move: Move) -> None:
         """Apply ``move``'s pause or resume."""
         if move.pause is not None:
-            self.pause(slots[move.pause])
+            self.pause(slots[move.pause], move.drop)
         if move.resume is not None:
             self.resume(slots[move.resume])
 
-    def pause(self, slot: Slot) -> None:
-        """Leave ``slot``'s sequence out of the decode batch; its cells stay."""
+    def pause(self, slot: Slot, drop: bool = False) -> None:
+        """Leave ``slot``'s sequence out of the decode batch; its cells stay,
+        unless ``drop`` (their tokens are kept to decode them again)."""
         assert slot.seq is not None
         key = id(slot.seq)
         self._pauses[key] = self._pauses.get(key, 0) + 1
         self._order += 1
         slot.paused, slot.paused_order = True, self._order
+        if drop:  # before the next step: this one may still be sampling it (drafts)
+            self._kept[key] = None
 
     def resume(self, slot: Slot) -> None:
-        """``slot``'s sequence decodes again, from where it stopped."""
+        """``slot``'s sequence decodes again, from where it stopped; where
+        its cells were dropped, once ``refill`` decoded them again."""
         assert slot.seq is not None
-        slot.paused = False
-        self._mark[id(slot.seq)] = _progress(slot.seq)
+        key = id(slot.seq)
+        self._mark[key] = _progress(slot.seq)
+        if self._kept.get(key, ()) is None:
+            del self._kept[key]  # its cells were not dropped yet: they stay
+        if key in self._kept:
+            self._refilling.add(key)  # it holds its slot, still out of the batch
+        else:
+            slot.paused = False
+
+    def _cells(self, slot: Slot) -> int:
+        """The KV cells ``slot`` holds, those about to be dropped left out."""
+        pending = slot.seq is not None and self._kept.get(id(slot.seq), ()) is None
+        return 0 if pending else len(slot.cached)
+
+    def before_step(self, engine: Engine) -> None:
+        """Drop the cells of sequences paused to drop them; then the next
+        chunk of the earliest resumed sequence whose cells were dropped
+        (``refill.refill_chunk``), unless the batch sequences sit out an
+        interactive prompt's steps (``sits_out``)."""
+        for slot in engine.slots:
+            if slot.seq is not None and self._kept.get(id(slot.seq), ()) is None:
+                self._kept[id(slot.seq)] = drop_cells(self._memory, slot)
+        waiting = [s for s in engine.slots if s.seq is not None and id(s.seq) in self._refilling]
+        if not waiting:
+            return
+        running = [s.seq for s in engine.slots if s.seq is not None and not s.paused]
+        prompting = any(q.job.priority != BATCH and not q.prompt_done for q in running)
+        if sits_out(prompting, self._sat_out):
+            return
+        slot = min(waiting, key=lambda s: s.paused_order)
+        assert slot.seq is not None
+        key = id(slot.seq)
+        kept = self._kept[key]
+        assert kept is not None
+        if refill_chunk(engine, slot, kept, len(running)):
+            slot.paused = False
+            del self._kept[key]
+            self._refilling.discard(key)
 
     def started(self, slot: Slot) -> None:
         """A waiting job took ``slot``: it runs (never paused yet)."""

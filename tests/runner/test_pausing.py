@@ -87,9 +87,11 @@ def test_the_next_move(held_, idle, waiting, slots, expected):
     assert next_move(held_, idle, waiting, slots) == expected
 
 
-def test_no_pause_where_the_prompt_does_not_fit_beside_the_held_cells():
-    assert next_move([held(0)], 1, [INT], 1, fits=False) is None
-    assert next_move([held(0, paused=True)], 1, [INT], 1, fits=False) == Move(resume=0)
+def test_where_the_prompt_does_not_fit_beside_the_held_cells():
+    # a pause that keeps the cells would not make room: one that drops them
+    # (tests/runner/test_pause_dropping.py), where they make the room
+    assert next_move([held(0)], 1, [INT], 1, short=1) is None  # it holds no cells
+    assert next_move([held(0, paused=True)], 1, [INT], 1, short=1) == Move(resume=0)
 
 
 @pytest.mark.parametrize(
@@ -218,26 +220,6 @@ def test_batch_sequences_sit_out_an_interactive_prompts_steps_within_the_bound(m
         while any(b.done is None for b in batch):
             engine.step()
         assert [b.tokens for b in batch] == [reference, reference]
-    finally:
-        engine.close()
-
-
-def test_a_full_cache_makes_the_chat_wait_rather_than_drop_anything(model_path):
-    engine = Engine(LoadParams(path=str(model_path), n_ctx=256, n_batch=32, n_threads=2, n_seq=1))
-    try:
-        assert engine.n_ctx == 256
-        reference = run_alone(engine, PROMPT, 200)
-        batch = Run(engine, PROMPT, BAT, num_predict=200)
-        while len(engine.slots[0].cached) < 150:
-            engine.step()
-        chat = Run(engine, " ".join(["hello there"] * 14), INT, num_predict=2)
-        assert len(chat.job.tokens) + 150 > engine.n_ctx  # no room beside the batch's cells
-        while batch.done is None:
-            engine.step()
-            assert not any(s.paused for s in engine.slots if s.seq) and chat.done is None
-        while chat.done is None:
-            engine.step()
-        assert batch.tokens == reference and chat.done.done_reason == "length"
     finally:
         engine.close()
 
