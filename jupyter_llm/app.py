@@ -45,6 +45,7 @@ SETTINGS_TRAITS = (
     "prompt_disk_cache",
     "prompt_disk_expiry",
     "prompt_disk_dir",
+    "prompt_ram_cache",
     "num_threads",
     "python",
     "engine_url",
@@ -91,6 +92,9 @@ class LLMExtension(ExtensionApp):
     prompt_disk_expiry = _duration("Delete a prompt cache file unused this long: '24h'.")
     prompt_disk_dir = Unicode(
         None, allow_none=True, config=True, help="Prompt caches' folder; empty: beside the models."
+    )
+    prompt_ram_cache = Int(
+        None, allow_none=True, config=True, help="Bytes of prompt caches in RAM per model; 0: off."
     )
     python = Unicode(
         None,

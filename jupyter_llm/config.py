@@ -44,6 +44,9 @@ class Settings:
     prompt_disk_cache: int = 1 << 30
     prompt_disk_expiry: float = 86400.0
     prompt_disk_dir: str = ""
+    # a slot's long prefix kept in the runner's memory when another conversation takes
+    # the slot (runner/prompt_ram.py): bytes per loaded model (0: off)
+    prompt_ram_cache: int = 512 << 20
     python: str = ""  # interpreter for runner processes; "" = this one
     # a shared engine (``jupyter llm serve`` behind JupyterHub): this server then
     # starts no scheduler and forwards its ``/llm/`` routes there (``api.forward``)
@@ -92,11 +95,16 @@ def _with_engine(settings: Settings, env: Any) -> Settings:
 
 
 def _check_prompt_disk(settings: Settings) -> None:
-    """The prompt cache's budget is 0 (off) or more, and its files expire."""
+    """The prompt caches' budgets are 0 (off) or more, and the files expire."""
     if settings.prompt_disk_cache < 0:
         raise ConfigError(
             f"invalid {env_name('prompt_disk_cache')}: {settings.prompt_disk_cache}; "
             "expected a byte budget, 0 to turn the prompt cache on disk off"
+        )
+    if settings.prompt_ram_cache < 0:
+        raise ConfigError(
+            f"invalid {env_name('prompt_ram_cache')}: {settings.prompt_ram_cache}; "
+            "expected a byte budget, 0 to turn the prompt cache in RAM off"
         )
     if not settings.prompt_disk_expiry > 0:
         raise ConfigError(

@@ -80,6 +80,7 @@ def build_services(settings: Settings) -> LLMServices:
             python=settings.python,
             load_timeout=settings.load_timeout,
             prompt_disk=disk,
+            prompt_ram=settings.prompt_ram_cache,
         )
     store = ModelStore(settings.models_dir)
     scheduler = Scheduler(settings, start, devices)

@@ -48,7 +48,8 @@ from jupyter_llm.runner.kv_cache import cache_type, open_context
 from jupyter_llm.runner.logprobs import Logprobs
 from jupyter_llm.runner.model import Model
 from jupyter_llm.runner.pausing import Pauses, prompt_order
-from jupyter_llm.runner.prompt_disk import open_disk, restore
+from jupyter_llm.runner.prompt_disk import open_disk
+from jupyter_llm.runner.prompt_ram import open_ram, save, swap
 from jupyter_llm.runner.protocol import Done, EngineError, InputError, LoadParams
 from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
@@ -114,6 +115,7 @@ class Engine:
         self.pauses = Pauses(self.memory)  # pauses drop cells where the context is full
         self.interrupt = StepInterrupt(self.ctx)  # interactive arrivals cut batch-only steps
         self.disk = open_disk(params.prompt_disk)  # long prefixes kept on disk
+        self.ram = open_ram(params.prompt_ram)  # and in RAM while the runner lives
         self.waiting: deque[Sequence] = deque()
         n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
         self.embeddings = EmbeddingContext(model, self.n_ctx, n_threads)
@@ -282,7 +284,7 @@ class Engine:
             index, shared = choose_slot(idle, seq.job.tokens)
             slot = self.slots[index]
             keep = self._reusable(slot, seq, shared)
-            keep, seq.prompt_cache = restore(self, slot, seq.job.tokens, keep)  # or from disk
+            keep, seq.prompt_cache = swap(self, slot, seq.job.tokens, keep)  # or from RAM/disk
             if keep < len(slot.cached):
                 if not llama_cpp.llama_memory_seq_rm(self.memory, index, keep, -1):
                     keep = 0
@@ -373,6 +375,7 @@ class Engine:
         if not idle:
             return False
         slot = min(idle, key=lambda s: s.last_used)
+        save(self, slot)  # kept in RAM (runner.prompt_ram)
         llama_cpp.llama_memory_seq_rm(self.memory, slot.index, -1, -1)
         slot.truncate(0)
         return True

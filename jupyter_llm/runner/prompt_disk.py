@@ -242,14 +242,29 @@ def restore(engine: Engine, slot: Slot, tokens: list[int], keep: int) -> tuple[i
     if hit is None:
         return keep, "slot"
     n, state = hit
+    if not put_state(engine, slot, tokens[:n], state):
+        return 0, ""  # llama.cpp refused it (another layout): evaluate it all
+    return n, "disk"
+
+
+def put_state(engine: Engine, slot: Slot, tokens: list[int], state: bytes | bytearray) -> bool:
+    """Replace ``slot``'s cache with ``state``, the KV of ``tokens`` (the RAM
+    tier's too), after idle caches made room for it as a prompt's would.
+    False, and the slot empty, where llama.cpp refuses it."""
     llama_cpp.llama_memory_seq_rm(engine.memory, slot.index, -1, -1)
     slot.truncate(0)
-    buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+    while sum(len(s.cached) for s in engine.slots) + len(tokens) > engine.n_ctx:
+        if not engine._drop_idle_cache():
+            break
+    if isinstance(state, bytearray):  # no copy
+        buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
+    else:
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
     if llama_cpp.llama_state_seq_set_data(engine.ctx, buf, len(state), slot.index) == 0:
         llama_cpp.llama_memory_seq_rm(engine.memory, slot.index, -1, -1)
-        return 0, ""  # llama.cpp refused it (another layout): evaluate it all
-    slot.cached[:] = tokens[:n]
-    return n, "disk"
+        return False
+    slot.cached[:] = tokens
+    return True
 
 
 def save_slots(engine: Engine, seconds: float = SAVE_SECONDS) -> int:

@@ -102,6 +102,7 @@ class LoadParams:
     projector: str = ""  # the image projector (mmproj GGUF) to load beside the model
     kv_cache_type: str = "f16"  # "f16", "q8_0" or "q4_0" (runner/kv_cache.py)
     prompt_disk: dict[str, Any] = field(default_factory=dict)  # runner/prompt_disk.py; {}: off
+    prompt_ram: dict[str, Any] = field(default_factory=dict)  # runner/prompt_ram.py; {}: off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensor_split", tuple(self.tensor_split))
@@ -152,7 +153,7 @@ class Done:
     tool_calls_count: int = 0
     stop_sequence: str = ""  # the stop string that ended it (Anthropic reports it)
     prompt_cached: int = 0  # prompt tokens reused from the slot's cache, not evaluated
-    prompt_cache: str = ""  # where those came from: "slot" or "disk" (runner/prompt_disk.py)
+    prompt_cache: str = ""  # where those came from: "slot", "ram" or "disk" (runner/prompt_*.py)
     draft_tokens: int = 0  # output tokens drafted by prompt lookup (runner.speculative)
     draft_accepted: int = 0  # of those, the ones the model's own sampler confirmed
 

@@ -117,6 +117,11 @@ def prompt_disk_spec(request: LoadRequest, disk: PromptDisk | None) -> dict[str,
     return {"dir": disk.dir, "model": model, "max_bytes": disk.max_bytes, "expiry": disk.expiry}
 
 
+def prompt_ram_spec(max_bytes: int) -> dict[str, Any]:
+    """``LoadParams.prompt_ram`` for a load: the runner's byte budget ({}: off)."""
+    return {"max_bytes": max_bytes} if max_bytes > 0 else {}
+
+
 def hidden_gpus_env(gpus: Sequence[DeviceInfo]) -> tuple[tuple[str, str], ...]:
     """Hide every GPU from a runner placed on the CPU alone: a visible GPU still
     takes llama.cpp's large matrix products (and a compute buffer the plan does

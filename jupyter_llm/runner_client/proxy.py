@@ -27,6 +27,7 @@ from jupyter_llm.runner_client.launch import (
     PromptDisk,
     launch_spec,
     prompt_disk_spec,
+    prompt_ram_spec,
 )
 from jupyter_llm.runner_client.process import RunnerProcess
 
@@ -204,13 +205,19 @@ async def start_serving_runner(
     load_timeout: float,
     environ: Mapping[str, str] | None = None,
     prompt_disk: PromptDisk | None = None,
+    prompt_ram: int = 0,
 ) -> RunnerProxy:
     """Spawn a runner and load ``request`` into it; no runner is left behind on
     failure; ``report`` is told the load's progress. ``load_timeout`` is both
     the load's stall timer and the watchdog's. ``prompt_disk``: where the
-    runner keeps long prefixes (runner/prompt_disk.py)."""
+    runner keeps long prefixes (runner/prompt_disk.py); ``prompt_ram``: the
+    bytes it keeps in memory (runner/prompt_ram.py)."""
     spec = launch_spec(request, os.environ if environ is None else environ)
-    spec = replace(spec, prompt_disk=prompt_disk_spec(request, prompt_disk))
+    spec = replace(
+        spec,
+        prompt_disk=prompt_disk_spec(request, prompt_disk),
+        prompt_ram=prompt_ram_spec(prompt_ram),
+    )
     return await start_runner_with(spec, python=python, load_timeout=load_timeout, report=report)
 
 
