@@ -134,10 +134,9 @@ def test_gemma_cut_steps_leave_the_output_unchanged(gemma_gguf: Path):
     near tie can then differ between two uncut runs as well."""
     engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_seq=2))
     try:
-        prompts = [
-            "<start_of_turn>user\nWrite a short note about tides.<end_of_turn>\n<start_of_turn>model\n",
-            "<start_of_turn>user\nName three rivers.<end_of_turn>\n<start_of_turn>model\n",
-        ]
+        turn = "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"
+        asks = ("Write a short note about tides.", "Name three rivers.")
+        prompts = [turn.format(q) for q in asks]
         reference = [Answer(engine, p, "batch", 32, draft_num_predict=0) for p in prompts]
         finish(engine, *reference)
         cut = cut_while_running(engine, prompts, 32, draft_num_predict=0)
