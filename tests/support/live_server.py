@@ -79,11 +79,19 @@ class LiveServer:
         return {**os.environ, "JUPYTER_LLM_URL": self.url, "JUPYTER_LLM_TOKEN": self.token}
 
     def runners(self) -> list[psutil.Process]:
-        try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-        return [c for c in children if _is_live_runner(c)]
+        """The server's runner processes still alive (its descendants whose
+        command line runs ``jupyter_llm.runner``). Fuzzing asks after every
+        request: one pass over /proc/*/stat here costs half of psutil's
+        ``children(recursive=True)``, which also builds a Process per pid."""
+        runners = []
+        for pid in _descendants(self.proc.pid):
+            try:
+                process = psutil.Process(pid)
+            except psutil.NoSuchProcess:
+                continue
+            if _is_live_runner(process):
+                runners.append(process)
+        return runners
 
     def stop(self) -> None:
         self.client.close()
@@ -95,6 +103,27 @@ class LiveServer:
                 self.proc.kill()
         if self._log:
             self._log.close()
+
+
+def _descendants(root: int) -> list[int]:
+    """Every pid below ``root`` in the process tree, from one read of /proc."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # exited since the listing
+            continue
+        ppid = int(stat.rsplit(b")", 1)[1].split()[1])  # the name may hold spaces and ')'
+        children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            found.append(pid)
+            todo.append(pid)
+    return found
 
 
 def _is_live_runner(process: psutil.Process) -> bool:
