@@ -142,7 +142,9 @@ def paused_and_refilled(engine: Engine, at: int, options: dict[str, Any], chat: 
     assert chat_run.done.eval_count == 4
     while len(slot.cached) < held:  # decoded again, a chunk a step, before it goes on
         assert slot.paused and len(batch.text) == before
+        cells = len(slot.cached)
         engine.step()
+        assert len(slot.cached) - cells <= engine.n_batch  # the bound: one batch a step
     while batch.done is None:
         engine.step()
     assert batch.done.context == reference  # greedy output identical to an unpaused run
@@ -175,6 +177,54 @@ def test_a_sequence_refilled_after_a_context_shift_goes_on(model_path):
         while batch.done is None:
             engine.step()
         assert batch.done.done_reason == "length" and batch.done.eval_count == 300
+    finally:
+        engine.close()
+
+
+def test_a_chat_cancelled_before_the_next_step_leaves_the_cells_in_place(model_path):
+    engine = Engine(LoadParams(path=str(model_path), n_ctx=256, n_batch=32, n_threads=2, n_seq=1))
+    try:
+        reference = run_alone(engine, PROMPT, {"num_predict": 200})
+        batch = Run(engine, PROMPT, BAT, num_predict=200)
+        while len(batch.slot(engine).cached) < 150:
+            engine.step()
+        slot = batch.slot(engine)
+        cells = list(slot.cached)
+        gone = [False]
+        chat = Run(engine, " ".join(["hello there"] * 14), INT, num_predict=4)
+        chat.job.cancelled = lambda: gone[0]
+        assert slot.paused  # to drop its cells before the next step
+        gone[0] = True
+        engine.step()  # the chat ends first: the batch sequence resumes, its cells kept
+        assert chat.done is not None and chat.done.done_reason == "cancel"
+        assert not slot.paused and slot.cached[: len(cells)] == cells
+        while batch.done is None:
+            engine.step()
+        assert batch.done.context == reference
+    finally:
+        engine.close()
+
+
+def test_a_batch_sequence_cancelled_while_its_cells_are_dropped_ends(model_path):
+    engine = Engine(LoadParams(path=str(model_path), n_ctx=256, n_batch=32, n_threads=2, n_seq=1))
+    try:
+        gone = [False]
+        batch = Run(engine, PROMPT, BAT, num_predict=200)
+        batch.job.cancelled = lambda: gone[0]
+        while len(batch.slot(engine).cached) < 150:
+            engine.step()
+        slot = batch.slot(engine)
+        chat = Run(engine, " ".join(["hello there"] * 14), INT, num_predict=4)
+        engine.step()
+        assert slot.cached == [] and slot.seq.job is batch.job  # its cells dropped
+        gone[0] = True
+        while chat.done is None or batch.done is None:
+            engine.step()
+        assert batch.done.done_reason == "cancel" and chat.done.eval_count == 4
+        again = Run(engine, PROMPT, BAT, num_predict=5)  # its slot serves the next request
+        while again.done is None:
+            engine.step()
+        assert again.done.eval_count == 5
     finally:
         engine.close()
 
