@@ -181,6 +181,35 @@ def test_a_sequence_refilled_after_a_context_shift_goes_on(model_path):
         engine.close()
 
 
+def test_two_batch_sequences_fill_the_context_and_one_gives_its_cells(model_path):
+    """Two slots of batch work fill the context between them; a chat drops
+    one's cells while the other decodes on beside it; both end with an
+    unpaused run's output."""
+    engine = Engine(LoadParams(path=str(model_path), n_ctx=256, n_batch=16, n_threads=2, n_seq=2))
+    try:
+        reference = run_alone(engine, PROMPT, {"num_predict": 95})
+        batch = [Run(engine, PROMPT, BAT, num_predict=95) for _ in range(2)]
+        while sum(len(b.slot(engine).cached) for b in batch) < 200:
+            engine.step()
+        chat = Run(engine, " ".join(["hello there"] * 7), INT, num_predict=4)
+        held = sum(len(b.slot(engine).cached) for b in batch)
+        assert held + len(chat.job.tokens) + 1 > engine.n_ctx  # no room beside their cells
+        paused = [b for b in batch if b.slot(engine).paused]
+        assert len(paused) == 1
+        other = next(b for b in batch if b is not paused[0])
+        at_chat = len(other.text)
+        engine.step()
+        assert paused[0].slot(engine).cached == []  # dropped
+        while chat.done is None:
+            engine.step()
+        assert len(other.text) > at_chat and paused[0].done is None  # it went on beside
+        while any(b.done is None for b in batch):
+            engine.step()
+        assert [b.done.context for b in batch] == [reference, reference]
+    finally:
+        engine.close()
+
+
 def test_a_chat_cancelled_before_the_next_step_leaves_the_cells_in_place(model_path):
     engine = Engine(LoadParams(path=str(model_path), n_ctx=256, n_batch=32, n_threads=2, n_seq=1))
     try:
