@@ -269,7 +269,8 @@ def put_state(engine: Engine, slot: Slot, tokens: list[int], state: bytes | byte
 
 def save_slots(engine: Engine, seconds: float = SAVE_SECONDS) -> int:
     """At unload: each slot's long prefix to disk, most recently used first,
-    until ``seconds`` have passed. Returns the files written."""
+    then the prefixes kept in RAM (``runner.prompt_ram``), until ``seconds``
+    have passed. Returns the files written."""
     disk = engine.disk
     if disk is None:
         return 0
@@ -291,4 +292,9 @@ def save_slots(engine: Engine, seconds: float = SAVE_SECONDS) -> int:
                 saved += 1
         except Exception as e:  # saving is best effort: the unload goes on
             print(f"runner: prompt cache of slot {slot.index} not saved: {e!r}", file=sys.stderr)
+    kept = list(engine.ram.entries.values()) if engine.ram is not None else []
+    for tokens, state in reversed(kept):  # then the RAM tier's, most recently used first
+        if time.monotonic() >= deadline:
+            break
+        saved += disk.store(tokens.tolist(), state)
     return saved

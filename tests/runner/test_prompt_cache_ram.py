@@ -13,6 +13,7 @@ from jupyter_llm.config import Settings
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.request.errors import ConfigError
 from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.prompt_disk import save_slots
 from jupyter_llm.runner.prompt_ram import PromptRam, RamParams, open_ram
 from jupyter_llm.runner.protocol import LoadParams
 from jupyter_llm.runner_client.launch import prompt_ram_spec
@@ -170,6 +171,29 @@ def test_zero_disables_and_the_budget_holds(tmp_path: Path) -> None:
         assert cached == 0
     finally:
         tight.close()
+
+
+def test_kept_prefixes_go_to_disk_at_unload(tmp_path: Path) -> None:
+    """A conversation whose slot was taken, then the model unloads: the next
+    runner finds its prefix on disk."""
+    model = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
+    first = "The notebook's first question about pandas DataFrames. " * 8
+    other = "Another user's notebook asks about matplotlib figures instead. " * 8
+    disk = {"dir": str(tmp_path / "cache"), "model": "sha256:demo|f16", "max_bytes": 64 << 20}
+    engine = load(model, 256 << 20, prompt_disk={**disk, "min_tokens": 64})
+    try:
+        answer, _, _ = run(engine, first)
+        for i in range(len(engine.slots)):
+            run(engine, f"{i}: {other}")
+        assert save_slots(engine) == 3  # the two slots, then A's prefix from RAM
+    finally:
+        engine.close()
+    again = load(model, 0, prompt_disk={**disk, "min_tokens": 64})
+    try:
+        _, cached, source = run(again, first + answer + " And a second question.")
+    finally:
+        again.close()
+    assert source == "disk" and cached >= 64
 
 
 # -- the setting ---------------------------------------------------------------------------
