@@ -6,6 +6,7 @@ cache, which comes back from RAM with greedy output equal to a cold run's."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,10 +16,12 @@ from jupyter_llm.request.errors import ConfigError
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.prompt_disk import save_slots
 from jupyter_llm.runner.prompt_ram import PromptRam, RamParams, open_ram
-from jupyter_llm.runner.protocol import LoadParams
-from jupyter_llm.runner_client.launch import prompt_ram_spec
+from jupyter_llm.runner.protocol import Complete, LoadParams
+from jupyter_llm.runner_client.launch import LoadSpec, prompt_ram_spec
+from jupyter_llm.runner_client.proxy import start_runner_with
 
 GREEDY = {"temperature": 0, "num_predict": 12, "seed": 1}
+RAM = {"max_bytes": 256 << 20}
 
 
 def store(**kw: int) -> PromptRam:
@@ -94,6 +97,17 @@ def run(engine: Engine, prompt: str) -> tuple[str, int, str]:
     out: list[str] = []
     done = engine.complete(prompt, dict(GREEDY), out.append, lambda: False)
     return "".join(out), done.prompt_cached, done.prompt_cache
+
+
+async def answer(runner: Any, prompt: str) -> tuple[str, dict[str, Any]]:
+    text, done = [], {}
+    async for batch in runner.complete(Complete(prompt=prompt, options=dict(GREEDY))):
+        for message in batch:
+            if message["type"] == "token":
+                text.append(message["text"])
+            elif message["type"] == "done":
+                done = message
+    return "".join(text), done
 
 
 def slot_taken_and_back(model: Path, first: str, other: str, second: str, **kw: object) -> None:
@@ -194,6 +208,25 @@ def test_kept_prefixes_go_to_disk_at_unload(tmp_path: Path) -> None:
     finally:
         again.close()
     assert source == "disk" and cached >= 64
+
+
+async def test_a_runner_process_reports_ram(tmp_path: Path) -> None:
+    """``LoadParams.prompt_ram`` through a real runner process: the done
+    message of the second turn says "ram"."""
+    model = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
+    spec = LoadSpec(
+        path=str(model), n_ctx=4096, n_batch=64, n_seq=1, prompt_ram={**RAM, "min_tokens": 64}
+    )
+    first = "The first cell of a notebook, explained at length. " * 8
+    runner = await start_runner_with(spec, load_timeout=60)
+    try:
+        reply, _ = await answer(runner, first)
+        for i in range(2):  # the slot and its spare id
+            await answer(runner, f"{i}: another user's cell about plotting figures. " * 8)
+        _, done = await answer(runner, first + reply + " And the second cell?")
+    finally:
+        await runner.close()
+    assert done["prompt_cache"] == "ram" and done["prompt_cached"] >= 64
 
 
 # -- the setting ---------------------------------------------------------------------------
