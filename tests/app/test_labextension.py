@@ -296,6 +296,12 @@ def test_sidebar_says_when_the_server_extension_is_missing(page, lab_home: Path)
         server.stop()
 
 
+KERNEL_IDLE = """() => {
+    const kernel = jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel;
+    return kernel?.status === "idle";
+}"""
+
+
 @pytest.mark.timeout(300)  # JupyterLab's first page load is slow on 2 cores
 def test_sidebar_in_notebook_7_on_a_machine_without_gpu(page, lab_home: Path) -> None:
     server = start_lab(
@@ -322,6 +328,9 @@ def test_sidebar_in_notebook_7_on_a_machine_without_gpu(page, lab_home: Path) ->
         assert notice.is_visible() and "Simulated L4" in notice.inner_text()
         assert sidebar.locator(".jp-LLM-fix").inner_text() == "make lab GPU=cuda"
         page.screenshot(path=ARTIFACTS / "sidebar-notebook7-no-gpu.png")
+        # the page starts the notebook's kernel; a SIGTERM while it is still
+        # starting hangs the server's shutdown until LiveServer kills it (30 s)
+        page.wait_for_function(KERNEL_IDLE)
     finally:
         server.stop()
 
