@@ -2,21 +2,32 @@
 
 A draft costs the target model's work on each drafted token in the batch; it
 pays only while enough of them are accepted. Each sequence is judged on its
-last ``JUDGE_AFTER`` drafted tokens: below ``MIN_RATE`` accepted, drafting
+last ``JUDGE_AFTER`` drafted tokens up to each draft's first rejected one
+(the tokens after it say nothing about the lookup, and a long draft's tail
+would otherwise stop a sequence that quotes well): below ``MIN_RATE`` accepted, drafting
 stops for ``PAUSE_TOKENS`` generated tokens (doubling each time it stops
 again, up to ``MAX_PAUSE_TOKENS``), then it is tried again. Free text thus
 pays for a few wasted drafts at first and rarely after; text that quotes its
 input (code edits, citations) keeps drafting.
+
+The draft's length adapts per sequence: it starts at ``draft_num_predict``,
+doubles after a draft accepted whole (up to ``MAX_LENGTH``, the option's own
+bound), and halves after a rejected one (down to one token). A long verbatim
+quote thus takes up to 17 tokens a step; a quote that wanders costs little more
+than a short draft.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jupyter_llm.request.limits import DRAFT_TOKENS
+
 JUDGE_AFTER = 12  # drafted tokens between two judgements
 MIN_RATE = 0.4  # accepted / drafted below which drafting stops a while
 PAUSE_TOKENS = 32  # generated tokens without drafting after the first stop
 MAX_PAUSE_TOKENS = 512  # the longest pause, after repeated stops
+MAX_LENGTH = DRAFT_TOKENS.value  # the longest draft, as draft_num_predict's own bound
 
 
 @dataclass(frozen=True)
@@ -37,7 +48,7 @@ def may_draft(window: Window, generated: int) -> bool:
 def after_draft(window: Window, drafted: int, accepted: int, generated: int) -> Window:
     """The record after a verified draft of ``drafted`` tokens of which
     ``accepted`` matched, with ``generated`` output tokens so far."""
-    d, a = window.drafted + drafted, window.accepted + accepted
+    d, a = window.drafted + min(drafted, accepted + 1), window.accepted + accepted
     if d < JUDGE_AFTER:
         return Window(d, a, window.resume_at, window.stops)
     if a >= MIN_RATE * d:
@@ -55,3 +66,16 @@ def draft_size(wanted: int, budget: int, room: int) -> int:
     if budget >= 0:
         size = min(size, budget - 1)
     return max(0, size)
+
+
+def next_length(length: int, drafted: int, accepted: int) -> int:
+    """The sequence's next draft length after a verified draft of ``drafted``
+    tokens (at most ``length``) of which ``accepted`` matched: doubled
+    (at most ``MAX_LENGTH``) when a full-length draft was accepted whole,
+    halved (at least 1) when a token was rejected, else unchanged (a draft
+    cut short by the lookup or the limits says nothing about longer ones)."""
+    if accepted < drafted:
+        return max(1, length // 2)
+    if drafted >= length:
+        return min(MAX_LENGTH, 2 * length)
+    return length

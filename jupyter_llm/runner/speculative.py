@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 
 from jupyter_llm.request.limits import DRAFT_LOOKUP
-from jupyter_llm.runner.draft_policy import Window, after_draft, draft_size, may_draft
+from jupyter_llm.runner.draft_policy import (
+    Window,
+    after_draft,
+    draft_size,
+    may_draft,
+    next_length,
+)
 from jupyter_llm.runner.protocol import EngineError
 
 if TYPE_CHECKING:
@@ -78,6 +84,7 @@ class Drafting:
     """One sequence's drafting state and counters (``Done.draft_*``)."""
 
     index: NgramIndex
+    length: int  # the next draft's length (``draft_policy.next_length``)
     seen: int = 0  # generated tokens already in ``index``
     window: Window = field(default_factory=Window)
     draft: list[int] = field(default_factory=list)  # in the batch now, after ``next_token``
@@ -85,10 +92,11 @@ class Drafting:
     accepted: int = 0
 
 
-def drafting_of(seq: Sequence) -> Drafting:
-    """``seq``'s drafting state, made when it first generates."""
+def drafting_of(seq: Sequence, wanted: int) -> Drafting:
+    """``seq``'s drafting state, made when it first drafts, its length
+    starting at ``wanted`` (``draft_num_predict``)."""
     if seq.drafting is None:
-        seq.drafting = Drafting(NgramIndex(seq.job.tokens))
+        seq.drafting = Drafting(NgramIndex(seq.job.tokens), wanted)
     return seq.drafting
 
 
@@ -98,11 +106,11 @@ def add_draft(engine: Engine, seq: Sequence, n: int, room: int) -> int:
     wanted = int(seq.opts.get("draft_num_predict") or 0)
     if wanted <= 0 or not can_draft(engine.model.llama_model):
         return 0
-    state = drafting_of(seq)
+    state = drafting_of(seq, wanted)
     state.index.extend(seq.generated[state.seen :])
     state.seen = len(seq.generated)
     budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
-    size = draft_size(wanted, budget, room)
+    size = draft_size(state.length, budget, room)
     if not may_draft(state.window, len(seq.generated)):
         size = 0
     state.draft = state.index.propose(size)
@@ -160,6 +168,7 @@ def settle(engine: Engine, seq: Sequence, drafted: int, matched: int) -> None:
     state.drafted += drafted
     state.accepted += matched
     state.window = after_draft(state.window, drafted, matched, len(seq.generated))
+    state.length = next_length(state.length, drafted, matched)
     slot = engine.slots[seq.slot]
     if matched < drafted and not llama_cpp.llama_memory_seq_rm(
         engine.memory, slot.index, len(slot.cached), -1

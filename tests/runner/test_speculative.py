@@ -12,7 +12,14 @@ import llama_cpp
 import pytest
 
 from jupyter_llm.runner import draft_policy as policy
-from jupyter_llm.runner.draft_policy import Window, after_draft, draft_size, may_draft
+from jupyter_llm.runner.draft_policy import (
+    MAX_LENGTH,
+    Window,
+    after_draft,
+    draft_size,
+    may_draft,
+    next_length,
+)
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.protocol import Done, LoadParams
 from jupyter_llm.runner.sequence import Job
@@ -42,11 +49,13 @@ def test_draft_size(wanted, budget, room, size):
 @pytest.mark.parametrize(
     ("window", "drafted", "accepted", "generated", "after"),
     [
-        (Window(), 4, 0, 5, Window(4, 0)),  # too few drafts to judge yet
+        (Window(), 4, 0, 5, Window(1, 0)),  # too few drafts to judge yet; one token judged
+        (Window(), 16, 3, 5, Window(4, 3)),  # up to the first rejected token only
         (Window(8, 1), 4, 4, 20, Window(0, 0)),  # 5 of 12: pays, a new window
-        (Window(8, 0), 4, 1, 20, Window(0, 0, 20 + policy.PAUSE_TOKENS, 1)),  # 1 of 12: off
-        (Window(8, 0, 0, 1), 4, 0, 90, Window(0, 0, 90 + 2 * policy.PAUSE_TOKENS, 2)),
-        (Window(8, 0, 0, 9), 4, 0, 90, Window(0, 0, 90 + policy.MAX_PAUSE_TOKENS, 10)),
+        (Window(10, 0), 4, 1, 20, Window(0, 0, 20 + policy.PAUSE_TOKENS, 1)),  # 1 of 12: off
+        (Window(11, 0, 0, 1), 4, 0, 90, Window(0, 0, 90 + 2 * policy.PAUSE_TOKENS, 2)),
+        (Window(11, 0, 0, 9), 4, 0, 90, Window(0, 0, 90 + policy.MAX_PAUSE_TOKENS, 10)),
+        (Window(0, 0), 16, 4, 20, Window(5, 4)),  # a long draft's rejected tail stops nothing
     ],
 )
 def test_after_draft(window, drafted, accepted, generated, after):
@@ -68,9 +77,39 @@ def test_a_sequence_that_never_matches_stops_drafting_then_retries():
             drafted_at.append(generated)
             window = after_draft(window, 4, 0, generated + 1)
         generated += 1
-    # three drafts, a pause of 32, three, a pause of 64, ... not one per token
-    assert len(drafted_at) <= 18
-    assert drafted_at[:4] == [0, 1, 2, 3 + policy.PAUSE_TOKENS]
+    # twelve drafts, a pause of 32, twelve, a pause of 64, ... not one per token
+    assert len(drafted_at) <= 60
+    judged = policy.JUDGE_AFTER
+    assert drafted_at[: judged + 1] == [*range(judged), judged + policy.PAUSE_TOKENS]
+
+
+@pytest.mark.parametrize(
+    ("length", "drafted", "accepted", "after"),
+    [
+        (4, 4, 4, 8),  # accepted whole: doubled
+        (8, 8, 8, 16),
+        (16, 16, 16, MAX_LENGTH),  # never past the option's bound
+        (12, 12, 12, MAX_LENGTH),
+        (4, 4, 3, 2),  # a rejection: halved
+        (16, 16, 0, 8),
+        (1, 1, 0, 1),  # never below one token
+        (8, 3, 3, 8),  # cut short by the lookup or the limits: says nothing, unchanged
+        (8, 3, 1, 4),  # but a rejection in it still halves
+        (1, 1, 1, 2),  # draft_num_predict 1 grows too
+    ],
+)
+def test_next_length(length, drafted, accepted, after):
+    assert next_length(length, drafted, accepted) == after
+
+
+def test_the_length_is_bounded_by_the_option_bound():
+    from jupyter_llm.request.limits import DRAFT_TOKENS
+
+    assert MAX_LENGTH == DRAFT_TOKENS.value == 16
+    length = 1
+    for _ in range(10):
+        length = next_length(length, length, length)
+    assert length == MAX_LENGTH
 
 
 # -- the n-gram index ----------------------------------------------------------------------
@@ -197,6 +236,32 @@ def test_drafts_are_checked_beside_other_sequences_in_one_decode(engine):
     assert runs[1].done.draft_accepted > 0 and runs[0].done.draft_tokens == 0
     assert len(decodes) <= 51  # one decode per step for all three: no extra pass for drafts
     assert max(decodes[1:]) > 3  # three next tokens and a draft in one batch
+    cells_match(engine)
+
+
+def test_the_draft_length_adapts_within_its_bound(engine):
+    """draft_num_predict 1 is a starting length: drafts accepted whole grow
+    it, never past 16 drafted tokens beside the sequence's next token."""
+    prompt = PROMPTS[0] + solo(engine, PROMPTS[0], num_predict=40, draft_num_predict=0).output
+    plain = solo(engine, prompt, num_predict=60, draft_num_predict=0)
+    decodes = []
+    real = llama_cpp.llama_decode
+
+    def counted(ctx, batch):
+        if all(batch.logits[i] for i in range(batch.n_tokens)):  # a step, not a prompt chunk
+            decodes.append(batch.n_tokens)
+        return real(ctx, batch)
+
+    llama_cpp.llama_decode = counted
+    try:
+        spec = solo(engine, prompt, num_predict=60, draft_num_predict=1)
+    finally:
+        llama_cpp.llama_decode = real
+    assert spec.done.context == plain.done.context
+    steps = decodes
+    assert max(steps) > 2  # grew past its start of one drafted token
+    assert max(steps) <= 1 + MAX_LENGTH
+    assert len(steps) < 60 // 2  # more than two tokens a step on average
     cells_match(engine)
 
 
