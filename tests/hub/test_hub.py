@@ -85,6 +85,21 @@ c.Spawner.args = ["--allow-root"]
 c.Spawner.http_timeout = 90
 c.Spawner.start_timeout = 90
 
+# the Hub notices its service exited (and restarts it) when it polls the process:
+# every 30 s, not configurable (services' spawners get no config); every second here,
+# so the test's SIGTERM of the engine is not followed by up to 33 s of waiting
+from jupyterhub.services.service import _ServiceSpawner  # noqa: E402
+
+_start_polling = _ServiceSpawner.start_polling
+
+
+def _poll_every_second(self):
+    self.poll_interval = 1
+    return _start_polling(self)
+
+
+_ServiceSpawner.start_polling = _poll_every_second
+
 # -- what the README's "Sharing and scaling" says a Hub needs -------------------------
 c.JupyterHub.services = [
     {{
