@@ -110,8 +110,8 @@ DRAFT_TOKENS = Limit(
     "options.draft_num_predict",
     16,
     "tokens",
-    "each drafted token costs a logit row and a cell per step; prompt-lookup drafts "
-    "past a few tokens are seldom accepted whole (llama-server drafts 3 by default)",
+    "the starting draft length; each drafted token costs a logit row and a cell per "
+    "step, and a sequence's drafts grow to this cap only while accepted whole",
 )
 DRAFT_LOOKUP = Limit(
     "draft_lookup",
