@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_run import EngineRun as Run
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.pausing import MAX_PAUSES, Held, Move, next_move
-from jupyter_llm.runner.protocol import Done, LoadParams
-from jupyter_llm.runner.sequence import Job
+from jupyter_llm.runner.protocol import LoadParams
 
-GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 PROMPT = "Tell me a story about the sea"
 INT, BAT = "interactive", "batch"
 
@@ -78,33 +77,6 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_model(
         tmp_path_factory.mktemp("dropping") / "m.gguf", DemoModelSpec(attn_scale=1.0)
     )
-
-
-class Run:
-    """One submitted job and what came back."""
-
-    def __init__(self, engine: Engine, prompt: str, priority: str, **options: Any) -> None:
-        self.text: list[str] = []
-        self.done: Done | None = None
-        self.job = Job(
-            rid=id(self),
-            tokens=engine.model.prompt_tokens(prompt),
-            options={**GREEDY, **options},
-            emit=self.text.append,
-            finish=self._finish,
-            fail=self._fail,
-            priority=priority,
-        )
-        engine.submit(self.job)
-
-    def _finish(self, done: Done) -> None:
-        self.done = done
-
-    def _fail(self, error: Exception) -> None:
-        raise AssertionError(f"request failed: {error!r}")
-
-    def slot(self, engine: Engine) -> Any:
-        return next(s for s in engine.slots if s.seq is not None and s.seq.job is self.job)
 
 
 def run_alone(engine: Engine, prompt: str, options: dict[str, Any]) -> list[int]:

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_run import GREEDY
+from engine_run import EngineRun as Run
 from runner_streams import text_and_done
 from waiting import until
 
@@ -24,12 +26,10 @@ from jupyter_llm.runner.pausing import (
     pausable,
     sits_out,
 )
-from jupyter_llm.runner.protocol import Complete, Done, LoadParams
-from jupyter_llm.runner.sequence import Job
+from jupyter_llm.runner.protocol import Complete, LoadParams
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
-GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 PROMPT = "Tell me a story about the sea"
 
 
@@ -118,35 +118,6 @@ def engine(model_path: Path) -> Iterator[Engine]:
     engine = Engine(LoadParams(path=str(model_path), n_ctx=1024, n_batch=32, n_threads=2, n_seq=1))
     yield engine
     engine.close()
-
-
-class Run:
-    """One submitted job and what came back."""
-
-    def __init__(self, engine: Engine, prompt: str, priority: str, **options: Any) -> None:
-        self.text: list[str] = []
-        self.done: Done | None = None
-        self.job = Job(
-            rid=id(self),
-            tokens=engine.model.prompt_tokens(prompt),
-            options={**GREEDY, **options},
-            emit=self.text.append,
-            finish=self._finish,
-            fail=self._fail,
-            priority=priority,
-        )
-        engine.submit(self.job)
-
-    def _finish(self, done: Done) -> None:
-        self.done = done
-
-    def _fail(self, error: Exception) -> None:
-        raise AssertionError(f"request failed: {error!r}")
-
-    @property
-    def tokens(self) -> list[int]:
-        assert self.done is not None
-        return self.done.context
 
 
 def run_alone(engine: Engine, prompt: str, n: int) -> list[int]:

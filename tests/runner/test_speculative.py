@@ -10,6 +10,7 @@ from typing import Any
 
 import llama_cpp
 import pytest
+from engine_run import EngineRun as Run
 
 from jupyter_llm.runner import draft_policy as policy
 from jupyter_llm.runner.draft_policy import (
@@ -21,11 +22,9 @@ from jupyter_llm.runner.draft_policy import (
     next_length,
 )
 from jupyter_llm.runner.engine import Engine
-from jupyter_llm.runner.protocol import Done, LoadParams
-from jupyter_llm.runner.sequence import Job
+from jupyter_llm.runner.protocol import LoadParams
 from jupyter_llm.runner.speculative import NgramIndex
 
-GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 PROMPTS = ["hello world hello world hello", "the cat sat on the mat and the cat sat", "abc"]
 
 
@@ -140,37 +139,6 @@ def test_the_index_follows_a_growing_history():
 
 
 # -- the engine, on a generated model ------------------------------------------------------
-class Run:
-    """One submitted job and what came back."""
-
-    def __init__(self, engine: Engine, prompt: str, **options: Any) -> None:
-        self.text: list[str] = []
-        self.logprobs: list[dict[str, Any]] = []
-        self.done: Done | None = None
-        self.errors: list[Exception] = []
-        grammar = options.pop("grammar", None)
-        logprobs = options.pop("logprobs", -1)
-        self.job = Job(
-            rid=id(self),
-            tokens=engine.model.prompt_tokens(prompt),
-            options={**GREEDY, **options},
-            emit=self.text.append,
-            finish=self._finish,
-            fail=self.errors.append,
-            grammar=grammar,
-            logprobs=logprobs,
-            on_logprob=self.logprobs.append,
-        )
-        engine.submit(self.job)
-
-    def _finish(self, done: Done) -> None:
-        self.done = done
-
-    @property
-    def output(self) -> str:
-        return "".join(self.text)
-
-
 def run_all(engine: Engine, *runs: Run) -> None:
     steps = 0
     while engine.busy:

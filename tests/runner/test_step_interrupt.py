@@ -12,14 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_run import EngineRun, finish
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.interrupt import may_cut
-from jupyter_llm.runner.protocol import Done, LoadParams
-from jupyter_llm.runner.sequence import Job
-
-GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
+from jupyter_llm.runner.protocol import LoadParams
 
 
 @pytest.mark.parametrize(
@@ -35,39 +33,10 @@ def test_which_steps_may_be_cut(batch_only, cut_last, expected):
     assert may_cut(batch_only, cut_last) is expected
 
 
-class Answer:
-    """One submitted job's text and end."""
-
-    def __init__(self, engine: Engine, prompt: str, priority: str, n: int, **opts: Any) -> None:
-        self.text: list[str] = []
-        self.done: Done | None = None
-        job = Job(
-            rid=id(self),
-            tokens=engine.model.prompt_tokens(prompt),
-            options={**GREEDY, "num_predict": n, **opts},
-            emit=self.text.append,
-            finish=self._finish,
-            fail=self._fail,
-            priority=priority,
-        )
-        engine.submit(job)
-
-    def _finish(self, done: Done) -> None:
-        self.done = done
-
-    def _fail(self, error: Exception) -> None:
-        raise AssertionError(f"request failed: {error!r}")
-
-
-def finish(engine: Engine, *answers: Answer) -> None:
-    while any(a.done is None for a in answers):
-        engine.step()
-
-
-def cut_while_running(engine: Engine, prompts: list[str], n: int, **opts: Any) -> list[Answer]:
+def cut_while_running(engine: Engine, prompts: list[str], n: int, **opts: Any) -> list[EngineRun]:
     """``prompts`` as batch work, each step after the first tokens cut once
     before it runs whole; returns the answers."""
-    answers = [Answer(engine, p, "batch", n, **opts) for p in prompts]
+    answers = [EngineRun(engine, p, "batch", num_predict=n, **opts) for p in prompts]
     while not all(a.text for a in answers):
         engine.step()
     cuts = engine.interrupt.cuts
@@ -101,7 +70,8 @@ PROMPTS = ["Tell me a story about the sea", "Once upon a time in a small town"]
 
 @pytest.mark.parametrize("draft", [0, 4])
 def test_cut_steps_leave_the_batch_output_unchanged(small, draft):
-    reference = [Answer(small, p, "batch", 40, draft_num_predict=draft) for p in PROMPTS]
+    options = {"num_predict": 40, "draft_num_predict": draft}
+    reference = [EngineRun(small, p, "batch", **options) for p in PROMPTS]
     finish(small, *reference)
     cut = cut_while_running(small, PROMPTS, 40, draft_num_predict=draft)
     assert [a.done.context for a in cut] == [a.done.context for a in reference]
@@ -109,8 +79,8 @@ def test_cut_steps_leave_the_batch_output_unchanged(small, draft):
 
 
 def test_a_step_with_interactive_work_is_never_cut(small):
-    batch = Answer(small, PROMPTS[0], "batch", 30)
-    chat = Answer(small, PROMPTS[1], "interactive", 30)
+    batch = EngineRun(small, PROMPTS[0], "batch", num_predict=30)
+    chat = EngineRun(small, PROMPTS[1], "interactive", num_predict=30)
     cuts = small.interrupt.cuts
     while chat.done is None:
         small.interrupt.request()
@@ -122,7 +92,7 @@ def test_a_step_with_interactive_work_is_never_cut(small):
 
 def test_an_unset_flag_cuts_nothing(small):
     cuts = small.interrupt.cuts
-    answer = Answer(small, PROMPTS[0], "batch", 20)
+    answer = EngineRun(small, PROMPTS[0], "batch", num_predict=20)
     finish(small, answer)
     assert small.interrupt.cuts == cuts
 
@@ -137,7 +107,8 @@ def test_gemma_cut_steps_leave_the_output_unchanged(gemma_gguf: Path):
         turn = "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"
         asks = ("Write a short note about tides.", "Name three rivers.")
         prompts = [turn.format(q) for q in asks]
-        reference = [Answer(engine, p, "batch", 32, draft_num_predict=0) for p in prompts]
+        options = {"num_predict": 32, "draft_num_predict": 0}
+        reference = [EngineRun(engine, p, "batch", **options) for p in prompts]
         finish(engine, *reference)
         cut = cut_while_running(engine, prompts, 32, draft_num_predict=0)
         assert [a.done.context for a in cut] == [a.done.context for a in reference]
@@ -148,7 +119,7 @@ def test_gemma_cut_steps_leave_the_output_unchanged(gemma_gguf: Path):
 def test_a_cut_step_leaves_no_error_in_the_log(small, capfd):
     """llama.cpp logs a cut step's rollback as errors: the runner drops them
     (the server's log shows real failures only)."""
-    answer = Answer(small, PROMPTS[0], "batch", 10)
+    answer = EngineRun(small, PROMPTS[0], "batch", num_predict=10)
     while not answer.text:
         small.step()
     cuts = small.interrupt.cuts
