@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from runner_streams import text_and_done
 
 from jupyter_llm.api.generation import Finished
 from jupyter_llm.api.ollama_shapes import done_fields
@@ -285,14 +286,7 @@ def test_settings_defaults(tmp_path: Path) -> None:
 
 
 async def answer(runner: Any, prompt: str) -> tuple[str, dict[str, Any]]:
-    text, done = [], {}
-    async for batch in runner.complete(Complete(prompt=prompt, options=dict(GREEDY))):
-        for message in batch:
-            if message["type"] == "token":
-                text.append(message["text"])
-            elif message["type"] == "done":
-                done = message
-    return "".join(text), done
+    return await text_and_done(runner.complete(Complete(prompt=prompt, options=dict(GREEDY))))
 
 
 async def test_a_runner_saves_at_unload_and_the_next_runner_restores(tmp_path: Path) -> None:

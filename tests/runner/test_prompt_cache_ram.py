@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_streams import text_and_done
 
 from jupyter_llm.config import Settings
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
@@ -100,14 +101,7 @@ def run(engine: Engine, prompt: str) -> tuple[str, int, str]:
 
 
 async def answer(runner: Any, prompt: str) -> tuple[str, dict[str, Any]]:
-    text, done = [], {}
-    async for batch in runner.complete(Complete(prompt=prompt, options=dict(GREEDY))):
-        for message in batch:
-            if message["type"] == "token":
-                text.append(message["text"])
-            elif message["type"] == "done":
-                done = message
-    return "".join(text), done
+    return await text_and_done(runner.complete(Complete(prompt=prompt, options=dict(GREEDY))))
 
 
 def slot_taken_and_back(model: Path, first: str, other: str, second: str, **kw: object) -> None:
