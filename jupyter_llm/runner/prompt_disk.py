@@ -233,18 +233,41 @@ def restore(engine: Engine, slot: Slot, tokens: list[int], keep: int) -> tuple[i
     the tokens now reused and where they are from ("disk", else "slot":
     ``keep``, where nothing better is on disk). One token is always left to
     evaluate: its logits start the answer."""
-    disk = engine.disk
-    if disk is None or len(tokens) - 1 <= max(keep, disk.params.min_tokens - 1):
+    return take_prefix(engine.disk, "disk", engine, slot, tokens, keep)
+
+
+def take_prefix(
+    store: Any, source: str, engine: Engine, slot: Slot, tokens: list[int], keep: int
+) -> tuple[int, str]:
+    """``restore`` from ``store`` (this tier, or the RAM tier's, which has the
+    same ``lookup`` and ``params.min_tokens``), reported as ``source``; ""
+    and nothing reused where llama.cpp refuses the state."""
+    if store is None or len(tokens) - 1 <= max(keep, store.params.min_tokens - 1):
         return keep, "slot"
     if any(t < 0 for t in tokens):  # images: never stored
         return keep, "slot"
-    hit = disk.lookup(tokens[:-1], longer_than=keep)
+    hit = store.lookup(tokens[:-1], longer_than=keep)
     if hit is None:
         return keep, "slot"
     n, state = hit
     if not put_state(engine, slot, tokens[:n], state):
         return 0, ""  # llama.cpp refused it (another layout): evaluate it all
-    return n, "disk"
+    return n, source
+
+
+def slot_state(engine: Engine, slot: Slot, max_bytes: int) -> bytearray | None:
+    """``slot``'s KV state (``llama_state_seq_get_data``), None where it is
+    empty or larger than ``max_bytes``."""
+    size = llama_cpp.llama_state_seq_get_size(engine.ctx, slot.index)
+    if size <= 0 or size > max_bytes:
+        return None
+    state = bytearray(size)
+    buf = (ctypes.c_uint8 * size).from_buffer(state)
+    written = llama_cpp.llama_state_seq_get_data(engine.ctx, buf, size, slot.index)
+    del buf
+    if not written:
+        return None
+    return state if written == size else state[:written]
 
 
 def put_state(engine: Engine, slot: Slot, tokens: list[int], state: bytes | bytearray) -> bool:
@@ -283,12 +306,8 @@ def save_slots(engine: Engine, seconds: float = SAVE_SECONDS) -> int:
         if len(slot.cached) < disk.params.min_tokens or slot.images:
             continue
         try:
-            size = llama_cpp.llama_state_seq_get_size(engine.ctx, slot.index)
-            if size <= 0 or size > disk.params.max_bytes:
-                continue
-            buf = (ctypes.c_uint8 * size)()
-            written = llama_cpp.llama_state_seq_get_data(engine.ctx, buf, size, slot.index)
-            if written and disk.store(list(slot.cached), bytes(buf)[:written]):
+            state = slot_state(engine, slot, disk.params.max_bytes)
+            if state is not None and disk.store(list(slot.cached), bytes(state)):
                 saved += 1
         except Exception as e:  # saving is best effort: the unload goes on
             print(f"runner: prompt cache of slot {slot.index} not saved: {e!r}", file=sys.stderr)

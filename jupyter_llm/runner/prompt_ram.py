@@ -21,16 +21,13 @@ everything here blocks.
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import llama_cpp
-
-from jupyter_llm.runner.prompt_disk import MIN_TOKENS, put_state, restore
+from jupyter_llm.runner.prompt_disk import MIN_TOKENS, restore, slot_state, take_prefix
 
 if TYPE_CHECKING:
     from jupyter_llm.runner.engine import Engine
@@ -135,12 +132,7 @@ def swap(engine: Engine, slot: Slot, tokens: list[int], keep: int) -> tuple[int,
         return restore(engine, slot, tokens, keep)
     if 2 * keep < len(slot.cached) and not slot.images:
         save(engine, slot)
-    source = "slot"
-    if len(tokens) - 1 > max(keep, ram.params.min_tokens - 1) and all(t >= 0 for t in tokens):
-        hit = ram.lookup(tokens[:-1], longer_than=keep)
-        if hit is not None:  # llama.cpp refusing it leaves the slot empty
-            n, state = hit
-            keep, source = (n, "ram") if put_state(engine, slot, tokens[:n], state) else (0, "")
+    keep, source = take_prefix(ram, "ram", engine, slot, tokens, keep)
     keep, disk_source = restore(engine, slot, tokens, keep)  # a longer prefix on disk
     return keep, disk_source if disk_source != "slot" else source
 
@@ -153,16 +145,8 @@ def save(engine: Engine, slot: Slot) -> bool:
     if ram.holds(slot.cached):
         return False
     try:
-        size = llama_cpp.llama_state_seq_get_size(engine.ctx, slot.index)
-        if size <= 0 or size + 4 * len(slot.cached) > ram.params.max_bytes:
-            return False
-        state = bytearray(size)
-        buf = (ctypes.c_uint8 * size).from_buffer(state)
-        written = llama_cpp.llama_state_seq_get_data(engine.ctx, buf, size, slot.index)
-        del buf
-        if not written:
-            return False
-        return ram.store(list(slot.cached), state if written == size else state[:written])
+        state = slot_state(engine, slot, ram.params.max_bytes - 4 * len(slot.cached))
+        return state is not None and ram.store(list(slot.cached), state)
     except Exception as e:  # best effort: the new prompt goes on
         print(f"runner: prompt cache of slot {slot.index} not kept: {e!r}", file=sys.stderr)
         return False
