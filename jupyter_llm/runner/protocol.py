@@ -100,6 +100,7 @@ class LoadParams:
     flash_attn: str = "auto"  # "auto" (llama.cpp's default), "on" or "off"
     n_seq: int = 1  # sequences decoded together, sharing the n_ctx cells
     projector: str = ""  # the image projector (mmproj GGUF) to load beside the model
+    draft: str = ""  # a draft model's GGUF (same vocabulary) for speculation; "": prompt lookup
     kv_cache_type: str = "f16"  # "f16", "q8_0" or "q4_0" (runner/kv_cache.py)
     prompt_disk: dict[str, Any] = field(default_factory=dict)  # runner/prompt_disk.py; {}: off
     prompt_ram: dict[str, Any] = field(default_factory=dict)  # runner/prompt_ram.py; {}: off
