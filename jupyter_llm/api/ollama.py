@@ -228,6 +228,7 @@ def create_model(store: ModelStore, call: CreateCall) -> None:
         parameters=call.parameters,
         messages=call.messages,
         license=call.license,
+        draft=call.draft,
     )
 
 

@@ -41,6 +41,7 @@ from jupyter_llm.api.structured import parse_format
 from jupyter_llm.api.templates import render_go_template
 from jupyter_llm.chat_formats.detect import template_format
 from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
+from jupyter_llm.models.draft import draft_source
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest
@@ -367,7 +368,10 @@ def show_body(entry: ModelEntry, read: ShowRead) -> dict[str, Any]:
     template = entry.template or read.own_template
     details = entry.details
     if read.builtin is not None:  # the family's template a GGUF without one chats in
-        details = {**entry.details, "builtin_template": read.builtin}
+        details = {**details, "builtin_template": read.builtin}
+    if entry.draft_path is not None:  # which draft model speculates (Ollama has none)
+        draft = {"model": entry.draft_from, "digest": "sha256:" + entry.draft_path.name[7:]}
+        details = {**details, "draft": draft}
     capabilities = model_capabilities(read.info, template)
     extra: dict[str, Any] = {}
     if read.projector_info is not None:  # its GGUF's keys, as model_info is the model's
@@ -377,7 +381,8 @@ def show_body(entry: ModelEntry, read: ShowRead) -> dict[str, Any]:
         "license": entry.license or "",
         "modelfile": "".join(
             f"FROM {path}\n" for path in (entry.model_path, entry.projector_path) if path
-        ),
+        )
+        + (f"DRAFT {entry.draft_path}\n" if entry.draft_path else ""),
         "parameters": format_parameters(entry.params),
         "messages": entry.messages,
         "template": template,
@@ -404,6 +409,7 @@ class CreateCall:
     messages: list[dict[str, Any]] | None
     license: str | list[str] | None
     stream: bool = True
+    draft: str | ModelName | None = None  # a blob digest or a model (models.draft)
 
     def texts(self) -> dict[str, str | None]:
         """The text layers it writes, each named by its field."""
@@ -441,6 +447,7 @@ def create_call(body: dict[str, Any]) -> CreateCall:
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean")
+    draft = None if body.get("draft") is None else draft_source(body["draft"])
     return CreateCall(
         name,
         body.get("files"),
@@ -451,6 +458,7 @@ def create_call(body: dict[str, Any]) -> CreateCall:
         messages,
         license_,
         stream,
+        draft,
     )
 
 

@@ -5,7 +5,8 @@ on the client's disk, so the client uploads the GGUF as a blob and sends
 
 A vision model's projector travels with it: a second ``FROM`` file, or else
 the mmproj file next to the GGUF (``find_projector``). The server tells the
-two apart by their headers."""
+two apart by their headers. A ``DRAFT`` file is uploaded too and sent as
+``draft``, its digest."""
 
 from __future__ import annotations
 
@@ -68,14 +69,16 @@ def create_from_modelfile(
             if path.name in body["files"]:
                 raise LLMClientError(f"FROM {path.name} is given twice")
             body["files"][path.name] = upload_blob(endpoint, path)
+    if modelfile.draft is not None and modelfile.draft_file:
+        body["draft"] = upload_blob(endpoint, _local(base_dir, modelfile.draft, "DRAFT"))
     for event in endpoint.stream("api/create", body):
         progress(event.get("status", ""))
 
 
-def _local(base_dir: Path, source: str) -> Path:
+def _local(base_dir: Path, source: str, command: str = "FROM") -> Path:
     path = (base_dir / Path(source).expanduser()).resolve()
     if not path.is_file():
-        raise LLMClientError(f"FROM {source}: no such file")
+        raise LLMClientError(f"{command} {source}: no such file")
     return path
 
 

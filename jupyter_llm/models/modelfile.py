@@ -2,6 +2,8 @@
 ``MESSAGE``, ``LICENSE``, parsed into the fields of an ``/api/create`` request.
 A second ``FROM`` naming a ``.gguf`` file adds that file (a vision model's
 projector, as in Ollama, where every file ``FROM`` joins ``files``).
+``DRAFT`` (ours, at most one) names a draft model for speculative decoding,
+resolved as ``FROM`` is: a model name, or a path to a ``.gguf`` file.
 
 A ``PARAMETER`` is checked here against the option table, types and ranges
 as a request's options are, so a bad one is refused with its line number.
@@ -16,7 +18,7 @@ from typing import Any
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.options import OPTION_TYPES, check_option
 
-COMMANDS = ("from", "parameter", "template", "system", "message", "license", "adapter")
+COMMANDS = ("from", "draft", "parameter", "template", "system", "message", "license", "adapter")
 ROLES = ("system", "user", "assistant")
 
 
@@ -29,16 +31,23 @@ class Modelfile:
     system: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     license: list[str] = field(default_factory=list)
+    draft: str | None = None  # DRAFT: a model name or a path to a .gguf file
 
     @property
     def from_file(self) -> bool:
         return is_file_source(self.source)
 
+    @property
+    def draft_file(self) -> bool:
+        return self.draft is not None and is_file_source(self.draft)
+
     def create_request(self, model: str) -> dict[str, Any]:
-        """The /api/create body (``from`` for a model; files are the caller's job)."""
+        """The /api/create body (``from``/``draft`` for a model; files are the caller's job)."""
         body: dict[str, Any] = {"model": model}
         if not self.from_file:
             body["from"] = self.source
+        if self.draft is not None and not self.draft_file:
+            body["draft"] = self.draft
         for key in ("template", "system"):
             if getattr(self, key) is not None:
                 body[key] = getattr(self, key)
@@ -71,6 +80,12 @@ def parse_modelfile(text: str) -> Modelfile:
                     "(a projector) beside a first FROM that is one"
                 )
             out.more_files.append(args)
+        elif command == "draft":
+            if out.draft is not None:
+                raise InvalidRequest(f"Modelfile line {lineno}: a second DRAFT (one draft model)")
+            if not args.strip():
+                raise InvalidRequest(f"Modelfile line {lineno}: DRAFT needs a model name or file")
+            out.draft = args.strip()
         elif command == "parameter":
             name, _, value = args.partition(" ")
             name, value = name.lower(), value.strip()

@@ -32,9 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from jupyter_llm.models.draft import MEDIA_DRAFT, check_vocabulary
 from jupyter_llm.models.gguf_info import GGUFInfo, read_gguf_info
 from jupyter_llm.models.holds import BlobHolds, Hold, HoldUnreadable
-from jupyter_llm.models.names import ModelName, parse_model_name
+from jupyter_llm.models.names import MAX_NAME_LENGTH, ModelName, parse_model_name
 from jupyter_llm.models.store_lock import store_lock
 from jupyter_llm.request.errors import InvalidRequest, ModelNotFound
 from jupyter_llm.request.limits import TEXT_LAYER
@@ -86,6 +87,8 @@ class ModelEntry:
     messages: list[dict[str, Any]] = field(default_factory=list)
     license: str | None = None
     projector_path: Path | None = None  # the projector layer's blob: the model sees images
+    draft_path: Path | None = None  # the draft layer's blob: a draft model for speculation
+    draft_from: str = ""  # the model the draft was named by at create ("": a file)
 
     @property
     def vision(self) -> bool:
@@ -245,17 +248,26 @@ class ModelStore:
         parameters: dict[str, Any] | None = None,
         messages: list[dict[str, Any]] | None = None,
         license: str | list[str] | None = None,
+        draft: str | ModelName | None = None,
     ) -> ModelEntry:
         """Make a model from uploaded GGUF blobs (``files``: the model, and at most
         one projector, told apart by their headers as Ollama does) or an existing
-        model (``from_model``, whose projector it keeps), with optional template,
-        system prompt, parameters, messages and license layers replacing the base's."""
+        model (``from_model``, whose projector and draft it keeps), with optional
+        template, system prompt, parameters, messages and license layers replacing
+        the base's. ``draft``: a draft model (an uploaded blob's digest, or a
+        model whose GGUF it shares), checked against the model's vocabulary."""
         name = model if isinstance(model, ModelName) else parse_model_name(model)
         if files and from_model:
             raise InvalidRequest("give either files or from, not both")
         if not files and not from_model:
             raise InvalidRequest("files or from is required: upload a GGUF with /api/blobs first")
         ggufs = None if from_model else self._ggufs(files)
+        target = self.get(from_model).model_path if from_model else None
+        if ggufs:
+            target = self.blob_path(ggufs[0][2])
+        assert target is not None
+        base = parse_model_name(from_model) if isinstance(from_model, str) else from_model
+        drafted = None if draft is None else self._draft(draft, target, base or name)
         texts = {
             MEDIA_TEMPLATE: template,
             MEDIA_SYSTEM: system,
@@ -272,10 +284,17 @@ class ModelStore:
                 layers = [self._layer(media, self._uploaded(f, d)) for media, f, d, _ in ggufs]
                 kept = {}
                 config = self._config_for(*(info for _, _, _, info in ggufs))
+            if drafted is not None:  # it replaces the base's
+                layers = [la for la in layers if la["mediaType"] != MEDIA_DRAFT]
+                layers.append(self._layer(MEDIA_DRAFT, self._uploaded("draft", drafted[0])))
+                if drafted[1]:
+                    layers[-1]["from"] = drafted[1]
             layers += self._text_layers(texts, licenses, kept)
             self._write_manifest(name, config, layers)
             if ggufs:
                 self._uploads_used(d for _, _, d, _ in ggufs)
+            if drafted is not None and not drafted[1]:
+                self._uploads_used([drafted[0]])
             return self.get(name)
 
     def _text_layers(
@@ -341,6 +360,20 @@ class ModelStore:
                 + (f" (and at most one projector), not {len(models)}" if models else "")
             )
         return models + projectors
+
+    def _draft(self, draft: str | ModelName, target: Path, name: ModelName) -> tuple[str, str]:
+        """(blob digest, the model it was named by or "") of a draft: an
+        uploaded GGUF or a model's own, a language model that shares the
+        target's vocabulary. Reads two headers: blocking."""
+        if isinstance(draft, ModelName):
+            entry = self.get(draft)
+            digest, shown = "sha256:" + entry.model_path.name[7:], draft.display
+        else:
+            digest, shown = self._uploaded("draft", parse_digest(draft, "draft")), ""
+        if read_gguf_info(self.blob_path(digest)).is_projector:
+            raise InvalidRequest(f"draft {shown or digest} is a projector, not a language model")
+        check_vocabulary(target, self.blob_path(digest), shown or digest, name.display)
+        return digest, shown
 
     def _uploaded(self, fname: str, digest: str) -> str:
         if not self.has_blob(digest):
@@ -550,6 +583,10 @@ class ModelStore:
             projector_path=self.blob_path(found["digest"])
             if (found := layer(MEDIA_PROJECTOR))
             else None,
+            draft_path=self.blob_path(drafted["digest"])
+            if (drafted := layer(MEDIA_DRAFT))
+            else None,
+            draft_from=str(drafted.get("from", ""))[:MAX_NAME_LENGTH] if drafted else "",
         )
 
     def _small_blob(self, digest: str, name: ModelName) -> bytes:
