@@ -52,6 +52,7 @@ SETTINGS_TRAITS = (
     "ray_address",
     "hf_endpoint",
     "trusted_auth_hosts",
+    "history_interval",
 )
 
 
@@ -90,6 +91,7 @@ class LLMExtension(ExtensionApp):
         None, allow_none=True, config=True, help="Bytes of prompt caches on disk; 0: off."
     )
     prompt_disk_expiry = _duration("Delete a prompt cache file unused this long: '24h'.")
+    history_interval = _duration("Seconds between the sidebar history's samples: '2s'.")
     prompt_disk_dir = Unicode(
         None, allow_none=True, config=True, help="Prompt caches' folder; empty: beside the models."
     )
@@ -134,7 +136,7 @@ class LLMExtension(ExtensionApp):
     services: LLMServices | None = None  # None: the routes forward to ``engine``
     engine: forward.SharedEngine | None = None
 
-    @validate("keep_alive", "load_timeout", "prompt_disk_expiry")
+    @validate("keep_alive", "load_timeout", "prompt_disk_expiry", "history_interval")
     def _valid_duration(self, proposal: Any) -> Any:
         value = proposal["value"]
         if value is not None:

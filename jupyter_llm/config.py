@@ -56,6 +56,9 @@ class Settings:
     hf_endpoint: str = "https://huggingface.co"  # Hugging Face (or a mirror) for hf.co/ pulls
     # token hosts trusted beside each registry's own, "host" or "host:port", comma-separated
     trusted_auth_hosts: str = ""
+    # seconds between two samples of the sidebar's history (history/sampler.py); its
+    # ring keeps 300 samples, so the default's window is ten minutes
+    history_interval: float = 2.0
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
@@ -76,6 +79,7 @@ class Settings:
         settings = replace(cls(), **values)
         settings = replace(settings, models_dir=Path(settings.models_dir).expanduser())
         _check_prompt_disk(settings)
+        _check_history_interval(settings)
         if settings.engine_url:
             return _with_engine(settings, env)
         return settings
@@ -113,6 +117,20 @@ def _check_prompt_disk(settings: Settings) -> None:
         )
 
 
+# the history sampler's interval: four samples a second at most (each reads the
+# scheduler's figures and NVML in a thread), one a minute at least (300 samples: 5 hours)
+HISTORY_INTERVAL_BOUNDS = (0.25, 60.0)
+
+
+def _check_history_interval(settings: Settings) -> None:
+    low, high = HISTORY_INTERVAL_BOUNDS
+    if not low <= settings.history_interval <= high:
+        raise ConfigError(
+            f"invalid {env_name('history_interval')}: {settings.history_interval:g}; "
+            f"expected a duration from {low:g} s to {high:g} s"
+        )
+
+
 def prompt_disk_dir(settings: Settings) -> Path:
     """Where the prompt cache's files go."""
     if settings.prompt_disk_dir:
@@ -125,7 +143,7 @@ FOREIGN_ENV_NAMES = {
     "hf_endpoint": "HF_ENDPOINT"
 }  # variables other tools read too, as they spell them
 # seconds or "5m"; negative: forever (an expiry of 0 is refused)
-DURATIONS = ("keep_alive", "load_timeout", "prompt_disk_expiry")
+DURATIONS = ("keep_alive", "load_timeout", "prompt_disk_expiry", "history_interval")
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True}
 _BOOLS |= {"0": False, "false": False, "no": False, "off": False}
 _SWITCH = {"auto": "auto"} | {k: "on" if v else "off" for k, v in _BOOLS.items()}

@@ -89,7 +89,7 @@ def build_services(settings: Settings) -> LLMServices:
         store=store,
         devices=devices,
         scheduler=scheduler,
-        history=HistorySampler(scheduler, devices),
+        history=HistorySampler(scheduler, devices, settings.history_interval),
         puller=Puller(
             store,
             hf_endpoint=settings.hf_endpoint,

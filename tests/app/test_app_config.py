@@ -51,6 +51,7 @@ def app_from_argv(argv: list[str]) -> LLMExtension:
         (["--LLMExtension.max_queue=7"], "max_queue", 7),
         (["--LLMExtension.num_threads=4"], "num_threads", 4),
         (["--LLMExtension.stream_interval=0.05"], "stream_interval", 0.05),
+        (["--LLMExtension.history_interval=500ms"], "history_interval", 0.5),
         (["--LLMExtension.gpu_overhead=1073741824"], "gpu_overhead", 1 << 30),
         (["--LLMExtension.new_estimates=True"], "new_estimates", True),
         (
@@ -91,6 +92,12 @@ def test_the_trait_wins_over_the_env(monkeypatch):
 def test_bad_trait_is_refused_naming_it(argv, named):
     with pytest.raises(TraitError, match=named):
         app_from_argv(argv)
+
+
+def test_a_history_interval_out_of_bounds_is_refused():
+    named = r"HISTORY_INTERVAL: 0\.1; expected a duration from 0\.25 s to 60 s"
+    with pytest.raises(ConfigError, match=named):
+        app_from_argv(["--LLMExtension.history_interval=100ms"]).build_settings()
 
 
 def test_bad_env_is_refused_naming_it(monkeypatch):

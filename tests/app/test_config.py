@@ -47,6 +47,10 @@ from jupyter_llm.request.errors import ConfigError
         ({"HF_ENDPOINT": "https://mirror.example"}, "hf_endpoint", "https://mirror.example"),
         ({}, "trusted_auth_hosts", ""),
         ({"JUPYTER_LLM_TRUSTED_AUTH_HOSTS": "a.example"}, "trusted_auth_hosts", "a.example"),
+        ({}, "history_interval", 2.0),
+        ({"JUPYTER_LLM_HISTORY_INTERVAL": "500ms"}, "history_interval", 0.5),
+        ({"JUPYTER_LLM_HISTORY_INTERVAL": "0.25"}, "history_interval", 0.25),  # the bounds
+        ({"JUPYTER_LLM_HISTORY_INTERVAL": "1m"}, "history_interval", 60.0),
     ],
 )
 def test_from_env(env, field, value):
@@ -96,3 +100,15 @@ def test_keep_alive_override_is_parsed_like_the_env(value, expected):
 
 def test_flash_attention_override_is_parsed_like_the_env():
     assert Settings.from_env({}, flash_attention="TRUE").flash_attention == "on"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"), [("0.2", "0.2"), ("61", "61"), ("0", "0"), ("-1", "inf"), ("1h", "3600")]
+)
+def test_the_history_interval_is_bounded(value, shown):
+    """Four samples a second at most, one a minute at least; never forever."""
+    with pytest.raises(
+        ConfigError,
+        match=f"JUPYTER_LLM_HISTORY_INTERVAL: {shown}; expected a duration from 0.25 s to 60 s",
+    ):
+        Settings.from_env({"JUPYTER_LLM_HISTORY_INTERVAL": value})

@@ -87,7 +87,14 @@ def test_history_while_a_model_streams_and_after_a_reload(page, lab_home: Path) 
     store = ModelStore(lab_home / "models")
     store.create("small", {"small.gguf": store.add_blob_from_file(small)})
     small.unlink()
-    server = start_lab(lab_home, "history", gpus=[{**SIMULATED_GPU, "utilization": 42}])
+    # a sample every 0.5 s (2 s by default): the waits for streaming samples and for
+    # an idle one are a quarter as long; the ring (300 samples) still holds 150 s
+    server = start_lab(
+        lab_home,
+        "history",
+        extra=["--LLMExtension.history_interval=0.5"],
+        gpus=[{**SIMULATED_GPU, "utilization": 42}],
+    )
     stream = None
     try:
         sidebar = open_sidebar(page, server)
