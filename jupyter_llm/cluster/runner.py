@@ -228,6 +228,7 @@ async def start_ray_runner(
             spec,
             path=await runner.ship(spec.path),
             projector=await runner.ship(spec.projector) if spec.projector else "",
+            draft=await runner.ship(spec.draft) if spec.draft else "",
         )
         await runner.load(spec, load_timeout, report)
     except BaseException:

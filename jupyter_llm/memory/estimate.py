@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jupyter_llm.memory.draft import DraftMemory, draft_memory
 from jupyter_llm.memory.model_info import ModelInfo
 from jupyter_llm.memory.projector import ProjectorInfo, projector_graph
 from jupyter_llm.request.priority import seq_ids  # paused batch sequences' ids count
@@ -88,6 +89,9 @@ class Estimate:
     host_graph_partial: int = 0  # the CPU when it holds layers beside a GPU
     # the output matrix stays on the CPU even when its layer is offloaded
     output_on_cpu: bool = False
+    # a draft model: whole on the first GPU with layers (its host part on the
+    # CPU), or whole on the CPU
+    draft: DraftMemory | None = None
 
     @property
     def projector_total(self) -> int:
@@ -113,13 +117,24 @@ class Estimate:
         return sum(self.layer_weights) + self.output_weights + self.input_weights - self.tied_output
 
     @property
+    def draft_gpu(self) -> int:
+        """What the draft adds to the first GPU with layers."""
+        return self.draft.gpu_total if self.draft else 0
+
+    @property
     def cpu_only_total(self) -> int:
-        return self.weights_total + self.kv_total + self.graph_full + self.projector_total
+        draft = self.draft.cpu_total if self.draft else 0
+        return self.weights_total + self.kv_total + self.graph_full + self.projector_total + draft
 
 
 def estimate(
-    model: ModelInfo, opts: EstimateOptions, projector: ProjectorInfo | None = None
+    model: ModelInfo,
+    opts: EstimateOptions,
+    projector: ProjectorInfo | None = None,
+    draft: ModelInfo | None = None,
 ) -> Estimate:
+    """``model``'s memory with ``opts``; with a ``projector``, and a ``draft``
+    model, whose context has the same options (memory.draft)."""
     if opts.kv_type not in KV_BYTES:
         raise ValueError(f"unknown kv cache type {opts.kv_type!r}")
     # one unified KV cache, whatever the number of sequences, of num_ctx cells
@@ -173,6 +188,7 @@ def estimate(
         host_graph_full=gpu.host_full,
         host_graph_partial=gpu.host_partial,
         output_on_cpu=not output_placement(model, batch, opts.gpu_max_tensor).weights_on_gpu,
+        draft=draft_memory(estimate(draft, opts)) if draft is not None else None,
     )
 
 

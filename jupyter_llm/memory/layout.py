@@ -130,8 +130,9 @@ def plan_layout(
     def fill(candidates: list[GpuSlot], limit: int, graph: int) -> list[tuple[GpuSlot, int]]:
         assigned, placed = [], 0
         for gpu in candidates:
-            # the first GPU with layers also holds the projector
-            left, n = room(gpu, graph) - (0 if assigned else est.projector_total), 0
+            # the first GPU with layers also holds the projector and the draft model
+            extra = 0 if assigned else est.projector_total + est.draft_gpu
+            left, n = room(gpu, graph) - extra, 0
             while placed < limit and sizes[placed] <= left:
                 left -= sizes[placed]
                 placed += 1
@@ -194,6 +195,16 @@ def _placement(
     cpu = Allocation(CPU, weights, cpu.kv_cache, cpu.graph)
     if not assignment:
         cpu = _with_projector(cpu, est)
+    if est.draft is not None:  # the draft model beside the target
+        d = est.draft
+        if assignment:  # on the first GPU (_with_projector), its host part here
+            cpu = Allocation(
+                CPU, cpu.weights + d.host_weights, cpu.kv_cache, cpu.graph + d.host_graph
+            )
+        else:
+            cpu = Allocation(
+                CPU, cpu.weights + d.cpu_weights, cpu.kv_cache + d.kv, cpu.graph + d.cpu_graph
+            )
     if cpu.total > system_free:
         raise NeedsSystemMemory(cpu.total, system_free)
     allocations.append(cpu)
@@ -206,9 +217,13 @@ def _placement(
 
 
 def _with_projector(a: Allocation, est: Estimate) -> Allocation:
-    return Allocation(
-        a.device, a.weights + est.projector_weights, a.kv_cache, a.graph + est.projector_graph
-    )
+    """The first GPU with layers (or the CPU, without one) also holds the
+    projector, and a draft model offloaded whole."""
+    weights, kv, graph = est.projector_weights, 0, est.projector_graph
+    if est.draft is not None and a.device != CPU:
+        d = est.draft
+        weights, kv, graph = weights + d.gpu_weights, d.kv, graph + d.gpu_graph
+    return Allocation(a.device, a.weights + weights, a.kv_cache + kv, a.graph + graph)
 
 
 def _allocation(device: str, est: Estimate, layers: list[int], graph: int) -> Allocation:

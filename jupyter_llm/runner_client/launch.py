@@ -40,6 +40,7 @@ class LoadRequest:
     gpus: tuple[DeviceInfo, ...] = ()  # the serving GPUs, in the order the layout saw them
     simulated: bool = False  # simulated GPUs: the runner computes on the CPU
     projector: str = ""  # the vision projector GGUF ("" = none)
+    draft: str = ""  # the draft model's GGUF, same vocabulary ("" = none)
     node: str = ""  # the cluster node it loads on ("": this machine)
     flash_attn: str = "auto"  # "auto", "on" or "off" (``Settings.flash_attention``)
     kv_cache_type: str = "f16"  # the type chosen for this load (memory.kv_cache)
@@ -74,6 +75,7 @@ def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
         n_threads=request.num_thread,
         use_mmap=request.use_mmap,
         projector=request.projector,
+        draft=request.draft,
         flash_attn=request.flash_attn,
         kv_cache_type=request.kv_cache_type,
     )

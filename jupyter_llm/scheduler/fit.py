@@ -43,10 +43,15 @@ class Evict:
 
 
 def estimate_on(
-    info: ModelInfo, wanted: Wanted, devices: list[DeviceInfo], projector: ProjectorInfo | None
+    info: ModelInfo,
+    wanted: Wanted,
+    devices: list[DeviceInfo],
+    projector: ProjectorInfo | None,
+    draft: ModelInfo | None = None,
 ) -> Estimate:
-    """The model's memory with these options; what the serving GPUs' backend
-    refuses (a tensor past its limit) is counted on the CPU."""
+    """The model's memory with these options (and its draft model's, with the
+    same); what the serving GPUs' backend refuses (a tensor past its limit)
+    is counted on the CPU."""
     limit = gpu_max_tensor(serving_gpus(devices))
     opts = EstimateOptions(
         num_ctx=wanted.num_ctx,
@@ -54,7 +59,7 @@ def estimate_on(
         kv_type=wanted.kv_cache_type,
         gpu_max_tensor=limit,
     )
-    return estimate(info, opts, projector)
+    return estimate(info, opts, projector, draft)
 
 
 def next_move(

@@ -17,7 +17,8 @@ CACHED_FILES = 256  # per kind; the cache starts over beyond it
 
 
 class ModelFacts:
-    """A model's ``ModelInfo`` and a projector's ``ProjectorInfo``, cached."""
+    """A model's (and a draft model's) ``ModelInfo`` and a projector's
+    ``ProjectorInfo``, cached."""
 
     def __init__(
         self,
@@ -31,6 +32,10 @@ class ModelFacts:
 
     async def model(self, path: Path) -> ModelInfo:
         return await _cached(self._infos, self._read_info, path)
+
+    async def draft(self, path: Path | None) -> ModelInfo | None:
+        """A draft model's facts (``ModelEntry.draft_path``), None without one."""
+        return None if path is None else await self.model(path)
 
     async def projector(self, path: Path | None) -> ProjectorInfo | None:
         if path is None:

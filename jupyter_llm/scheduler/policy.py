@@ -216,6 +216,7 @@ def load_request(
         gpus=tuple(serving_gpus(devices)),
         simulated=simulated,
         projector=str(entry.projector_path or ""),
+        draft=str(entry.draft_path or ""),
         node=node,
         flash_attn=wanted.flash_attn,
         kv_cache_type=wanted.kv_cache_type,

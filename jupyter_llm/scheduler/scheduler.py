@@ -222,7 +222,8 @@ class Scheduler:
         if current is not None and not policy.needs_reload(current, entry, wanted):
             return fit.reuse_plan(current, devices)
         projector = await self._facts.projector(entry.projector_path)
-        est = fit.estimate_on(info, wanted, devices, projector)
+        draft = await self._facts.draft(entry.draft_path)
+        est = fit.estimate_on(info, wanted, devices, projector, draft)
         parallel = policy.parallel_slots(info, self.settings)
         return fit.plan_load(est, wanted, parallel, devices, loaded, self.settings, current)
 
@@ -357,6 +358,7 @@ class Scheduler:
         """The fit loop: place, evicting others while that is what it takes."""
         parallel = policy.parallel_slots(info, self.settings)
         projector = await self._facts.projector(entry.projector_path)
+        draft = await self._facts.draft(entry.draft_path)
         backoff = 0
         while True:
             if self._closing:
@@ -364,7 +366,7 @@ class Scheduler:
             if await self._drop_dead():
                 continue  # something was unloaded: look at the devices again
             devices = await self.current_devices()
-            est = fit.estimate_on(info, wanted, devices, projector)
+            est = fit.estimate_on(info, wanted, devices, projector, draft)
             try:
                 move = fit.next_move(
                     est, wanted, devices, self.loaded_models(), self.settings, backoff
