@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 from jupyter_llm.models.draft import MEDIA_DRAFT, check_vocabulary
 from jupyter_llm.models.gguf_info import GGUFInfo, read_gguf_info
 from jupyter_llm.models.holds import BlobHolds, Hold, HoldUnreadable
-from jupyter_llm.models.names import MAX_NAME_LENGTH, ModelName, parse_model_name
+from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store_lock import store_lock
 from jupyter_llm.request.errors import InvalidRequest, ModelNotFound
 from jupyter_llm.request.limits import TEXT_LAYER
@@ -69,6 +69,15 @@ def parse_digest(digest: object, field: str = "digest") -> str:
     if not isinstance(digest, str) or not (m := _DIGEST.fullmatch(digest)):
         raise InvalidRequest(f"invalid {field}: {digest!r}; expected sha256:<64 hex digits>")
     return f"sha256:{m.group(1)}"
+
+
+def _model_name_or_empty(text: object) -> str:
+    """A layer's ``from`` (a pulled manifest's, perhaps hostile): shown only
+    as a valid model name."""
+    try:
+        return parse_model_name(text).display if text else ""
+    except InvalidRequest:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -586,7 +595,7 @@ class ModelStore:
             draft_path=self.blob_path(drafted["digest"])
             if (drafted := layer(MEDIA_DRAFT))
             else None,
-            draft_from=str(drafted.get("from", ""))[:MAX_NAME_LENGTH] if drafted else "",
+            draft_from=_model_name_or_empty(drafted.get("from")) if drafted else "",
         )
 
     def _small_blob(self, digest: str, name: ModelName) -> bytes:

@@ -186,3 +186,17 @@ V = Vocabulary(model="llama", n_vocab=1000, add_bos=True, bos=1, add_eos=False, 
 def test_header_mismatch(draft, why):
     found = header_mismatch(V, draft)
     assert (why in found and found) if why else found == ""
+
+
+def test_a_pulled_manifests_draft_name_is_shown_only_when_valid(store, draft_gguf):
+    digest = store.add_blob_from_file(draft_gguf)
+    store.create("fast", from_model="tiny", draft=digest)
+    path = store.manifest_path(parse_model_name("fast"))
+    for name, shown in (("small:1b", "small:1b"), ("\x1b[31mred", ""), (["x"], ""), ("", "")):
+        manifest = json.loads(path.read_text())
+        for layer in manifest["layers"]:
+            if layer["mediaType"] == MEDIA_DRAFT:
+                layer["from"] = name
+        path.write_text(json.dumps(manifest))
+        entry = store.get("fast")
+        assert entry.draft_from == shown and entry.draft_path == store.blob_path(digest)
