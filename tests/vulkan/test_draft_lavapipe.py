@@ -6,8 +6,9 @@ Vulkan tests are without the Vulkan runner environment."""
 from __future__ import annotations
 
 import pytest
+import test_lavapipe
 from fakes import synthetic_model
-from test_lavapipe import ROOT, VULKAN_PYTHON, lavapipe, shader_cache  # noqa: F401
+from test_lavapipe import ROOT, VULKAN_PYTHON
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.memory import EstimateOptions, estimate
@@ -15,6 +16,8 @@ from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
+# the Vulkan tests' fixtures: the lavapipe device (or a skip), one shader cache
+lavapipe, shader_cache = test_lavapipe.lavapipe, test_lavapipe.shader_cache
 pytestmark = pytest.mark.timeout(600)  # lavapipe compiles its pipelines the first time
 MiB = 1 << 20
 # the small model's shapes in test_lavapipe, so lavapipe reuses its pipelines
@@ -28,7 +31,7 @@ async def test_an_offloaded_draft_is_the_estimate_per_device(
     lavapipe,
     shader_cache,
     num_ctx,
-    n_seq,  # noqa: F811 (fixtures)
+    n_seq,
 ):
     monkeypatch.setenv("GGML_VK_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
