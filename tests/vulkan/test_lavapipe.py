@@ -65,11 +65,18 @@ def lavapipe() -> dict:
     return devices[0]
 
 
+# Mesa's own shader cache of this user, where any Vulkan program keeps it (read
+# here, before a test's HOME points elsewhere)
+MESA_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mesa_shader_cache"
+
+
 @pytest.fixture(scope="session")
-def shader_cache(tmp_path_factory) -> Path:
-    """One Mesa shader cache for the session: each test has its own HOME, and
-    lavapipe compiles a pipeline in seconds the first time it meets it."""
-    return tmp_path_factory.mktemp("mesa-shader-cache")
+def shader_cache() -> Path:
+    """Mesa's shader cache, kept across sessions: each test has its own HOME,
+    and lavapipe compiles a pipeline in seconds the first time it meets it
+    (about a minute for the first load of a session on 2 cores)."""
+    MESA_CACHE.mkdir(parents=True, exist_ok=True)
+    return MESA_CACHE
 
 
 @pytest.fixture(autouse=True)
