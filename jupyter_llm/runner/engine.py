@@ -42,6 +42,7 @@ from jupyter_llm.runner.context_window import (
     swa_reusable,
     truncation,
 )
+from jupyter_llm.runner.draft_model import close_draft, open_draft
 from jupyter_llm.runner.embedding_context import EmbeddingContext
 from jupyter_llm.runner.interrupt import ABORTED, StepInterrupt
 from jupyter_llm.runner.kv_cache import cache_type, open_context
@@ -53,7 +54,7 @@ from jupyter_llm.runner.prompt_ram import open_ram, save, swap
 from jupyter_llm.runner.protocol import Done, EngineError, InputError, LoadParams
 from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
-from jupyter_llm.runner.speculative import add_draft, next_tokens
+from jupyter_llm.runner.speculative import add_draft, next_tokens, prepare_drafts
 from jupyter_llm.runner.vision import ImagePrompt, split_plain
 
 Emit = Callable[[str], None]
@@ -120,6 +121,7 @@ class Engine:
         n_threads = params.n_threads if params.n_threads > 0 else cp.n_threads
         self.embeddings = EmbeddingContext(model, self.n_ctx, n_threads)
         self.beat: Callable[[], None] = lambda: None  # progress between decode steps
+        self.drafter = open_draft(self, params)  # a draft model (runner.draft_model), or None
         if params.projector:
             try:  # on the GPU where the model's layers are
                 model.open_projector(params.projector, n_threads, params.n_gpu_layers != 0)
@@ -129,6 +131,7 @@ class Engine:
 
     def close(self) -> None:
         if self.ctx:
+            close_draft(self)
             self.embeddings.close()
             llama_cpp.llama_batch_free(self.batch)
             llama_cpp.llama_free(self.ctx)
@@ -403,6 +406,7 @@ class Engine:
         room = max(0, min(self.n_batch, self.n_ctx - used) - len(generating))
         outputs: list[tuple[Sequence, int]] = []  # sequences sampled after this decode
         fed: list[tuple[Sequence, int]] = []  # prompt chunks: their sequence and length
+        prepare_drafts(self, generating, room)  # a draft model's drafts, all at once
         n = self._fill_batch(generating, prompting, room, outputs, fed)
         if n == 0:
             if not fed_image:

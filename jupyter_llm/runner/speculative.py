@@ -1,7 +1,9 @@
 """Speculative decoding by prompt lookup: a sequence drafts the tokens that
 followed the last time its latest n-gram appeared in its own prompt or
 output, and the target model checks them in the same ``llama_decode`` as
-every other sequence, one logit row per drafted token. No second model.
+every other sequence, one logit row per drafted token. No second model is
+needed; where one is loaded (``runner.draft_model``), its greedy drafts take
+the lookup's place, verified the same way.
 
 Exactness: position ``i`` of a draft is sampled with the sequence's own
 sampler (its native chain, or its grammar); the drafted token is kept only
@@ -88,6 +90,7 @@ class Drafting:
     seen: int = 0  # generated tokens already in ``index``
     window: Window = field(default_factory=Window)
     draft: list[int] = field(default_factory=list)  # in the batch now, after ``next_token``
+    proposed: list[int] = field(default_factory=list)  # the draft model's, for this step
     drafted: int = 0
     accepted: int = 0
 
@@ -102,7 +105,26 @@ def drafting_of(seq: Sequence, wanted: int) -> Drafting:
 
 def add_draft(engine: Engine, seq: Sequence, n: int, room: int) -> int:
     """Put ``seq``'s draft into the engine's batch from index ``n`` (after
-    its ``next_token``), in at most ``room`` cells; returns how many went in."""
+    its ``next_token``), in at most ``room`` cells; returns how many went in.
+    The draft is prompt lookup's, or the draft model's (``prepare_drafts``)."""
+    size = _draft_length(engine, seq, room)
+    state = seq.drafting
+    if state is None:
+        return 0
+    if engine.drafter is not None:
+        state.draft, state.proposed = state.proposed[:size], []
+    else:
+        state.draft = state.index.propose(size)
+    batch, pos = engine.batch, len(engine.slots[seq.slot].cached) + 1
+    for i, token in enumerate(state.draft):
+        k = n + i
+        batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = token, pos + i, 1, 1
+        batch.seq_id[k][0] = seq.slot
+    return len(state.draft)
+
+
+def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
+    """How many tokens ``seq`` drafts this step within ``room`` (0: none)."""
     wanted = int(seq.opts.get("draft_num_predict") or 0)
     if wanted <= 0 or not can_draft(engine.model.llama_model):
         return 0
@@ -110,16 +132,27 @@ def add_draft(engine: Engine, seq: Sequence, n: int, room: int) -> int:
     state.index.extend(seq.generated[state.seen :])
     state.seen = len(seq.generated)
     budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
-    size = draft_size(state.length, budget, room)
     if not may_draft(state.window, len(seq.generated)):
-        size = 0
-    state.draft = state.index.propose(size)
-    batch, pos = engine.batch, len(engine.slots[seq.slot].cached) + 1
-    for i, token in enumerate(state.draft):
-        k = n + i
-        batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = token, pos + i, 1, 1
-        batch.seq_id[k][0] = seq.slot
-    return len(state.draft)
+        return 0
+    return draft_size(state.length, budget, room)
+
+
+def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> None:
+    """With a draft model, draft for every generating sequence at once (one
+    draft decode per position for all of them) before the batch is filled,
+    within the ``room`` the batch will have, taken in the same order."""
+    if engine.drafter is None:
+        return
+    wants = []
+    for seq in generating:
+        size = _draft_length(engine, seq, room)
+        room -= size
+        if size:
+            wants.append((seq, size))
+    for slot, draft in engine.drafter.propose(engine, wants).items():
+        seq = engine.slots[slot].seq
+        if seq is not None and seq.drafting is not None:
+            seq.drafting.proposed = draft
 
 
 def can_draft(llama_model: Any) -> bool:
