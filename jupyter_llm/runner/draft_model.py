@@ -5,9 +5,10 @@ does prompt lookup's (``runner.speculative``). Loaded, it replaces prompt
 lookup for that model.
 
 What is allocated (the server's estimate counts exactly this): the draft's
-weights (mmap; all its layers on the GPU where the target has any there,
-else none) and one context with the target context's ``n_ctx``, sequence
-ids, batch, KV cache type and flash attention, unified as the target's.
+weights (mmap; all its layers on the first GPU that holds target layers,
+where the target has any on a GPU, else none) and one context with the
+target context's ``n_ctx``, sequence ids, batch, KV cache type and flash
+attention, unified as the target's.
 
 The draft context keeps its own record of the tokens each slot's cells hold.
 Before drafting, each drafting slot's record is compared with the target
@@ -69,6 +70,11 @@ def vocab_mismatch(target: Any, draft: Any) -> str:
     return ""
 
 
+def first_gpu(params: LoadParams) -> int:
+    """The first GPU that holds target layers: the draft's whole GPU share goes there."""
+    return next((i for i, share in enumerate(params.tensor_split) if share > 0), params.main_gpu)
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -85,8 +91,9 @@ class DraftModel:
         self.ctx: Any = None
         self.batch: Any = None
         gpu = ALL_LAYERS if params.n_gpu_layers != 0 else 0
-        own = LoadParams(path=params.draft, n_gpu_layers=gpu, main_gpu=params.main_gpu)
+        own = LoadParams(path=params.draft, n_gpu_layers=gpu, main_gpu=first_gpu(params))
         mp, self._load_refs = model_params(own, None)
+        mp.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE  # one GPU, never spread
         self.llama_model = llama_cpp.llama_model_load_from_file(params.draft.encode(), mp)
         if not self.llama_model:
             raise EngineError(f"failed to load the draft model {params.draft}")
