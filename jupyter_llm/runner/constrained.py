@@ -10,8 +10,10 @@ token reaches the grammar unchecked:
   the one token picked is checked against the grammar and against UTF-8, and
   only when it is refused is the chain run again, over the best allowed
   candidates found by walking them in logit order (``grammar_walk``), or over
-  every candidate the grammar allows (llama.cpp's common sampler does that),
-  so a schema costs one check per token, not a pass over the vocabulary;
+  every candidate the grammar allows (llama.cpp's common sampler does that;
+  here found through the vocabulary's trie, ``grammar_trie``: the same set,
+  checking only tokens whose prefix was allowed), so a schema costs one
+  check per token, not a pass over the vocabulary;
 - a lazy grammar's triggers are watched here, not in llama.cpp: when one
   fires, the text it is fed from is checked in a copy of the grammar first; a
   token whose text the grammar refuses is left out and the chain picks again;
@@ -35,6 +37,7 @@ import llama_cpp
 import numpy as np
 
 from jupyter_llm.runner import grammar_walk
+from jupyter_llm.runner.grammar_trie import TokenTrie
 from jupyter_llm.runner.protocol import EngineError
 from jupyter_llm.runner.utf8 import BOUNDARY, Utf8State, advance
 
@@ -111,15 +114,35 @@ class TokenTable:
     tokenize: Callable[[bytes], list[int]]  # plain text, no special tokens
     _partial: dict[int, bytes] | None = None
     _broken_at_boundary: np.ndarray | None = None
+    _trie: TokenTrie | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def prepare(self) -> threading.Thread:
         """Read the vocabulary in a thread (a 262k vocabulary takes about a
         second), so the first request that needs it does not stall every
         stream. Join it before the model is freed."""
-        thread = threading.Thread(target=self.partial, name="token-table", daemon=True)
+        thread = threading.Thread(target=self._prepare, name="token-table", daemon=True)
         thread.start()
         return thread
+
+    def _prepare(self) -> None:
+        self.partial()
+        if self.n_vocab >= grammar_walk.WALK_FROM_VOCAB:
+            self.trie()
+
+    def ready_trie(self) -> TokenTrie | None:
+        """The trie if ``prepare`` built it already (else None: not waited for)."""
+        return self._trie
+
+    def trie(self) -> TokenTrie:
+        """The vocabulary as a trie of texts (``grammar_trie``), built once."""
+        with self._lock:
+            if self._trie is None:
+                buf = ctypes.create_string_buffer(256)  # its own: the loop's is in use
+                pieces = [token_piece(self.vocab, t, True, buf) for t in range(self.n_vocab)]
+                eog = {t for t in range(self.n_vocab) if self.is_eog(t)}
+                self._trie = TokenTrie.build(pieces, eog)
+            return self._trie
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
@@ -167,6 +190,10 @@ class Candidates:
         self.data = np.zeros(n_vocab, dtype=TOKEN_DATA)
         self.array = llama_cpp.llama_token_data_array()
         self.one = np.zeros(1, dtype=TOKEN_DATA)
+        self.many = np.zeros(n_vocab, dtype=TOKEN_DATA)  # ``allows_many``'s, apart from ``data``
+        self.many_array = llama_cpp.llama_token_data_array(
+            data=self.many.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+        )
         self.one_array = llama_cpp.llama_token_data_array(
             data=self.one.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
             size=1,
@@ -220,6 +247,16 @@ class Candidates:
         llama_cpp.llama_sampler_apply(grammar, ctypes.byref(self.one_array))
         return bool(np.isfinite(self.one["logit"][0]))
 
+    def allows_many(self, grammar: Any, tokens: np.ndarray) -> np.ndarray:
+        """Which of ``tokens`` ``grammar`` takes next: one native call."""
+        n = len(tokens)
+        part = self.many[:n]
+        part["id"] = tokens
+        part["logit"] = 0.0
+        self.many_array.size, self.many_array.selected, self.many_array.sorted = n, -1, False
+        llama_cpp.llama_sampler_apply(grammar, ctypes.byref(self.many_array))
+        return np.isfinite(part["logit"])
+
 
 @dataclass
 class GrammarSampler:
@@ -253,6 +290,7 @@ class GrammarSampler:
     _patterns: list[tuple[re.Pattern[bytes], bool]] = field(default_factory=list)
     check_first: bool = field(default_factory=lambda: CHECK_SAMPLED_FIRST)
     need: int = 0  # allowed tokens that decide the chain's pick (``grammar_walk``); 0: full pass
+    by_text: bool = False  # the grammar matches texts only: its full pass may go by ``trie``
     _penalties: Any = None  # the chain's leading penalties sampler, if any
 
     def __post_init__(self) -> None:
@@ -304,7 +342,9 @@ class GrammarSampler:
             c.fill(ctx, index)
             c.apply(penalties)  # in place, logits in id order
             logits = c.data["logit"]
-        found = grammar_walk.walk(logits, self.need, self._allowed)
+        found = grammar_walk.walk(logits, self.need, self._allowed_many)
+        if found is None and self._trie() is not None:
+            found = grammar_walk.best_of(self._trie_allowed(), logits, self.need)
         if not found:
             return None
         return grammar_walk.pick_among(self.chain, int(penalties is not None), found, logits)
@@ -330,10 +370,40 @@ class GrammarSampler:
     def _allowed(self, token: int) -> bool:
         return self._utf8_after(token) is not None and self.candidates.allows(self.active, token)
 
+    def _allowed_many(self, tokens: np.ndarray) -> np.ndarray:
+        """``_allowed`` for each of ``tokens``, the grammar in one native call."""
+        return self.candidates.allows_many(self.active, tokens) & self._utf8_ok(tokens)
+
+    def _utf8_ok(self, tokens: np.ndarray) -> np.ndarray:
+        if self.utf8 == BOUNDARY:
+            return ~np.isin(tokens, self.table.broken_at_boundary())
+        return np.isin(tokens, self.table.continuing(self.utf8))
+
+    def _trie(self) -> TokenTrie | None:
+        """The vocabulary's trie where the full pass may go by it: a grammar
+        of texts, a large vocabulary, the fast path (the slow one stays
+        llama.cpp's own pass, for the tests to compare), once it is built
+        (until then the full pass: the same tokens)."""
+        big = self.table.n_vocab >= grammar_walk.WALK_FROM_VOCAB
+        return self.table.ready_trie() if self.by_text and big and self.check_first else None
+
+    def _trie_allowed(self) -> np.ndarray:
+        """Every token the grammar and UTF-8 allow (``grammar_trie``)."""
+        trie = self._trie()
+        assert trie is not None
+        allowed = trie.allowed(lambda ids: self.candidates.allows_many(self.active, ids))
+        return allowed[self._utf8_ok(allowed)]
+
     def _constrained(self, ctx: Any, index: int) -> int:
         """Pick again among only what the grammar and UTF-8 allow."""
         c = self.candidates
         c.fill(ctx, index)
+        if self._trie() is not None:  # the same candidates as the grammar's pass over all
+            c.keep_only(self._trie_allowed())
+            token = c.pick(self.chain)
+            if token is None:
+                raise EngineError("the grammar allows no token here")
+            return token
         c.apply(self.active)
         if self.utf8 == BOUNDARY:
             c.exclude(self.table.broken_at_boundary())

@@ -2,8 +2,9 @@
 
 When the chain's first pick is refused, the grammar used to be applied to
 every candidate (262k for Gemma: ~55 ms). Here the candidates are walked in
-logit order instead, each checked alone, until ``need`` allowed tokens are
-found; the chain's samplers after its penalties then pick among only those.
+logit order instead, in chunks of ranks each checked in one native call,
+until ``need`` allowed tokens are found; the chain's samplers after its
+penalties then pick among only those.
 
 Why it is exact:
 
@@ -26,8 +27,10 @@ Why it is exact:
   every allowed token, so the caller keeps the full pass.
 
 A walk that checks ``MAX_WALK`` tokens without finding ``need`` gives up
-(None) and the caller takes the full pass: exact, never slower than
-``MAX_WALK`` single checks plus that pass. Runs in the runner process only.
+(None): the caller then takes the ``need`` best of every allowed token
+(``best_of``, the set found by ``grammar_trie``: what the walk would have
+found had it gone on to the end), or the full pass. Runs in the runner
+process only.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ import llama_cpp
 import numpy as np
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-MAX_WALK = 2048  # single-token checks before the full pass is cheaper
+MAX_WALK = 2048  # tokens checked in rank order before the whole allowed set is sought
+FIRST_CHUNK = 64  # the walk's first chunk of ranks (then 4x larger each)
 WALK_FROM_VOCAB = 16384  # a smaller vocabulary's full pass costs less than the walk's checks
 
 
@@ -107,19 +111,34 @@ def first_pick(chain: Any, need: int, logits: np.ndarray) -> int | None:
     return pick_among(chain, 0, order[:need].tolist(), logits)
 
 
-def walk(logits: np.ndarray, need: int, allowed: Callable[[int], bool]) -> list[int] | None:
-    """The ``need`` best allowed tokens (fewer if no more exist), in
-    rank order; None if ``MAX_WALK`` checks did not settle it."""
+def walk(
+    logits: np.ndarray, need: int, allowed: Callable[[np.ndarray], np.ndarray]
+) -> list[int] | None:
+    """The ``need`` best allowed tokens (fewer if no more exist), in rank
+    order; None if ``MAX_WALK`` checks did not settle it. ``allowed`` takes
+    token ids and says which are allowed (a chunk of ranks at a time, each
+    chunk larger: one native call each, not one per token)."""
     order, whole = ranked(logits, MAX_WALK)
+    settled = whole and len(order) <= MAX_WALK
+    order = order[:MAX_WALK]
     found: list[int] = []
-    for checked, token in enumerate(order.tolist()):
-        if checked >= MAX_WALK:
-            return None
-        if allowed(token):
-            found.append(token)
-            if len(found) == need:
-                return found
-    return found if whole else None
+    start, size = 0, max(FIRST_CHUNK, 2 * need)
+    while start < len(order):
+        chunk = order[start : start + size]
+        found.extend(chunk[allowed(chunk)][: need - len(found)].tolist())
+        if len(found) == need:
+            return found
+        start, size = start + size, size * 4
+    return found if settled else None
+
+
+def best_of(allowed: np.ndarray, logits: np.ndarray, need: int) -> list[int]:
+    """The ``need`` best of every ``allowed`` token (all of them, if fewer)
+    by logit descending, lowest id first among equals: ``walk``'s answer
+    when it ran out of checks, from the whole allowed set."""
+    allowed = allowed[np.isfinite(logits[allowed])]
+    order = np.lexsort((allowed, -logits[allowed]))
+    return allowed[order[:need]].tolist()
 
 
 def pick_among(chain: Any, first: int, tokens: list[int], logits: np.ndarray) -> int | None:

@@ -19,6 +19,7 @@ import llama_cpp
 
 from jupyter_llm.runner.constrained import Candidates, GrammarSampler, TokenTable, Triggers
 from jupyter_llm.runner.context_window import num_keep
+from jupyter_llm.runner.grammar_trie import matches_text
 from jupyter_llm.runner.grammar_walk import walk_need
 from jupyter_llm.runner.protocol import Done, EngineError
 from jupyter_llm.runner.stops import StopScanner
@@ -100,7 +101,10 @@ def make_sampler(
         need = walk_need(
             opts, table.n_vocab
         )  # resample by walking the best candidates (``grammar_walk``)
-        return GrammarSampler(table, candidates, chain, native, triggers, preserve, need=need)
+        by_text = matches_text(grammar)  # its full pass may go by the vocabulary's trie
+        return GrammarSampler(
+            table, candidates, chain, native, triggers, preserve, need=need, by_text=by_text
+        )
     except Exception:
         llama_cpp.llama_sampler_free(native)
         llama_cpp.llama_sampler_free(chain)

@@ -35,12 +35,13 @@ def full_pick(chain, logits: np.ndarray, allowed: np.ndarray) -> int:
 
 
 def walked_pick(chain, need: int, logits: np.ndarray, allowed: np.ndarray) -> int:
-    found = grammar_walk.walk(logits, need, lambda t: bool(allowed[t]))
-    if found is None:  # past MAX_WALK checks: the sampler takes the full pass too
-        return -1 - full_pick(chain, logits, allowed)
+    found = grammar_walk.walk(logits, need, lambda ids: allowed[ids])
+    gave_up = found is None  # past MAX_WALK checks: the best of every allowed token
+    if found is None:
+        found = grammar_walk.best_of(np.flatnonzero(allowed), logits, need)
     picked = grammar_walk.pick_among(chain, 0, found, logits)
     assert picked is not None
-    return picked
+    return -1 - picked if gave_up else picked
 
 
 @pytest.mark.parametrize(
@@ -80,21 +81,38 @@ def test_walked_draws_are_the_full_passs_draws(opts, monkeypatch):
         llama_cpp.llama_sampler_free(walk_chain)
     assert counts["full"] == counts["walk"]
     assert counts["gave up"].total() < 300 // 2  # most resamples were walks
+    assert counts["gave up"] or need == 1  # top-k: few allowed, the best of all of them
 
 
 def test_greedy_walk_takes_the_best_allowed_lowest_id_first():
     logits = np.array([1.0, 5.0, 5.0, 4.0, 5.0, -np.inf], dtype=np.float32)
-    assert grammar_walk.walk(logits, 1, lambda t: t in (2, 4)) == [2]
-    assert grammar_walk.walk(logits, 2, lambda t: t in (0, 3)) == [3, 0]
-    assert grammar_walk.walk(logits, 3, lambda t: t == 0) == [0]  # all there are
-    assert grammar_walk.walk(logits, 1, lambda t: False) == []
+    assert grammar_walk.walk(logits, 1, lambda ids: np.isin(ids, (2, 4))) == [2]
+    assert grammar_walk.walk(logits, 2, lambda ids: np.isin(ids, (0, 3))) == [3, 0]
+    assert grammar_walk.walk(logits, 3, lambda ids: ids == 0) == [0]  # all there are
+    assert grammar_walk.walk(logits, 1, lambda ids: ids < 0) == []
+    everything = np.arange(len(logits))
+    assert grammar_walk.best_of(everything, logits, 3) == [1, 2, 4]  # -inf never
+    assert grammar_walk.best_of(np.array([5, 0, 3]), logits, 8) == [3, 0]
+
+
+def test_the_walk_checks_chunks_of_ranks_each_larger(monkeypatch):
+    monkeypatch.setattr(grammar_walk, "FIRST_CHUNK", 4)
+    logits = -np.arange(100, dtype=np.float32)  # rank = id
+    chunks: list[list[int]] = []
+
+    def allowed(ids):
+        chunks.append(ids.tolist())
+        return ids == 30
+
+    assert grammar_walk.walk(logits, 1, allowed) == [30]
+    assert chunks == [list(range(0, 4)), list(range(4, 20)), list(range(20, 84))]
 
 
 def test_a_walk_past_its_bound_gives_the_full_pass_the_job(monkeypatch):
     monkeypatch.setattr(grammar_walk, "MAX_WALK", 8)
     logits = np.arange(100, dtype=np.float32)
-    assert grammar_walk.walk(logits, 1, lambda t: t == 0) is None
-    assert grammar_walk.walk(logits, 1, lambda t: t == 95) == [95]
+    assert grammar_walk.walk(logits, 1, lambda ids: ids == 0) is None
+    assert grammar_walk.walk(logits, 1, lambda ids: ids == 95) == [95]
 
 
 def test_need_follows_the_chain():
