@@ -86,6 +86,12 @@ class GpuNodes:
         self.nodes[short] = node
         return short
 
+    def ensure(self, count: int = 2) -> None:
+        """``count`` GPU nodes, adding those a test killed: only a test that needs
+        them pays for a new node (starting one takes seconds)."""
+        while len(self.nodes) < count:
+            self.add()
+
     def kill(self, short: str) -> None:
         self.cluster.remove_node(self.nodes.pop(short), allow_graceful=False)
 
@@ -111,6 +117,7 @@ def big_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def llm_config(gpu_nodes) -> dict:
+    gpu_nodes.ensure()
     return {"ray_address": gpu_nodes.cluster.address, "num_parallel": 1}
 
 
@@ -205,69 +212,6 @@ async def test_a_clean_stop_leaves_no_actor_and_no_runner(jp_fetch, jp_serverapp
     await until(lambda: not our_actors(), 30, "the runner actors to go", poll=0.1)
 
 
-async def test_a_node_killed_mid_stream_costs_its_requests_only(
-    jp_fetch, jp_serverapp, jp_base_url, http_server_port, big_models, gpu_nodes
-):
-    await generate(jp_fetch, "big1")
-    await generate(jp_fetch, "big2")
-    loaded = await ps(jp_fetch)
-    doomed = loaded["big1"]["node"]
-    first_token = asyncio.Event()
-    chunks: dict[str, list[bytes]] = {"big1": [], "big2": []}
-    client = AsyncHTTPClient(force_instance=True)
-    token = jp_serverapp.identity_provider.token
-    url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/generate"
-
-    async def stream(model: str, num_predict: int) -> None:
-        def on_chunk(data: bytes) -> None:
-            chunks[model].append(data)
-            if model == "big1":
-                first_token.set()
-
-        options = {**GREEDY, "num_predict": num_predict}
-        await client.fetch(
-            url,
-            method="POST",
-            body=json.dumps({"model": model, "prompt": "go", "options": options}),
-            streaming_callback=on_chunk,
-            headers={"Authorization": f"token {token}"},
-            request_timeout=120,
-        )
-
-    doomed_stream = asyncio.ensure_future(stream("big1", 1_000_000))
-    await asyncio.wait_for(first_token.wait(), 60)
-    other_stream = asyncio.ensure_future(stream("big2", 200))  # in flight on the other node
-    started = time.monotonic()
-    await asyncio.get_running_loop().run_in_executor(None, gpu_nodes.kill, doomed)
-    await asyncio.wait_for(doomed_stream, 60)
-    failed_after = time.monotonic() - started
-    await asyncio.wait_for(other_stream, 60)
-
-    def lines(model: str) -> list[dict]:
-        text = b"".join(chunks[model]).decode()
-        return [json.loads(x) for x in text.splitlines() if x.strip()]
-
-    streamed = lines("big1")
-    assert streamed[0]["done"] is False  # the node went after the first token
-    assert "went away" in streamed[-1]["error"] and doomed in streamed[-1]["error"]
-    assert lines("big2")[-1]["done"] is True  # the other node's request was not touched
-    assert lines("big2")[-1]["eval_count"] == 200
-    print(f"in-flight request failed {failed_after:.1f}s after the node was killed")
-    assert await gone([loaded["big1"]["pid"]])  # its runner went with its actor
-
-    # the dead node's model is out of the accounting; the next request loads it
-    # on the node that is left (making room there by evicting the idle big2)
-    started = time.monotonic()
-    print(f"next request at {time.time():.3f}")
-    assert (await generate(jp_fetch, "big1"))["eval_count"] == 2
-    print(f"the next request succeeded in {time.monotonic() - started:.1f}s")
-    after = await ps(jp_fetch)
-    assert list(after) == ["big1"] and after["big1"]["node"] != doomed
-    data = json.loads((await jp_fetch("llm", "api", "devices")).body)
-    assert doomed not in {n["id"] for n in data["nodes"]}
-    gpu_nodes.add()  # for any test after this one
-
-
 def test_a_blob_sent_to_a_node_is_verified(tmp_path, big_gguf):
     receiver = BlobReceiver(tmp_path / "blobs")
     digest = file_digest(str(big_gguf))
@@ -351,3 +295,67 @@ async def test_a_node_without_simulated_devices_runs_the_discovery_runner(gpu_no
         assert [d.id for d in devices if not d.is_gpu] == ["cpu"]
     finally:
         ray.kill(actor)
+
+
+# last in the module: the node it kills is added back only when a later test
+# needs two GPU nodes (``GpuNodes.ensure``), which none here does
+async def test_a_node_killed_mid_stream_costs_its_requests_only(
+    jp_fetch, jp_serverapp, jp_base_url, http_server_port, big_models, gpu_nodes
+):
+    await generate(jp_fetch, "big1")
+    await generate(jp_fetch, "big2")
+    loaded = await ps(jp_fetch)
+    doomed = loaded["big1"]["node"]
+    first_token = asyncio.Event()
+    chunks: dict[str, list[bytes]] = {"big1": [], "big2": []}
+    client = AsyncHTTPClient(force_instance=True)
+    token = jp_serverapp.identity_provider.token
+    url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/generate"
+
+    async def stream(model: str, num_predict: int) -> None:
+        def on_chunk(data: bytes) -> None:
+            chunks[model].append(data)
+            if model == "big1":
+                first_token.set()
+
+        options = {**GREEDY, "num_predict": num_predict}
+        await client.fetch(
+            url,
+            method="POST",
+            body=json.dumps({"model": model, "prompt": "go", "options": options}),
+            streaming_callback=on_chunk,
+            headers={"Authorization": f"token {token}"},
+            request_timeout=120,
+        )
+
+    doomed_stream = asyncio.ensure_future(stream("big1", 1_000_000))
+    await asyncio.wait_for(first_token.wait(), 60)
+    other_stream = asyncio.ensure_future(stream("big2", 200))  # in flight on the other node
+    started = time.monotonic()
+    await asyncio.get_running_loop().run_in_executor(None, gpu_nodes.kill, doomed)
+    await asyncio.wait_for(doomed_stream, 60)
+    failed_after = time.monotonic() - started
+    await asyncio.wait_for(other_stream, 60)
+
+    def lines(model: str) -> list[dict]:
+        text = b"".join(chunks[model]).decode()
+        return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+    streamed = lines("big1")
+    assert streamed[0]["done"] is False  # the node went after the first token
+    assert "went away" in streamed[-1]["error"] and doomed in streamed[-1]["error"]
+    assert lines("big2")[-1]["done"] is True  # the other node's request was not touched
+    assert lines("big2")[-1]["eval_count"] == 200
+    print(f"in-flight request failed {failed_after:.1f}s after the node was killed")
+    assert await gone([loaded["big1"]["pid"]])  # its runner went with its actor
+
+    # the dead node's model is out of the accounting; the next request loads it
+    # on the node that is left (making room there by evicting the idle big2)
+    started = time.monotonic()
+    print(f"next request at {time.time():.3f}")
+    assert (await generate(jp_fetch, "big1"))["eval_count"] == 2
+    print(f"the next request succeeded in {time.monotonic() - started:.1f}s")
+    after = await ps(jp_fetch)
+    assert list(after) == ["big1"] and after["big1"]["node"] != doomed
+    data = json.loads((await jp_fetch("llm", "api", "devices")).body)
+    assert doomed not in {n["id"] for n in data["nodes"]}
