@@ -15,6 +15,7 @@ import llama_cpp
 import pytest
 from engine_run import EngineRun as Run
 from engine_run import finish
+from runner_streams import text_and_done
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.runner.draft_model import (
@@ -26,7 +27,9 @@ from jupyter_llm.runner.draft_model import (
 from jupyter_llm.runner.draft_policy import MAX_LENGTH
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.model import Model
-from jupyter_llm.runner.protocol import EngineError, LoadParams
+from jupyter_llm.runner.protocol import Complete, EngineError, LoadParams
+from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.proxy import start_runner_with
 
 PROMPTS = ["hello world hello world hello", "the cat sat on the mat and the cat sat"]
 TARGET = DemoModelSpec(n_embd=128, n_layer=4, n_ff=256, attn_scale=0.1)  # context matters
@@ -223,6 +226,28 @@ def test_a_missing_draft_file_is_a_clear_error(tmp_path: Path, pair):
     target, _ = pair
     with pytest.raises(EngineError, match="failed to load the draft model"):
         load(target, tmp_path / "absent.gguf")
+
+
+# -- through a runner process -------------------------------------------------------------
+async def test_a_runner_process_drafts_with_its_draft_model(tmp_path: Path, pair):
+    """``LoadParams.draft`` over the protocol: the done message counts the
+    draft model's drafts; a mismatched one fails the load with its reason."""
+    target, _ = pair
+    spec = LoadSpec(path=str(target), n_ctx=512, n_batch=32, n_seq=1, draft=str(target))
+    runner = await start_runner_with(spec, load_timeout=60)
+    try:
+        stream = runner.complete(
+            Complete(prompt=PROMPTS[0], options={"temperature": 0, "num_predict": 60})
+        )
+        _, done = await text_and_done(stream)
+    finally:
+        await runner.close()
+    assert done["draft_tokens"] > 10 and done["draft_accepted"] >= 0.9 * done["draft_tokens"]
+    many = tuple(f"<x{i}>" for i in range(MAX_VOCAB_DIFFERENCE + 1))
+    far = write_demo_model(tmp_path / "far.gguf", DemoModelSpec(extra_tokens=many))
+    with pytest.raises(Exception, match="does not share") as error:
+        await start_runner_with(replace(spec, draft=str(far)), load_timeout=60)
+    assert str(far) in str(error.value)
 
 
 # -- the real model ------------------------------------------------------------------------
