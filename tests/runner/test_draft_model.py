@@ -161,6 +161,58 @@ def test_a_prefix_restored_from_ram_resyncs_the_draft(pair):
         engine.close()
 
 
+def paused(engine: Engine, draft: int) -> Run:
+    """Batch work fills the context; at 150 cells a chat arrives, the batch
+    sequence's cells are dropped (runner.pausing), the chat ends, and its
+    cells are decoded again (runner.refill) before it goes on."""
+    while engine._drop_idle_cache():  # each run reads its prompt whole
+        pass
+    batch = Run(engine, PROMPTS[0], "batch", num_predict=200, draft_num_predict=draft)
+    while len(batch.text) < 2 or len(batch.slot(engine).cached) < 150:
+        engine.step()
+    slot = batch.slot(engine)
+    chat = Run(engine, " ".join(["hello there"] * 14), "interactive", num_predict=4)
+    assert slot.paused
+    engine.step()
+    assert slot.cached == []  # its cells went
+    finish(engine, batch, chat)
+    return batch
+
+
+def test_a_paused_sequence_whose_cells_were_dropped_resyncs_the_draft(pair):
+    """The same output as without drafts through the same pause (a refill's
+    chunks may tip a near-tie against an unpaused run, drafts or not), most
+    drafts accepted, and the draft context in step after."""
+    target, _ = pair
+    engine = load(target, target, n_ctx=256, n_seq=1)
+    try:
+        off = paused(engine, 0)
+        spec = paused(engine, 4)
+        assert spec.done.context == off.done.context
+        mostly_accepted(spec.done)
+        in_step(engine)
+    finally:
+        engine.close()
+
+
+def test_cut_steps_resync_the_draft(pair):
+    """Batch-only steps cut by interactive arrivals (runner.interrupt) run
+    again: the same output, the draft context in step."""
+    from test_step_interrupt import cut_while_running
+
+    target, _ = pair
+    engine = load(target, target)
+    try:
+        reference = [solo(engine, p, num_predict=40, draft_num_predict=0) for p in PROMPTS]
+        cut = cut_while_running(engine, PROMPTS, 40, draft_num_predict=4)
+        assert [a.done.context for a in cut] == [a.done.context for a in reference]
+        for a in cut:
+            mostly_accepted(a.done)
+        in_step(engine)
+    finally:
+        engine.close()
+
+
 # -- vocabularies --------------------------------------------------------------------------
 def test_vocab_rule(tmp_path: Path, pair):
     target, _ = pair
