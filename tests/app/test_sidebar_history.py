@@ -100,6 +100,8 @@ def test_history_while_a_model_streams_and_after_a_reload(page, lab_home: Path) 
         sidebar = open_sidebar(page, server)
         section = sidebar.locator(HISTORY)
         section.wait_for(state="visible")
+        shape = server.client.get("api/history").json()
+        assert (shape["interval"], shape["window"]) == (0.5, 150)  # the setting reached it
         loaded = server.client.post("api/generate", json={"model": "small", "keep_alive": "10m"})
         assert loaded.status_code == 200, loaded.text
         stream = Stream(server, "demo")
