@@ -15,6 +15,12 @@ doubles after a draft accepted whole (up to ``MAX_LENGTH``, the option's own
 bound), and halves after a rejected one (down to one token). A long verbatim
 quote thus takes up to 17 tokens a step; a quote that wanders costs little more
 than a short draft.
+
+What a drafted token costs is measured (``runner.step_costs``: the extra
+decode time of one drafted token as a fraction of a step without drafts).
+A window must then also win back the time its drafts cost (``owed``); and
+where a draft's size costs ``MAX_COST`` a token or more, it cannot pay even
+when accepted whole, so drafting pauses as after a failed window (``paused``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ MIN_RATE = 0.4  # accepted / drafted below which drafting stops a while
 PAUSE_TOKENS = 32  # generated tokens without drafting after the first stop
 MAX_PAUSE_TOKENS = 512  # the longest pause, after repeated stops
 MAX_LENGTH = DRAFT_TOKENS.value  # the longest draft, as draft_num_predict's own bound
+MAX_COST = 0.8  # a drafted token costing this much of a step cannot pay
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class Window:
     accepted: int = 0
     resume_at: int = 0  # generated tokens before drafting resumes
     stops: int = 0  # how many times drafting stopped so far
+    owed: float = 0.0  # accepted tokens the window's drafts cost (measured), to pay back
 
 
 def may_draft(window: Window, generated: int) -> bool:
@@ -45,16 +53,34 @@ def may_draft(window: Window, generated: int) -> bool:
     return generated >= window.resume_at
 
 
-def after_draft(window: Window, drafted: int, accepted: int, generated: int) -> Window:
-    """The record after a verified draft of ``drafted`` tokens of which
-    ``accepted`` matched, with ``generated`` output tokens so far."""
-    d, a = window.drafted + min(drafted, accepted + 1), window.accepted + accepted
-    if d < JUDGE_AFTER:
-        return Window(d, a, window.resume_at, window.stops)
-    if a >= MIN_RATE * d:
-        return Window(0, 0, 0, window.stops)
+def worth_drafting(cost: float | None) -> bool:
+    """May a draft pay at ``cost`` (a drafted token's measured share of a
+    step; None: not measured yet, so it is tried)?"""
+    return cost is None or cost < MAX_COST
+
+
+def paused(window: Window, generated: int) -> Window:
+    """Drafting stops for ``PAUSE_TOKENS`` generated tokens, doubled each
+    time it stopped before (at most ``MAX_PAUSE_TOKENS``)."""
     pause = min(PAUSE_TOKENS << window.stops, MAX_PAUSE_TOKENS)
     return Window(0, 0, generated + pause, window.stops + 1)
+
+
+def after_draft(
+    window: Window, drafted: int, accepted: int, generated: int, cost: float | None = None
+) -> Window:
+    """The record after a verified draft of ``drafted`` tokens of which
+    ``accepted`` matched, with ``generated`` output tokens so far and the
+    measured ``cost`` of each of its tokens (None: not measured). A window
+    passes with ``MIN_RATE`` accepted and at least the tokens its drafts
+    cost (``owed``): fewer, and the drafts lost time."""
+    d, a = window.drafted + min(drafted, accepted + 1), window.accepted + accepted
+    owed = window.owed + (cost or 0.0) * drafted
+    if d < JUDGE_AFTER:
+        return Window(d, a, window.resume_at, window.stops, owed)
+    if a >= MIN_RATE * d and a >= owed:
+        return Window(0, 0, 0, window.stops)
+    return paused(window, generated)
 
 
 def draft_size(wanted: int, budget: int, room: int) -> int:

@@ -55,6 +55,7 @@ from jupyter_llm.runner.protocol import Done, EngineError, InputError, LoadParam
 from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
 from jupyter_llm.runner.speculative import add_draft, next_tokens, prepare_drafts
+from jupyter_llm.runner.step_costs import StepCosts
 from jupyter_llm.runner.vision import ImagePrompt, split_plain
 
 Emit = Callable[[str], None]
@@ -122,6 +123,7 @@ class Engine:
         self.embeddings = EmbeddingContext(model, self.n_ctx, n_threads)
         self.beat: Callable[[], None] = lambda: None  # progress between decode steps
         self.drafter = open_draft(self, params)  # a draft model (runner.draft_model), or None
+        self.step_costs = StepCosts(self.n_seq, self.n_batch)  # what a drafted token costs here
         if params.projector:
             try:  # on the GPU where the model's layers are
                 model.open_projector(params.projector, n_threads, params.n_gpu_layers != 0)
@@ -415,6 +417,8 @@ class Engine:
         elapsed = self._decode(n, outputs, fed)
         if elapsed is None:
             return
+        if not fed:  # generating sequences alone: a sample of the step's cost
+            self.step_costs.observe(len(generating), n, elapsed)
         self._cache_decoded(generating, fed, elapsed)
         self._sample(outputs)
 

@@ -40,6 +40,7 @@ from jupyter_llm.runner.draft_policy import (
     next_length,
 )
 from jupyter_llm.runner.protocol import EngineError
+from jupyter_llm.runner.step_costs import priced_length
 
 if TYPE_CHECKING:
     from jupyter_llm.runner.engine import Engine
@@ -134,7 +135,8 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
     budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
     if not may_draft(state.window, len(seq.generated)):
         return 0
-    return draft_size(state.length, budget, room)
+    size = draft_size(state.length, budget, room)
+    return priced_length(engine.step_costs, state, size, len(seq.generated))  # runner.step_costs
 
 
 def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> None:
@@ -200,7 +202,8 @@ def settle(engine: Engine, seq: Sequence, drafted: int, matched: int) -> None:
     state.draft = []
     state.drafted += drafted
     state.accepted += matched
-    state.window = after_draft(state.window, drafted, matched, len(seq.generated))
+    cost = engine.step_costs.cost(drafted)
+    state.window = after_draft(state.window, drafted, matched, len(seq.generated), cost)
     state.length = next_length(state.length, drafted, matched)
     slot = engine.slots[seq.slot]
     if matched < drafted and not llama_cpp.llama_memory_seq_rm(

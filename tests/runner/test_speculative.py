@@ -24,6 +24,7 @@ from jupyter_llm.runner.draft_policy import (
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.protocol import LoadParams
 from jupyter_llm.runner.speculative import NgramIndex
+from jupyter_llm.runner.step_costs import StepCosts
 
 PROMPTS = ["hello world hello world hello", "the cat sat on the mat and the cat sat", "abc"]
 
@@ -286,6 +287,7 @@ def test_context_shift_with_drafts(tmp_path: Path):
 
     path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
     small = Engine(LoadParams(path=str(path), n_ctx=64, n_batch=32, n_threads=2, n_seq=1))
+    small.step_costs = StepCosts(small.n_seq, small.n_batch, pinned=0.0)  # not timed
     try:
         plain = solo(small, PROMPTS[0], num_predict=200, draft_num_predict=0)
         spec = solo(small, PROMPTS[0], num_predict=200, draft_num_predict=8)
@@ -305,6 +307,7 @@ def test_drafts_beside_a_small_batch_and_many_sequence_ids(tmp_path: Path):
 
     path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
     small = Engine(LoadParams(path=str(path), n_ctx=256, n_batch=2, n_threads=2, n_seq=4))
+    small.step_costs = StepCosts(small.n_seq, small.n_batch, pinned=0.0)  # not timed
     try:
         runs = [Run(small, p, num_predict=30, draft_num_predict=4) for p in PROMPTS]
         run_all(small, *runs)
@@ -334,6 +337,7 @@ CODE = '''def moving_average(values, window):
 
 def test_gemma_greedy_output_is_identical_and_drafts_are_accepted(gemma_gguf: Path):
     gemma = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=2, n_seq=2))
+    gemma.step_costs = StepCosts(gemma.n_seq, gemma.n_batch, pinned=0.0)  # not timed
     ask = "Rewrite this function, renaming `values` to `series`. Reply with code only.\n\n"
     prompt = f"<start_of_turn>user\n{ask}{CODE}<end_of_turn>\n<start_of_turn>model\n"
     try:

@@ -1,0 +1,91 @@
+"""What a drafted token costs on this machine, measured from the decode steps.
+
+A drafted token is one more row of the target model's work in the step. On a
+GPU that row is nearly free; on a few CPU cores it is not. On 2 cores, Gemma 3
+270M (262k vocabulary: its output layer is most of a token's work) takes
+about 2x a one-token step's time for a two-token step, so such a draft loses
+even when it is accepted whole, and prompt lookup on free text made a single
+greedy stream about 20 % slower than without drafts; a tiny model's row costs
+a fraction of a step instead. Nor is the cost linear in the draft's length
+(measured there: 2 rows cost about 0.9 of a step each, 4 rows about 0.5). So
+no fixed rate fits, and the engine measures: every decode step of
+generating sequences alone (no prompt chunk) is a sample, a step without
+drafts of the base time for its number of sequences, a step with ``k``
+drafted tokens of the extra time per drafted token as a fraction of that
+base (``cost(k)``). Medians of the last samples, so a step that the OS
+preempted moves nothing.
+
+``runner.draft_policy`` turns the cost into decisions (a draft must be
+accepted at least at that rate; one that cannot pay even when accepted whole
+is not tried again for a growing while). Runs in the runner process only.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import TYPE_CHECKING
+
+from jupyter_llm.runner.draft_policy import paused, worth_drafting
+
+if TYPE_CHECKING:
+    from jupyter_llm.runner.speculative import Drafting
+
+SAMPLES = 9  # the last steps each median is taken over
+MIN_SAMPLES = 3  # draft steps measured before their cost is trusted
+
+
+class StepCosts:
+    """Decode times of generation-only steps. Bounded: ``SAMPLES`` times per
+    number of sequences in a step (at most ``max_sequences``) and ``SAMPLES``
+    costs per number of drafted tokens in a step (at most ``max_tokens``,
+    the batch). ``pinned``: a cost to use instead of measuring (the tests
+    of drafting's mechanics, which must not depend on the machine's speed)."""
+
+    def __init__(self, max_sequences: int, max_tokens: int, pinned: float | None = None) -> None:
+        self.max_sequences, self.max_tokens = max(1, max_sequences), max(1, max_tokens)
+        self.pinned = pinned
+        self._base: dict[int, deque[int]] = {}  # sequences in the step -> ns
+        self._costs: dict[int, deque[float]] = {}  # drafted tokens in the step -> cost
+
+    def observe(self, sequences: int, tokens: int, elapsed_ns: int) -> None:
+        """A decode step of ``sequences`` generating sequences (one token
+        each) and ``tokens - sequences`` drafted tokens, no prompt chunk."""
+        if not 0 < sequences <= self.max_sequences or not sequences <= tokens <= self.max_tokens:
+            return
+        if elapsed_ns <= 0 or self.pinned is not None:
+            return
+        if tokens == sequences:
+            self._base.setdefault(sequences, deque(maxlen=SAMPLES)).append(elapsed_ns)
+            return
+        base, drafted = self.base_ns(sequences), tokens - sequences
+        if base is not None:
+            costs = self._costs.setdefault(drafted, deque(maxlen=SAMPLES))
+            costs.append((elapsed_ns - base) / (drafted * base))
+
+    def base_ns(self, sequences: int) -> float | None:
+        """The median time of a step of ``sequences`` tokens without drafts."""
+        times = self._base.get(sequences)
+        return statistics.median(times) if times else None
+
+    def cost(self, drafted: int) -> float | None:
+        """The extra decode time of each token of a step's ``drafted`` tokens,
+        as a fraction of a step without drafts; None until ``MIN_SAMPLES``
+        steps with as many were measured."""
+        if self.pinned is not None:
+            return self.pinned
+        costs = self._costs.get(drafted)
+        if costs is None or len(costs) < MIN_SAMPLES:
+            return None
+        return max(0.0, statistics.median(costs))
+
+
+def priced_length(costs: StepCosts, state: Drafting, size: int, generated: int) -> int:
+    """``size``, the draft a sequence would make now, or 0 where a draft
+    cannot pay at the measured cost: then drafting pauses like a draft
+    rejected too often (``draft_policy.paused``). The first draft after a
+    pause always goes in, so the cost is measured again."""
+    if size and state.window.drafted > 0 and not worth_drafting(costs.cost(size)):
+        state.window = paused(state.window, generated)
+        return 0
+    return size
