@@ -18,6 +18,11 @@ is a root, checked every time):
 - parent and child are valid UTF-8 without NUL bytes (llama.cpp's decoder
   stops at a NUL and has its own quirks with invalid or overlong bytes);
   a child of a clean parent is clean too, as its text starts with the parent's;
+- a token with no such prefix token but a character of two bytes or more
+  first has the byte token of its lead byte as parent: llama.cpp checks a
+  token ending mid-character by whether the grammar allows any character
+  those bits could complete to, so the byte is allowed wherever one of its
+  characters is (not for the overlong leads 0xC0, 0xC1, nor past 0xF4);
 - end-of-generation tokens are checked every time (allowed by the grammar's
   end, not their text);
 - the grammar refers to no token by id (``<[id]>`` or ``<token>`` in GBNF:
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+LEADS = (0xC2, 0xF4)  # the lead bytes of valid UTF-8 of two bytes or more
 Check = Callable[[np.ndarray], np.ndarray]  # token ids -> allowed (bool), in one native call
 
 
@@ -62,6 +68,11 @@ class TokenTrie:
                 continue
             texts[token] = text
             by_text.setdefault(text, token)
+        lead = {  # byte tokens of lead bytes: parents of what starts with a character of theirs
+            piece[0]: token
+            for token, piece in enumerate(pieces)
+            if len(piece) == 1 and LEADS[0] <= piece[0] <= LEADS[1] and token not in eog
+        }
         parent = np.full(n, -1, dtype=np.int64)
         for token, text in enumerate(texts):
             if text is None:
@@ -71,6 +82,8 @@ class TokenTrie:
                 if found is not None:
                     parent[token] = found
                     break
+            else:
+                parent[token] = lead.get(pieces[token][0], -1)
         eogs = np.array(sorted(eog), dtype=np.int32)
         is_root = parent < 0
         is_root[eogs] = False

@@ -73,8 +73,10 @@ def test_the_trie_allows_what_the_full_pass_allows_at_every_state(gemma):
 
 def test_the_trie_checks_children_of_allowed_tokens_only():
     pieces = [b"a", b"ab", b"abc", b"b", b"\xe4", b"", b"x\0y", b"bc", b"abd", b"</s>"]
+    pieces += ["一".encode(), b"\xc0", "\u00c0x".encode()]
     trie = TokenTrie.build(pieces, {9})
-    assert sorted(trie.roots.tolist()) == [0, 3, 4, 5, 6]  # unclean tokens are roots
+    assert sorted(trie.roots.tolist()) == [0, 3, 4, 5, 6, 11, 12]  # unclean tokens are roots
+    assert trie.children_of(np.array([4])).tolist() == [10]  # 一 under its lead byte 0xE4
     checked: list[int] = []
 
     def check(ids):
@@ -82,7 +84,7 @@ def test_the_trie_checks_children_of_allowed_tokens_only():
         return np.isin(ids, [0, 1, 3, 9])
 
     assert sorted(trie.allowed(check).tolist()) == [0, 1, 3, 9]
-    assert sorted(checked) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # "abc"/"abd" after "ab"
+    assert sorted(checked) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12]  # "abc"/"abd" after "ab"
     checked.clear()
     assert trie.allowed(lambda ids: np.isin(ids, [1, 2])).tolist() == []
     assert 2 not in checked  # "abc" is not checked when "a" was refused
