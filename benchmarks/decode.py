@@ -124,6 +124,7 @@ class OverHTTP:
             stderr=self._log_file,
         )
         self.runner_rates: list[float] = []
+        self.drafts = [0, 0]  # tokens drafted and accepted by speculative decoding (default on)
         self.base = f"http://127.0.0.1:{self.port}/llm"
         self.client = httpx.Client(headers={"Authorization": f"token {self.token}"}, timeout=120)
         self.options = {"temperature": 0, "repeat_penalty": 1.0, "num_ctx": n_ctx}
@@ -154,6 +155,8 @@ class OverHTTP:
                 if chunk.get("done"):
                     count = chunk["eval_count"]
                     self.runner_rates.append(count / chunk["eval_duration"] * 1e9)
+                    self.drafts[0] += chunk.get("draft_tokens", 0)
+                    self.drafts[1] += chunk.get("draft_accepted", 0)
                     break
                 times.append(time.perf_counter())
         # chunks can carry more than one token when the client lags: count tokens
@@ -315,7 +318,8 @@ def measure(args: argparse.Namespace, path: Path, tmp: Path) -> dict[str, Any]:
             anchor.close()
     threads = {"local": local.threads, "batch": local.llm.n_threads_batch, "http": http.threads}
     threads["anchor"] = anchor.threads if anchor else None
-    return {"rates": rates, "overheads": overheads, "threads": threads, "runner": http.runner_rates}
+    figures = {"rates": rates, "overheads": overheads, "threads": threads}
+    return {**figures, "runner": http.runner_rates, "drafts": http.drafts}
 
 
 def paired(rates: dict[str, list[float]], a: str, b: str) -> float:
@@ -335,7 +339,8 @@ def report(args: argparse.Namespace, name: str, m: dict[str, Any]) -> bool:
     has_anchor = "anchor" in med
     print(f", llama-server {threads['anchor']}" if has_anchor else " (LLAMA_SERVER unset)")
     print(f"in-process Llama.generate   : {med['local']:8.1f} tokens/s")
-    print(f"  (our runner, as it reports: {statistics.median(m['runner']):6.1f} tokens/s)")
+    print(f"  (our runner, as it reports: {statistics.median(m['runner']):6.1f} tokens/s;", end="")
+    print(" drafted {} tokens, {} accepted, in its streamed answers)".format(*m["drafts"]))
     if has_anchor:
         print(f"llama-server, streamed      : {med['anchor']:8.1f} tokens/s")
         print(f"llama-server, whole request : {med['anchor whole']:8.1f} tokens/s")
