@@ -342,8 +342,9 @@ class GrammarSampler:
             c.fill(ctx, index)
             c.apply(penalties)  # in place, logits in id order
             logits = c.data["logit"]
-        found = grammar_walk.walk(logits, self.need, self._allowed_many)
-        if found is None and self._trie() is not None:
+        early = self._trie() is not None  # a narrow grammar: straight to the trie's pass
+        found = grammar_walk.walk(logits, self.need, self._allowed_many, early)
+        if found is None and early:
             found = grammar_walk.best_of(self._trie_allowed(), logits, self.need)
         if not found:
             return None

@@ -112,12 +112,18 @@ def first_pick(chain: Any, need: int, logits: np.ndarray) -> int | None:
 
 
 def walk(
-    logits: np.ndarray, need: int, allowed: Callable[[np.ndarray], np.ndarray]
+    logits: np.ndarray,
+    need: int,
+    allowed: Callable[[np.ndarray], np.ndarray],
+    early: bool = False,
 ) -> list[int] | None:
     """The ``need`` best allowed tokens (fewer if no more exist), in rank
     order; None if ``MAX_WALK`` checks did not settle it. ``allowed`` takes
     token ids and says which are allowed (a chunk of ranks at a time, each
-    chunk larger: one native call each, not one per token)."""
+    chunk larger: one native call each, not one per token). ``early``: also
+    None as soon as the share allowed so far would not find ``need`` within
+    ``MAX_WALK`` (the caller has a cheap way to every allowed token: the
+    grammar allows little here)."""
     order, whole = ranked(logits, MAX_WALK)
     settled = whole and len(order) <= MAX_WALK
     order = order[:MAX_WALK]
@@ -129,6 +135,8 @@ def walk(
         if len(found) == need:
             return found
         start, size = start + size, size * 4
+        if early and not settled and len(found) * len(order) < need * start:
+            return None  # at this share, MAX_WALK ranks hold fewer than ``need``
     return found if settled else None
 
 

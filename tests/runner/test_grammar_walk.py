@@ -97,6 +97,7 @@ def test_greedy_walk_takes_the_best_allowed_lowest_id_first():
 
 def test_the_walk_checks_chunks_of_ranks_each_larger(monkeypatch):
     monkeypatch.setattr(grammar_walk, "FIRST_CHUNK", 4)
+    monkeypatch.setattr(grammar_walk, "MAX_WALK", 50)
     logits = -np.arange(100, dtype=np.float32)  # rank = id
     chunks: list[list[int]] = []
 
@@ -105,7 +106,12 @@ def test_the_walk_checks_chunks_of_ranks_each_larger(monkeypatch):
         return ids == 30
 
     assert grammar_walk.walk(logits, 1, allowed) == [30]
-    assert chunks == [list(range(0, 4)), list(range(4, 20)), list(range(20, 84))]
+    assert chunks == [list(range(0, 4)), list(range(4, 20)), list(range(20, 50))]
+    chunks.clear()
+    assert grammar_walk.walk(logits, 1, allowed, early=True) is None  # none in the first 4
+    assert chunks == [list(range(0, 4))]
+    assert grammar_walk.walk(logits, 2, lambda ids: ids % 4 == 0, early=True) == [0, 4]
+    assert grammar_walk.walk(logits, 3, lambda ids: ids % 40 == 0, early=True) is None
 
 
 def test_a_walk_past_its_bound_gives_the_full_pass_the_job(monkeypatch):
