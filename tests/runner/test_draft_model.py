@@ -49,23 +49,36 @@ def load(target: Path, draft: Path | str = "", **kw: Any) -> Engine:
 
 def solo(engine: Engine, prompt: str, **options: Any) -> Run:
     run = Run(engine, prompt, **options)
-    finish(engine, run)
+    (finish if engine.drafter is None else finish_in_step)(engine, run)
     return run
 
 
-def in_step(engine: Engine, tight: bool = True) -> None:
-    """The draft context holds exactly its records; ``tight`` (every draft
-    accepted lately): each is what its target slot holds, up to the last
-    draft's tail."""
+def in_step(engine: Engine) -> None:
+    """The draft context holds exactly its records, within its cells."""
     drafter = engine.drafter
     assert drafter is not None
     for index, record in enumerate(drafter.records):
         assert llama_cpp.llama_memory_seq_pos_max(drafter.memory, index) == len(record) - 1
-        cached = engine.slots[index].cached
-        if tight and record:
-            shared = common_prefix(record, cached)
-            assert shared >= min(len(record), len(cached)) - MAX_LENGTH, (index, shared)
     assert sum(len(r) for r in drafter.records) <= drafter.n_ctx
+
+
+def finish_in_step(engine: Engine, *runs: Run) -> None:
+    """``finish``, checking after every step that drafted that the slot's
+    record is what its target slot holds, up to the draft's rejected tail."""
+    drafted = {}
+    while not all(r.ended for r in runs):
+        engine.step()
+        for slot in engine.slots:
+            state = slot.seq.drafting if slot.seq is not None else None
+            if state is None or drafted.get(slot.index) == state.drafted:
+                continue
+            drafted[slot.index] = state.drafted
+            record = engine.drafter.records[slot.index]
+            shared = common_prefix(record, slot.cached)
+            assert shared >= len(slot.cached) - 1 - MAX_LENGTH, (slot.index, shared)
+    for r in runs:
+        assert not r.errors, r.errors
+    in_step(engine)
 
 
 def mostly_accepted(done: Any, rate: float = 0.9) -> None:
@@ -89,7 +102,7 @@ def test_greedy_output_is_the_same_with_a_draft_model_prompt_lookup_and_none(pai
             assert spec.done.context == off[p].done.context == lookup[p].done.context
             assert spec.output == off[p].output
             assert spec.done.draft_tokens > 0  # the draft model drafted
-            in_step(engine, tight=False)  # its drafts are rejected: drafting pauses
+            in_step(engine)
         assert solo(engine, PROMPTS[0], num_predict=20, draft_num_predict=0).done.draft_tokens == 0
     finally:
         engine.close()
@@ -112,7 +125,7 @@ def test_two_sequences_draft_together_and_stay_in_step(pair):
         llama_cpp.llama_decode = counted
         try:
             runs = [Run(engine, p, num_predict=80) for p in PROMPTS]
-            finish(engine, *runs)
+            finish_in_step(engine, *runs)
         finally:
             llama_cpp.llama_decode = real
         assert [r.done.context for r in runs] == alone
@@ -129,12 +142,16 @@ def test_a_context_shift_resyncs_the_draft(pair):
     engine = load(target, target, n_ctx=256, n_seq=1)  # llama.cpp's smallest context
     try:
         plain = solo(engine, PROMPTS[0], num_predict=600, draft_num_predict=0)
+        while engine._drop_idle_cache():  # an idle cache would leave drafts no room
+            pass
         spec = solo(engine, PROMPTS[0], num_predict=600, draft_num_predict=4)
         assert len(engine.slots[0].cached) < 600  # shifted
         assert spec.done.context == plain.done.context and spec.done.eval_count == 600
-        # 0.91 measured; 0.68 where the draft decoded the shifted tokens afresh
-        # instead of shifting its cells as the target did (rounding differs)
-        mostly_accepted(spec.done, 0.8)
+        # 0.91 in a fresh process, 0.79-0.80 in some runs after the other
+        # tests (open: what differs); 0.66 where the draft decoded the shifted
+        # tokens afresh instead of shifting its cells as the target did. A
+        # draft out of step fails finish_in_step's check of its records
+        mostly_accepted(spec.done, 0.6)
         in_step(engine)
     finally:
         engine.close()
@@ -175,7 +192,7 @@ def paused(engine: Engine, draft: int) -> Run:
     assert slot.paused
     engine.step()
     assert slot.cached == []  # its cells went
-    finish(engine, batch, chat)
+    finish_in_step(engine, batch, chat)
     return batch
 
 
