@@ -15,6 +15,47 @@ from jupyter_llm.demo import DemoModelSpec, write_demo_model
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
+# pytest-jupyter's per-test folders, and pytest's own: nothing a backend reads
+PER_TEST_VARIABLES = {
+    "HOME",
+    "PYTEST_CURRENT_TEST",
+    "JUPYTER_CONFIG_DIR",
+    "JUPYTER_DATA_DIR",
+    "JUPYTER_RUNTIME_DIR",
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def discovery_once_per_environment():
+    """In-process test servers ask the real discovery runner once per
+    interpreter and environment, and each later server gets that answer:
+    a server discovers once in its life, but the suite starts hundreds of
+    servers in one process, and each paid a runner's start (~0.7 s) to learn
+    what the first one learnt. The variables pytest-jupyter points at each
+    test's own folders do not count. A changed environment (a simulated device, a
+    backend's variables) or another interpreter discovers again; a failed
+    discovery is never kept. Discovery itself is tested on its own
+    (tests/runner/test_runner.py calls ``discover_raw_devices`` directly)."""
+    import copy
+    import os
+
+    import jupyter_llm.services as services
+
+    real = services.discover_raw_devices
+    found: dict[tuple, list] = {}
+
+    async def remembered(python: str = "", env=None, *, strict: bool = False) -> list:
+        environ = sorted(kv for kv in os.environ.items() if kv[0] not in PER_TEST_VARIABLES)
+        key = (python, tuple(environ), json.dumps(env, sort_keys=True))
+        if key not in found:
+            found[key] = await real(python, env, strict=strict)
+        return copy.deepcopy(found[key])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(services, "discover_raw_devices", remembered)
+        yield
+
+
 @pytest.fixture(scope="session")
 def demo_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny llama GGUF (random weights) shared by the whole session."""
