@@ -417,10 +417,11 @@ class Engine:
         elapsed = self._decode(n, outputs, fed)
         if elapsed is None:
             return
-        if not fed:  # generating sequences alone: a sample of the step's cost
-            self.step_costs.observe(len(generating), n, elapsed)
         self._cache_decoded(generating, fed, elapsed)
+        t0 = time.perf_counter_ns()
         self._sample(outputs)
+        if not fed:  # generating sequences alone: what the step cost (runner.step_costs)
+            self.step_costs.observe(len(generating), n, elapsed + time.perf_counter_ns() - t0)
 
     def _cancel(self) -> None:
         """End the cancelled requests, in slots and waiting."""

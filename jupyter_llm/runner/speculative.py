@@ -33,6 +33,7 @@ import llama_cpp
 
 from jupyter_llm.request.limits import DRAFT_LOOKUP
 from jupyter_llm.runner.draft_policy import (
+    MAX_LENGTH,
     Window,
     after_draft,
     draft_size,
@@ -135,8 +136,8 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
     budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
     if not may_draft(state.window, len(seq.generated)):
         return 0
-    size = draft_size(state.length, budget, room)
-    return priced_length(engine.step_costs, state, size, len(seq.generated))  # runner.step_costs
+    size, cap = draft_size(state.length, budget, room), draft_size(MAX_LENGTH, budget, room)
+    return priced_length(engine.step_costs, state, size, cap, len(seq.generated))  # step_costs
 
 
 def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> None:

@@ -108,21 +108,40 @@ def drafting(window: Window) -> Drafting:
 def test_a_draft_that_cannot_pay_pauses_drafting():
     costs = StepCosts(1, 32, pinned=1.0)
     state = drafting(Window(1, 1))
-    assert priced_length(costs, state, 4, 50) == 0
+    assert priced_length(costs, state, 4, 16, 50) == 0
     assert state.window == paused(Window(1, 1), 50) == Window(0, 0, 50 + policy.PAUSE_TOKENS, 1)
+
+
+def test_a_costly_length_gives_way_to_a_longer_one_that_may_pay():
+    """Measured on Gemma with 2 cores: 2 drafted rows cost 0.9 of a step
+    each, 4 rows 0.5 each. A 2-token draft becomes a 4-token one; one
+    that the limits keep to 3 tokens cannot pay and pauses."""
+    costs = StepCosts(1, 32)
+    for _ in range(MIN_SAMPLES):
+        costs.observe(1, 1, 10 * MS)
+        costs.observe(1, 2, 20 * MS)  # 1 drafted: 1.0
+        costs.observe(1, 3, 28 * MS)  # 2 drafted: 0.9 each
+        costs.observe(1, 4, 34 * MS)  # 3 drafted: 0.8 each
+        costs.observe(1, 5, 30 * MS)  # 4 drafted: 0.5 each
+    state = drafting(Window(3, 1))
+    assert priced_length(costs, state, 2, 16, 50) == 4
+    assert priced_length(costs, state, 4, 16, 50) == 4
+    assert priced_length(costs, state, 1, 3, 50) == 0 and state.window.resume_at > 50
+    # a length never measured yet may go in (it is measured then)
+    assert priced_length(costs, drafting(Window(3, 1)), 5, 16, 50) == 5
 
 
 def test_the_first_draft_after_a_pause_measures_again():
     costs = StepCosts(1, 32, pinned=1.0)
     state = drafting(Window(0, 0, 40, 1))  # resumed at 40
-    assert priced_length(costs, state, 4, 40) == 4
+    assert priced_length(costs, state, 4, 16, 40) == 4
     assert state.window == Window(0, 0, 40, 1)
 
 
 def test_cheap_drafts_go_in():
     state = drafting(Window(5, 5))
-    assert priced_length(StepCosts(1, 32, pinned=0.3), state, 4, 50) == 4
-    assert priced_length(StepCosts(1, 32), state, 4, 50) == 4  # not measured yet
+    assert priced_length(StepCosts(1, 32, pinned=0.3), state, 4, 16, 50) == 4
+    assert priced_length(StepCosts(1, 32), state, 4, 16, 50) == 4  # not measured yet
 
 
 # -- in the engine --------------------------------------------------------------------------
