@@ -41,6 +41,10 @@ VARYING = {
     "size_vram",
     "pid",
     "speculative",  # /api/ps: draft tokens since the server started, every test's
+    # drafts are priced by the machine's measured step costs (runner/step_costs.py):
+    # how many are drafted varies with its speed; the answer's tokens do not
+    "draft_tokens",
+    "draft_accepted",
 }
 GENERATED_ID = re.compile(r"^(chatcmpl|cmpl|call)[-_]")
 
