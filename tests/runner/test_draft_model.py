@@ -28,6 +28,7 @@ from jupyter_llm.runner.draft_policy import MAX_LENGTH
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.model import Model
 from jupyter_llm.runner.protocol import Complete, EngineError, LoadParams
+from jupyter_llm.runner.step_costs import StepCosts
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
@@ -44,7 +45,11 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def load(target: Path, draft: Path | str = "", **kw: Any) -> Engine:
     params = {"n_ctx": 512, "n_batch": 32, "n_threads": 2, "n_seq": 2, **kw}
-    return Engine(LoadParams(path=str(target), draft=str(draft), **params))
+    engine = Engine(LoadParams(path=str(target), draft=str(draft), **params))
+    # drafted tokens cost nothing here, so how much is drafted does not hang on
+    # the machine's speed (runner/step_costs.py prices drafts by measured steps)
+    engine.step_costs = StepCosts(engine.n_seq, engine.n_batch, pinned=0.0)
+    return engine
 
 
 def solo(engine: Engine, prompt: str, **options: Any) -> Run:
