@@ -115,6 +115,7 @@ class TokenTable:
     _partial: dict[int, bytes] | None = None
     _broken_at_boundary: np.ndarray | None = None
     _trie: TokenTrie | None = None
+    _building: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def prepare(self) -> threading.Thread:
@@ -127,12 +128,21 @@ class TokenTable:
 
     def _prepare(self) -> None:
         self.partial()
-        if self.n_vocab >= grammar_walk.WALK_FROM_VOCAB:
-            self.trie()
 
     def ready_trie(self) -> TokenTrie | None:
-        """The trie if ``prepare`` built it already (else None: not waited for)."""
+        """The trie if it is built (else None: not waited for). The first
+        ask starts its build in a thread (about a second of a core for 262k
+        tokens), so a model that never meets a grammar never pays it; until
+        it is ready the full pass answers, with the same tokens."""
+        if self._trie is None and self._building is None:
+            self._building = threading.Thread(target=self.trie, name="token-trie", daemon=True)
+            self._building.start()
         return self._trie
+
+    def join(self) -> None:
+        """Wait for the trie's build, which reads the vocabulary: before it is freed."""
+        if self._building is not None:
+            self._building.join()
 
     def trie(self) -> TokenTrie:
         """The vocabulary as a trie of texts (``grammar_trie``), built once."""

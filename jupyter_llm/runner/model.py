@@ -101,6 +101,7 @@ class Model:
         if self._reading_vocab is not None:
             self._reading_vocab.join()  # it reads the vocabulary freed below
             self._reading_vocab = None
+        self.tokens.join()  # so does the trie's build, where a grammar started it
         if self.vision is not None:
             self.vision.close()
             self.vision = None

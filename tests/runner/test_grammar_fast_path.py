@@ -122,6 +122,26 @@ def test_the_walk_picks_the_full_passs_token_on_gemma(gemma, options):
     assert walks > 0 and passes < full_passes  # and the walk settled them
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {**GREEDY, "num_predict": 80},
+        {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 7, "num_predict": 80},
+    ],
+)
+def test_with_the_trie_built_the_walk_still_picks_the_full_passs_token(gemma, options):
+    """The trie is built on a grammar's first ask (in a thread): once it is,
+    a walk that gives up takes the best of the trie's allowed set."""
+    tokens = gemma.model.tokens
+    tokens.ready_trie()
+    tokens.join()
+    assert tokens.ready_trie() is not None
+    full_tokens, _, full_passes = walked_run(gemma, False, options)
+    walk_tokens, walks, passes = walked_run(gemma, True, options)
+    assert walk_tokens == full_tokens
+    assert walks > 0 and passes < full_passes
+
+
 def test_the_walk_on_a_generated_model(tmp_path, monkeypatch):
     monkeypatch.setattr(grammar_walk, "WALK_FROM_VOCAB", 0)  # its vocabulary is small
     path = tmp_path / "tiny.gguf"

@@ -36,6 +36,17 @@ def gemma(gemma_gguf: Path):
     engine.close()
 
 
+def test_the_trie_is_built_when_a_grammar_first_asks_for_it(gemma):
+    """A load does not build it (a second of a core, for models that may
+    never meet a grammar); the first ask starts the build and is answered
+    by the full pass meanwhile; a later ask gets it."""
+    tokens = gemma.model.tokens
+    assert tokens._trie is None and tokens._building is None  # the load alone built nothing
+    assert tokens.ready_trie() is None  # not waited for: the full pass answers this one
+    tokens.join()
+    assert isinstance(tokens.ready_trie(), TokenTrie)
+
+
 def test_the_trie_allows_what_the_full_pass_allows_at_every_state(gemma):
     model = gemma.model
     trie = model.tokens.trie()
