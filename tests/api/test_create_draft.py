@@ -22,6 +22,11 @@ def draft_gguf(tmp_path_factory):
     return write_demo_model(path, DemoModelSpec(n_embd=32, n_layer=1, n_ff=64, seed=3))
 
 
+@pytest.fixture
+def llm_config() -> dict:
+    return {"new_estimates": True}  # /api/ps shows the buffers the runner measured
+
+
 async def post(jp_fetch, path, body):
     r = await jp_fetch("llm", *path.split("/"), method="POST", body=json.dumps(body))
     return json.loads(r.body)
@@ -39,6 +44,31 @@ async def test_create_with_a_draft_model_and_show_it(jp_fetch, installed_model, 
         "digest": "sha256:" + blob.name[7:],
     }
     assert "draft" not in (await post(jp_fetch, "api/show", {"model": "tiny"}))["details"]
+
+
+async def test_a_model_with_a_draft_drafts_with_it_through_the_server(jp_fetch, installed_model):
+    """The whole path: the store's draft reaches the runner (LoadParams.draft),
+    which drafts with it; the answer is the plain model's, the final chunk
+    counts the drafts, and /api/ps's size holds the draft's memory too."""
+    body = {"model": "fast", "from": "tiny", "draft": "tiny2", "stream": False}
+    assert await post(jp_fetch, "api/create", body) == {"status": "success"}
+    ask = {"prompt": "def f(x):", "stream": False}
+    greedy = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 48}
+    off = {**greedy, "draft_num_predict": 0}
+    plain = await post(jp_fetch, "api/generate", {**ask, "model": "tiny", "options": off})
+    fast = await post(jp_fetch, "api/generate", {**ask, "model": "fast", "options": greedy})
+    assert fast["response"] == plain["response"] and fast["eval_count"] == 48
+    # a model drafting for itself: its drafts are the target's own picks
+    assert fast["draft_tokens"] > 10 and fast["draft_accepted"] >= 0.9 * fast["draft_tokens"]
+    listed = json.loads((await jp_fetch("llm", "api", "ps")).body)["models"]
+    ps = {m["name"]: m for m in listed}
+    assert ps["fast:latest"]["size"] > ps["tiny:latest"]["size"]  # the draft's weights and cache
+    # llama.cpp's own buffers, as the runner measured them: the draft's weights were loaded
+    weights = {
+        name: sum(a["weights"] for a in m["allocations"] if a["measured"]) for name, m in ps.items()
+    }
+    assert weights["tiny:latest"] > 0
+    assert weights["fast:latest"] >= 1.9 * weights["tiny:latest"]  # itself, twice
 
 
 async def test_create_with_an_uploaded_draft(jp_fetch, installed_model, models_dir, draft_gguf):
