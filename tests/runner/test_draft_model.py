@@ -15,6 +15,7 @@ import llama_cpp
 import pytest
 from engine_run import EngineRun as Run
 from engine_run import finish
+from rewrite_prompt import REWRITE_PROMPT
 from runner_streams import text_and_done
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
@@ -325,24 +326,11 @@ async def test_a_runner_process_drafts_with_its_draft_model(tmp_path: Path, pair
 
 
 # -- the real model ------------------------------------------------------------------------
-CODE = '''def moving_average(values, window):
-    """Return the moving averages of values over a window."""
-    result = []
-    total = 0.0
-    for index, value in enumerate(values):
-        total += value
-        if index >= window:
-            total -= values[index - window]
-        if index >= window - 1:
-            result.append(total / window)
-    return result
-'''
 
 
 @pytest.mark.timeout(600)  # a 270M model loaded three times on two busy cores
 def test_gemma_drafting_for_itself(gemma_gguf: Path, pair):
-    ask = "Rewrite this function, renaming `values` to `series`. Reply with code only.\n\n"
-    prompt = f"<start_of_turn>user\n{ask}{CODE}<end_of_turn>\n<start_of_turn>model\n"
+    prompt = REWRITE_PROMPT
     plain = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=2, n_seq=2))
     try:
         off = solo(plain, prompt, num_predict=48, draft_num_predict=0)

@@ -11,6 +11,7 @@ from typing import Any
 import llama_cpp
 import pytest
 from engine_run import EngineRun as Run
+from rewrite_prompt import REWRITE_PROMPT
 
 from jupyter_llm.runner import draft_policy as policy
 from jupyter_llm.runner.draft_policy import (
@@ -321,27 +322,12 @@ def test_drafts_beside_a_small_batch_and_many_sequence_ids(tmp_path: Path):
 
 
 # -- the real model ------------------------------------------------------------------------
-CODE = '''def moving_average(values, window):
-    """Return the moving averages of values over a window."""
-    if window <= 0:
-        raise ValueError("window must be positive")
-    result = []
-    total = 0.0
-    for index, value in enumerate(values):
-        total += value
-        if index >= window:
-            total -= values[index - window]
-        if index >= window - 1:
-            result.append(total / window)
-    return result
-'''
 
 
 def test_gemma_greedy_output_is_identical_and_drafts_are_accepted(gemma_gguf: Path):
     gemma = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=2, n_seq=2))
     gemma.step_costs = StepCosts(gemma.n_seq, gemma.n_batch, pinned=0.0)  # not timed
-    ask = "Rewrite this function, renaming `values` to `series`. Reply with code only.\n\n"
-    prompt = f"<start_of_turn>user\n{ask}{CODE}<end_of_turn>\n<start_of_turn>model\n"
+    prompt = REWRITE_PROMPT
     try:
         plain = solo(gemma, prompt, num_predict=120, draft_num_predict=0)
         spec = solo(gemma, prompt, num_predict=120, draft_num_predict=4)

@@ -133,7 +133,7 @@ def test_gpu_library():
 def test_the_flash_attention_setting_reaches_the_load_message(flash_attn):
     settings = Settings(flash_attention=flash_attn)
     model = SimpleNamespace(context_length=0)  # what ``wanted`` reads of a model
-    entry = SimpleNamespace(model_path=Path("/m.gguf"), projector_path=None)
+    entry = SimpleNamespace(model_path=Path("/m.gguf"), projector_path=None, draft_path=None)
     wanted = policy.wanted(LoadOptions(), model, settings)  # type: ignore[arg-type]
     req = policy.load_request(entry, wanted, 1, placement(), [CPU], simulated=False)  # type: ignore[arg-type]
     assert launch_spec(req, {}).load_params == LoadParams(
