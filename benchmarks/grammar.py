@@ -12,7 +12,14 @@ own decode rate (``timings.predicted_per_second``) beside the runner's.
 Rounds alternate between them. Targets: the constrained rate is at least
 0.9x the unconstrained one, and at least 1.0x llama-server's with the schema.
 
-    [LLAMA_SERVER=.../llama-server] .venv/bin/python benchmarks/grammar.py [--gemma] [--rounds N]
+Our rates include speculative decoding at its default (``draft_num_predict``
+4, prompt lookup); the tokens drafted and accepted are printed for each, since
+free text that repeats itself drafts far better than JSON. ``--draft N`` sets
+``draft_num_predict`` on our side (0: no drafts), to see the grammar's cost
+alone (llama-server drafts nothing at its defaults).
+
+    [LLAMA_SERVER=.../llama-server] .venv/bin/python benchmarks/grammar.py [--gemma] \
+        [--rounds N] [--draft N]
 
 Each round's rates are printed as it ends (a busy machine makes rounds slow).
 """
@@ -48,8 +55,9 @@ SCHEMA = {
 }
 
 
-async def rate(runner, grammar: str | None, n: int) -> float:
-    options = {"num_predict": n, **OPTIONS}
+async def rate(runner, grammar: str | None, n: int, drafts: dict[str, list[int]]) -> float:
+    """Our decode rate; ``drafts`` gets the tokens generated, drafted and accepted."""
+    options = {"num_predict": n, **OPTIONS, **DRAFT}
     done = {}
     request = {"prompt": "write:", "options": options}
     if grammar:
@@ -58,10 +66,14 @@ async def rate(runner, grammar: str | None, n: int) -> float:
         for message in batch:
             if message["type"] == "done":
                 done = message
+    for key in drafts:
+        drafts[key].append(int(done.get(key, 0)))
     return done["eval_count"] / done["eval_duration"] * 1e9
 
 
 OPTIONS = {"temperature": 0.8, "seed": 1, "repeat_penalty": 1.0}
+DRAFT: dict[str, int] = {}  # ``--draft N``: {"draft_num_predict": N} (else the default)
+DRAFT_KEYS = ("eval_count", "draft_tokens", "draft_accepted")
 
 
 def free_port() -> int:
@@ -127,11 +139,12 @@ async def main(gemma: bool, rounds: int = 7, n: int = 256) -> int:
         server = start_server(binary, path) if binary else None
         names = ("free", "schema", "server free", "server schema")
         rates: dict[str, list[float]] = {name: [] for name in names}
+        drafts = {name: {key: [] for key in DRAFT_KEYS} for name in names[:2]}
         try:
-            await rate(runner, None, 16)
+            await rate(runner, None, 16, {})
             for _ in range(rounds):  # alternating: other load on the machine falls on all
-                rates["free"].append(await rate(runner, None, n))
-                rates["schema"].append(await rate(runner, grammar, n))
+                rates["free"].append(await rate(runner, None, n, drafts["free"]))
+                rates["schema"].append(await rate(runner, grammar, n, drafts["schema"]))
                 if server:
                     rates["server free"].append(await server_rate(server[1], None, n))
                     rates["server schema"].append(await server_rate(server[1], SCHEMA, n))
@@ -141,10 +154,16 @@ async def main(gemma: bool, rounds: int = 7, n: int = 256) -> int:
             if server:
                 server[0].kill()
                 server[0].wait()
-    return report(model, runner.n_threads, n, rates)
+    return report(model, runner.n_threads, n, rates, drafts)
 
 
-def report(model: str, threads: int, n: int, rates: dict[str, list[float]]) -> int:
+def report(
+    model: str,
+    threads: int,
+    n: int,
+    rates: dict[str, list[float]],
+    drafts: dict[str, dict[str, list[int]]],
+) -> int:
     """Medians per round; the ratios are medians of each round's ratio."""
 
     def ratio(a: str, b: str) -> float:
@@ -154,6 +173,11 @@ def report(model: str, threads: int, n: int, rates: dict[str, list[float]]) -> i
     for name, values in rates.items():
         if values:
             print(f"{name:14s}: {statistics.median(values):7.1f} tokens/s  {values}")
+    for name, counts in drafts.items():
+        tokens, drafted, accepted = (sum(counts[key]) for key in DRAFT_KEYS)
+        print(f"{name:14s}: {tokens} tokens, {drafted} drafted, {accepted} accepted (ours)")
+    setting = DRAFT.get("draft_num_predict", "the default")
+    print(f"draft_num_predict: {setting} (ours)")
     met = ratio("schema", "free") >= 0.9
     print(f"ours, schema / free: {ratio('schema', 'free'):.3f}x (target >= 0.9x)")
     if rates["server schema"]:
@@ -168,4 +192,6 @@ def report(model: str, threads: int, n: int, rates: dict[str, list[float]]) -> i
 if __name__ == "__main__":
     args = sys.argv[1:]
     rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 7
+    if "--draft" in args:
+        DRAFT["draft_num_predict"] = int(args[args.index("--draft") + 1])
     sys.exit(asyncio.run(main(gemma="--gemma" in args, rounds=rounds)))
