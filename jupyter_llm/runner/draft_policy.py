@@ -18,8 +18,13 @@ than a short draft.
 
 What a drafted token costs is measured (``runner.step_costs``: the extra
 decode time of one drafted token as a fraction of a step without drafts).
-A window must then also win back the time its drafts cost (``owed``); and
-where a draft's size costs ``MAX_COST`` a token or more, it cannot pay even
+A window must then also win back the time its drafts cost (``owed``), with
+a ``MARGIN``: a window that only breaks even still paid for the probes
+before it, and measured costs are medians, not bounds. A window that has
+already lost ``MAX_LOSS`` steps' time stops at once rather than after
+``JUDGE_AFTER`` drafted tokens (on free text, one rejected token per
+draft took twelve drafts, 24 steps' time at 4 tokens costing 0.5 each).
+Where a draft's size costs ``MAX_COST`` a token or more, it cannot pay even
 when accepted whole, so drafting pauses as after a failed window (``paused``).
 """
 
@@ -35,6 +40,8 @@ PAUSE_TOKENS = 32  # generated tokens without drafting after the first stop
 MAX_PAUSE_TOKENS = 512  # the longest pause, after repeated stops
 MAX_LENGTH = DRAFT_TOKENS.value  # the longest draft, as draft_num_predict's own bound
 MAX_COST = 0.8  # a drafted token costing this much of a step cannot pay
+MARGIN = 1.25  # accepted tokens a passing window needs per token of time it owes
+MAX_LOSS = 3.0  # steps' time a window may lose (owed, not yet won back) before it stops
 
 
 @dataclass(frozen=True)
@@ -73,12 +80,15 @@ def after_draft(
     ``accepted`` matched, with ``generated`` output tokens so far and the
     measured ``cost`` of each of its tokens (None: not measured). A window
     passes with ``MIN_RATE`` accepted and at least the tokens its drafts
-    cost (``owed``): fewer, and the drafts lost time."""
+    cost (``owed``) times ``MARGIN``: fewer, and the drafts lost time. A
+    window that has lost ``MAX_LOSS`` steps' time fails before it is full."""
     d, a = window.drafted + min(drafted, accepted + 1), window.accepted + accepted
     owed = window.owed + (cost or 0.0) * drafted
+    if owed - a >= MAX_LOSS:
+        return paused(window, generated)
     if d < JUDGE_AFTER:
         return Window(d, a, window.resume_at, window.stops, owed)
-    if a >= MIN_RATE * d and a >= owed:
+    if a >= MIN_RATE * d and a >= MARGIN * owed:
         return Window(0, 0, 0, window.stops)
     return paused(window, generated)
 

@@ -408,7 +408,7 @@ class Engine:
         room = max(0, min(self.n_batch, self.n_ctx - used) - len(generating))
         outputs: list[tuple[Sequence, int]] = []  # sequences sampled after this decode
         fed: list[tuple[Sequence, int]] = []  # prompt chunks: their sequence and length
-        prepare_drafts(self, generating, room)  # a draft model's drafts, all at once
+        drafting_ns = prepare_drafts(self, generating, room)  # a draft model's, all at once
         n = self._fill_batch(generating, prompting, room, outputs, fed)
         if n == 0:
             if not fed_image:
@@ -421,7 +421,8 @@ class Engine:
         t0 = time.perf_counter_ns()
         self._sample(outputs)
         if not fed:  # generating sequences alone: what the step cost (runner.step_costs)
-            self.step_costs.observe(len(generating), n, elapsed + time.perf_counter_ns() - t0)
+            elapsed += drafting_ns + time.perf_counter_ns() - t0
+            self.step_costs.observe(len(generating), n, elapsed)
 
     def _cancel(self) -> None:
         """End the cancelled requests, in slots and waiting."""

@@ -87,7 +87,7 @@ class NgramIndex:
 class Drafting:
     """One sequence's drafting state and counters (``Done.draft_*``)."""
 
-    index: NgramIndex
+    index: NgramIndex | None  # prompt lookup's; None where a draft model drafts
     length: int  # the next draft's length (``draft_policy.next_length``)
     seen: int = 0  # generated tokens already in ``index``
     window: Window = field(default_factory=Window)
@@ -97,25 +97,30 @@ class Drafting:
     accepted: int = 0
 
 
-def drafting_of(seq: Sequence, wanted: int) -> Drafting:
+def drafting_of(engine: Engine, seq: Sequence, wanted: int) -> Drafting:
     """``seq``'s drafting state, made when it first drafts, its length
     starting at ``wanted`` (``draft_num_predict``)."""
     if seq.drafting is None:
-        seq.drafting = Drafting(NgramIndex(seq.job.tokens), wanted)
+        index = None if engine.drafter is not None else NgramIndex(seq.job.tokens)
+        seq.drafting = Drafting(index, wanted)
     return seq.drafting
 
 
 def add_draft(engine: Engine, seq: Sequence, n: int, room: int) -> int:
     """Put ``seq``'s draft into the engine's batch from index ``n`` (after
     its ``next_token``), in at most ``room`` cells; returns how many went in.
-    The draft is prompt lookup's, or the draft model's (``prepare_drafts``)."""
-    size = _draft_length(engine, seq, room)
-    state = seq.drafting
-    if state is None:
-        return 0
+    The draft is prompt lookup's, or the draft model's, sized and priced
+    already (``prepare_drafts``: only cut to the room left here)."""
     if engine.drafter is not None:
-        state.draft, state.proposed = state.proposed[:size], []
+        state = seq.drafting
+        if state is None:
+            return 0
+        state.draft, state.proposed = state.proposed[: max(0, room)], []
     else:
+        size = _draft_length(engine, seq, room)
+        state = seq.drafting
+        if state is None or state.index is None:
+            return 0
         state.draft = state.index.propose(size)
     batch, pos = engine.batch, len(engine.slots[seq.slot].cached) + 1
     for i, token in enumerate(state.draft):
@@ -130,8 +135,9 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
     wanted = int(seq.opts.get("draft_num_predict") or 0)
     if wanted <= 0 or not can_draft(engine.model.llama_model):
         return 0
-    state = drafting_of(seq, wanted)
-    state.index.extend(seq.generated[state.seen :])
+    state = drafting_of(engine, seq, wanted)
+    if state.index is not None:
+        state.index.extend(seq.generated[state.seen :])
     state.seen = len(seq.generated)
     budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
     if not may_draft(state.window, len(seq.generated)):
@@ -140,12 +146,15 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
     return priced_length(engine.step_costs, state, size, cap, len(seq.generated))  # step_costs
 
 
-def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> None:
+def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int:
     """With a draft model, draft for every generating sequence at once (one
     draft decode per position for all of them) before the batch is filled,
-    within the ``room`` the batch will have, taken in the same order."""
+    within the ``room`` the batch will have, taken in the same order. Returns
+    the nanoseconds the draft model took: part of what its drafts cost
+    (``runner.step_costs``)."""
     if engine.drafter is None:
-        return
+        return 0
+    t0 = time.perf_counter_ns()
     wants = []
     for seq in generating:
         size = _draft_length(engine, seq, room)
@@ -156,6 +165,7 @@ def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> Non
         seq = engine.slots[slot].seq
         if seq is not None and seq.drafting is not None:
             seq.drafting.proposed = draft
+    return time.perf_counter_ns() - t0
 
 
 def can_draft(llama_model: Any) -> bool:

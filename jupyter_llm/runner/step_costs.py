@@ -9,8 +9,9 @@ greedy stream about 20 % slower than without drafts; a tiny model's row costs
 a fraction of a step instead. Nor is the cost linear in the draft's length
 (measured there: 2 rows cost about 0.9 of a step each, 4 rows about 0.5). So
 no fixed rate fits, and the engine measures: every step of generating
-sequences alone (no prompt chunk; its decode and the sampling of every
-position it verified, 0.4 ms each on Gemma's vocabulary) is a sample, a step without
+sequences alone (no prompt chunk; its decode, the sampling of every
+position it verified, 0.4 ms each on Gemma's vocabulary, and a draft model's
+own decodes for it) is a sample, a step without
 drafts of the base time for its number of sequences, a step with ``k``
 drafted tokens of the extra time per drafted token as a fraction of that
 base (``cost(k)``). Medians of the last samples, so a step that the OS

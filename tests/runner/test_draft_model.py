@@ -236,6 +236,45 @@ def test_cut_steps_resync_the_draft(pair):
         engine.close()
 
 
+def test_the_draft_models_decodes_are_part_of_what_a_draft_costs(pair, monkeypatch):
+    """A draft model's own decodes are time the drafts cost: the step costs
+    see them (runner.step_costs). The clock that times them is a fake one
+    that only the draft model's work moves (a second per call), so nothing
+    here hangs on the machine's speed."""
+    from jupyter_llm.runner import speculative
+
+    class Clock:
+        now = 0
+
+        @staticmethod
+        def perf_counter_ns() -> int:
+            return Clock.now
+
+    target, _ = pair
+    engine = load(target, target)
+    try:
+        engine.step_costs = StepCosts(engine.n_seq, engine.n_batch)  # measured, not pinned
+        propose, observed = engine.drafter.propose, []
+
+        def slow_propose(eng: Engine, wants: list) -> dict:
+            Clock.now += 10**9 if wants else 0
+            return propose(eng, wants)
+
+        monkeypatch.setattr(speculative, "time", Clock)
+        monkeypatch.setattr(engine.drafter, "propose", slow_propose)
+        record = engine.step_costs.observe
+        monkeypatch.setattr(
+            engine.step_costs,
+            "observe",
+            lambda s, t, ns: (observed.append((s, t, ns)), record(s, t, ns)),
+        )
+        solo(engine, PROMPTS[0], num_predict=30)
+        drafted = [ns for s, t, ns in observed if t > s]
+        assert drafted and all(ns >= 10**9 for ns in drafted), observed
+    finally:
+        engine.close()
+
+
 # -- vocabularies --------------------------------------------------------------------------
 def test_vocab_rule(tmp_path: Path, pair):
     target, _ = pair

@@ -94,7 +94,15 @@ def test_worth_drafting(cost, worth):
         # not measured: MIN_RATE alone, as before
         (Window(8, 3, 0, 0, 0.0), 4, 3, None, Window(0, 0)),
         # owed counts every drafted token, the rejected tail included
-        (Window(), 16, 3, 0.5, Window(4, 3, 0, 0, 8.0)),
+        (Window(), 8, 3, 0.5, Window(4, 3, 0, 0, 4.0)),
+        # breaking even is not enough: 6 accepted for 5.6 tokens' time owed is under MARGIN
+        (Window(8, 3, 0, 0, 4.0), 4, 3, 0.4, Window(0, 0, 20 + policy.PAUSE_TOKENS, 1)),
+        # but 6 for 4.6 is
+        (Window(8, 3, 0, 0, 3.0), 4, 3, 0.4, Window(0, 0)),
+        # a window that already lost MAX_LOSS steps' time stops before it is full
+        (Window(2, 0, 0, 0, 2.0), 4, 0, 0.5, Window(0, 0, 20 + policy.PAUSE_TOKENS, 1)),
+        (Window(), 16, 3, 0.5, Window(0, 0, 20 + policy.PAUSE_TOKENS, 1)),
+        (Window(2, 0, 0, 0, 0.5), 4, 0, 0.5, Window(3, 0, 0, 0, 2.5)),  # not yet
     ],
 )
 def test_a_window_must_win_back_what_its_drafts_cost(window, drafted, accepted, cost, after):
