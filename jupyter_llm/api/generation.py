@@ -81,6 +81,7 @@ class Finished:
     prompt_cache: str = ""  # where those came from: "slot", "disk" (the runner's Done)
     draft_tokens: int = 0  # output tokens drafted by prompt lookup and checked
     draft_accepted: int = 0  # of those, the ones the model confirmed
+    thinking_tokens: int = 0  # of eval_count, the tokens whose text was thinking
 
 
 @dataclass
@@ -284,6 +285,7 @@ def finished(done: Done, load_duration: int, total_duration: int) -> Finished:
         prompt_cache=done.prompt_cache,
         draft_tokens=done.draft_tokens,
         draft_accepted=done.draft_accepted,
+        thinking_tokens=done.thinking_tokens,
     )
 
 

@@ -31,7 +31,7 @@ def usage(f: Finished) -> dict[str, Any]:
         "input_tokens": f.prompt_eval_count,
         "input_tokens_details": {"cached_tokens": f.prompt_cached},
         "output_tokens": f.eval_count,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": f.thinking_tokens},
         "total_tokens": f.prompt_eval_count + f.eval_count,
     }
 

@@ -96,6 +96,7 @@ class CompletionReplies:
         self.logprobs: list[dict[str, Any]] = []  # not sent yet: they go with the next text
         self.out = TokenStream(self.send_tokens, interval)
         self.calls = 0
+        self.thinking_tokens = 0  # tokens whose text the reader read as thinking
 
     def send_tokens(self, text: str, thinking: str = "") -> None:
         token = Token(text, thinking, self.logprobs[:])
@@ -117,7 +118,9 @@ class CompletionReplies:
         if self.reader is None:
             self.out.add(text)
         else:
-            self.deliver(read_output(self.reader.feed, text))
+            delta = read_output(self.reader.feed, text)
+            self.thinking_tokens += bool(delta.thinking)  # ``text`` is one token's, as a rule
+            self.deliver(delta)
 
     def finish(self, result: Done) -> None:
         if (reader := self.reader) is not None:
@@ -128,7 +131,8 @@ class CompletionReplies:
         if self.logprobs:  # tokens whose text never went out (a stop string)
             self.send_tokens("")
         self._ended()
-        done = fields_of(replace(result, tool_calls_count=self.calls))
+        counts = {"tool_calls_count": self.calls, "thinking_tokens": self.thinking_tokens}
+        done = fields_of(replace(result, **counts))
         self._send({"id": self.rid, **done, "type": "done"})
 
     def fail(self, error: Exception) -> None:

@@ -157,6 +157,7 @@ class Done:
     prompt_cache: str = ""  # where those came from: "slot", "ram" or "disk" (runner/prompt_*.py)
     draft_tokens: int = 0  # output tokens drafted by prompt lookup (runner.speculative)
     draft_accepted: int = 0  # of those, the ones the model's own sampler confirmed
+    thinking_tokens: int = 0  # output tokens whose text came out as thinking (runner.completion)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ async def test_a_plain_response_and_its_stream(client, installed_model):
     assert [item.type for item in r.output] == ["message"] and r.output_text
     assert r.usage.output_tokens == 6 and r.usage.input_tokens > 0
     assert r.usage.total_tokens == r.usage.input_tokens + 6
+    assert r.usage.output_tokens_details.reasoning_tokens == 0  # a model that does not think
     assert r.instructions == "Be brief." and r.temperature == 0
 
     stream = await client.responses.create(
@@ -342,6 +343,7 @@ async def test_reasoning_is_a_reasoning_item(client, qwq):
     r = await client.responses.create(**kwargs, reasoning={"effort": "high"})
     assert r.output[0].type == "reasoning" and r.output[0].content[0].text
     assert r.reasoning.effort == "high"
+    assert 0 < r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
     stream = await client.responses.create(**kwargs, reasoning={"effort": "high"}, stream=True)
     events = [e async for e in stream]
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
