@@ -100,12 +100,18 @@ class TokenTrie:
         index = np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()))
         return self.children[index]
 
-    def allowed(self, check: Check) -> np.ndarray:
+    def allowed(self, check: Check, budget: int | None = None) -> np.ndarray | None:
         """Every token ``check`` allows (ids, unordered): roots, then the
-        children of allowed tokens, level by level."""
+        children of allowed tokens, level by level. None, with ``budget``,
+        where the pass would check more tokens than that: the grammar allows
+        much here and the pass would cost about what one over the vocabulary
+        does (a level is given up before it is checked)."""
         found = [self.eog[check(self.eog)]] if len(self.eog) else []
-        frontier = self.roots
+        frontier, checked = self.roots, len(self.eog)
         while len(frontier):
+            checked += len(frontier)
+            if budget is not None and checked > budget:
+                return None
             ok = frontier[check(frontier)]
             found.append(ok)
             frontier = self.children_of(ok)

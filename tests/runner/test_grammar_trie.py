@@ -101,6 +101,29 @@ def test_the_trie_checks_children_of_allowed_tokens_only():
     assert 2 not in checked  # "abc" is not checked when "a" was refused
 
 
+def test_a_trie_pass_over_its_budget_gives_way():
+    """With a budget, a pass that would check more tokens than it stops
+    before the level that crosses it (None: the caller walks deeper ranks
+    instead); within it, the same set as without."""
+    pieces = [b"a", b"ab", b"abc", b"abd", b"b", b"bc", b"x"]
+    trie = TokenTrie.build(pieces, set())
+    calls: list[list[int]] = []
+
+    def check(ids):
+        calls.append(sorted(ids.tolist()))
+        return np.isin(ids, (0, 1, 2, 4, 5))
+
+    everything = sorted(trie.allowed(check).tolist())
+    assert everything == [0, 1, 2, 4, 5]
+    checked = sum(len(c) for c in calls)  # roots a, b, x; then ab, bc; then abc, abd
+    assert checked == 7
+    calls.clear()
+    assert sorted(trie.allowed(check, budget=checked).tolist()) == everything
+    calls.clear()
+    assert trie.allowed(check, budget=checked - 1) is None
+    assert sum(len(c) for c in calls) == 5  # the last level was not checked
+
+
 def test_grammars_with_token_references_are_not_read_as_texts():
     assert matches_text('root ::= "<a>" [<!] "!" # <x> in a comment\nx ::= "\\"<"')
     assert not matches_text('root ::= <[12]> "a"')

@@ -108,10 +108,55 @@ def test_the_walk_checks_chunks_of_ranks_each_larger(monkeypatch):
     assert grammar_walk.walk(logits, 1, allowed) == [30]
     assert chunks == [list(range(0, 4)), list(range(4, 20)), list(range(20, 50))]
     chunks.clear()
-    assert grammar_walk.walk(logits, 1, allowed, early=True) is None  # none in the first 4
-    assert chunks == [list(range(0, 4))]
+    assert grammar_walk.walk(logits, 1, allowed, early=True) is None  # none in 20
+    assert chunks == [list(range(0, 4)), list(range(4, 20))]  # judged from the second chunk
     assert grammar_walk.walk(logits, 2, lambda ids: ids % 4 == 0, early=True) == [0, 4]
     assert grammar_walk.walk(logits, 3, lambda ids: ids % 40 == 0, early=True) is None
+
+
+def test_an_early_walk_is_not_judged_by_the_refused_best_ranks(monkeypatch):
+    """The best ranks are what the grammar just refused (a closing quote where
+    the string must go on): none allowed there, most below. The walk goes on
+    and finds them, where judging by the first chunk sent it to a pass over
+    every token."""
+    monkeypatch.setattr(grammar_walk, "FIRST_CHUNK", 4)
+    monkeypatch.setattr(grammar_walk, "MAX_WALK", 50)
+    logits = -np.arange(100, dtype=np.float32)  # rank = id
+    assert grammar_walk.walk(logits, 3, lambda ids: ids >= 6, early=True) == [6, 7, 8]
+
+
+def test_a_walk_goes_as_deep_as_its_limit(monkeypatch):
+    """A grammar allowing 1 rank in 7: 8 are not within MAX_WALK (50) ranks;
+    a deeper ``limit`` (the caller's, where the trie's pass would cost too
+    much: ``DEEP_WALK``) finds them in rank order, the same as a walk whose
+    bound never cut it."""
+    monkeypatch.setattr(grammar_walk, "FIRST_CHUNK", 4)
+    monkeypatch.setattr(grammar_walk, "MAX_WALK", 50)
+    logits = -np.arange(300, dtype=np.float32)  # rank = id
+    chunks: list[list[int]] = []
+
+    def sparse(ids):  # 6, 13, 20...: none in the first chunk
+        chunks.append(ids.tolist())
+        return ids % 7 == 6
+
+    assert grammar_walk.walk(logits, 8, sparse) is None  # 7 in MAX_WALK ranks
+    assert grammar_walk.walk(logits, 8, sparse, early=True) is None
+    chunks.clear()
+    assert grammar_walk.walk(logits, 8, sparse, limit=100) == list(range(6, 62, 7))
+    assert chunks == [list(range(0, 16)), list(range(16, 80))]
+    assert grammar_walk.walk(logits, 8, sparse, limit=1000) == list(range(6, 62, 7))
+
+
+def test_best_of_equals_a_sort_of_every_allowed_token():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        logits = rng.integers(-4, 4, 3000).astype(np.float32)  # many ties
+        logits[rng.random(3000) < 0.05] = -np.inf
+        allowed = np.flatnonzero(rng.random(3000) < rng.random())
+        need = int(rng.integers(1, 60))
+        finite = allowed[np.isfinite(logits[allowed])]
+        expected = sorted(finite.tolist(), key=lambda t: (-logits[t], t))[:need]
+        assert grammar_walk.best_of(allowed, logits, need) == expected
 
 
 def test_a_walk_past_its_bound_gives_the_full_pass_the_job(monkeypatch):
