@@ -26,6 +26,17 @@ already lost ``MAX_LOSS`` steps' time stops at once rather than after
 draft took twelve drafts, 24 steps' time at 4 tokens costing 0.5 each).
 Where a draft's size costs ``MAX_COST`` a token or more, it cannot pay even
 when accepted whole, so drafting pauses as after a failed window (``paused``).
+
+Prompt lookup's drafts cost nothing to make, only to verify. So a paused
+sequence that drafts by lookup keeps drafting in the shadow: each step the
+lookup's draft is made but not decoded, and judged against the tokens that
+do come (``after_shadow``). Drafting resumes as soon as a shadow window of
+``SHADOW_JUDGE`` tokens would have paid, and not before: no blind probes
+on free text, and a quote that starts after a pause is drafted from its
+second word, not after the pause ran out (on Gemma, simulated over the
+benchmarks' greedy answers: a 320-token rewrite 1.59x -> 2.30x fewer steps'
+time, a quote 1.47x -> 1.95x, free text 0.98x -> 1.00x). A draft model's
+drafts cost its decodes, so there the pause and its probes stay.
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ MAX_PAUSE_TOKENS = 512  # the longest pause, after repeated stops
 MAX_LENGTH = DRAFT_TOKENS.value  # the longest draft, as draft_num_predict's own bound
 MAX_COST = 0.8  # a drafted token costing this much of a step cannot pay
 MARGIN = 1.25  # accepted tokens a passing window needs per token of time it owes
-MAX_LOSS = 3.0  # steps' time a window may lose (owed, not yet won back) before it stops
+MAX_LOSS = 2.0  # steps' time a window may lose (owed, not yet won back) before it stops
+SHADOW_JUDGE = 8  # shadow-drafted tokens between two judgements of a paused sequence
 
 
 @dataclass(frozen=True)
@@ -55,9 +67,40 @@ class Window:
     owed: float = 0.0  # accepted tokens the window's drafts cost (measured), to pay back
 
 
-def may_draft(window: Window, generated: int) -> bool:
-    """Does the sequence draft at this point of its output?"""
+@dataclass(frozen=True)
+class Shadow:
+    """A paused sequence's drafts made but not decoded, since their last judgement."""
+
+    drafted: int = 0
+    accepted: int = 0
+    owed: float = 0.0
+
+
+def may_draft(window: Window, generated: int, shadowed: bool = False) -> bool:
+    """Does the sequence draft at this point of its output? ``shadowed``
+    (prompt lookup): a pause lasts until its shadow resumes it (``resumed``)."""
+    if shadowed:
+        return window.resume_at == 0
     return generated >= window.resume_at
+
+
+def resumed(window: Window) -> Window:
+    """Drafting again, the stops so far kept."""
+    return Window(0, 0, 0, window.stops)
+
+
+def after_shadow(
+    shadow: Shadow, drafted: int, accepted: int, cost: float | None
+) -> tuple[Shadow, bool]:
+    """The shadow record after a shadow draft of ``drafted`` tokens of which
+    ``accepted`` would have been accepted, at ``cost`` a token; and whether
+    drafting resumes: a full window that would have passed ``after_draft``'s
+    judgement (counted the same way)."""
+    d, a = shadow.drafted + min(drafted, accepted + 1), shadow.accepted + accepted
+    owed = shadow.owed + (cost or 0.0) * drafted
+    if d < SHADOW_JUDGE:
+        return Shadow(d, a, owed), False
+    return Shadow(), a >= MIN_RATE * d and a >= MARGIN * owed
 
 
 def worth_drafting(cost: float | None) -> bool:

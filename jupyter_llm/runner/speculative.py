@@ -20,7 +20,10 @@ sequence differ in the last bits, which can tip a near-tie (README). The rejecte
 positions' KV cells are removed (``llama_memory_seq_rm``), so the slot's
 token record stays exactly what its cells hold.
 
-Runs in the runner process only, called from ``engine``'s step.
+A sequence whose drafts stopped paying keeps making lookup drafts in the
+shadow, free, and drafts again when they would have paid
+(``draft_policy.after_shadow``). Runs in the runner process only, called
+from ``engine``'s step.
 """
 
 from __future__ import annotations
@@ -34,11 +37,14 @@ import llama_cpp
 from jupyter_llm.request.limits import DRAFT_LOOKUP
 from jupyter_llm.runner.draft_policy import (
     MAX_LENGTH,
+    Shadow,
     Window,
     after_draft,
+    after_shadow,
     draft_size,
     may_draft,
     next_length,
+    resumed,
 )
 from jupyter_llm.runner.protocol import EngineError
 from jupyter_llm.runner.step_costs import priced_length
@@ -93,6 +99,9 @@ class Drafting:
     window: Window = field(default_factory=Window)
     draft: list[int] = field(default_factory=list)  # in the batch now, after ``next_token``
     proposed: list[int] = field(default_factory=list)  # the draft model's, for this step
+    shadow: Shadow = field(default_factory=Shadow)  # while paused (prompt lookup only)
+    shadow_draft: list[int] = field(default_factory=list)  # made, not decoded, not judged yet
+    shadow_at: int = 0  # generated tokens when it was made: it guesses the ones after
     drafted: int = 0
     accepted: int = 0
 
@@ -140,10 +149,37 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
         state.index.extend(seq.generated[state.seen :])
     state.seen = len(seq.generated)
     budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
-    if not may_draft(state.window, len(seq.generated)):
+    shadowed = state.index is not None  # lookups are free: a pause drafts in the shadow
+    if shadowed and not may_draft(state.window, len(seq.generated), shadowed):
+        shadow_step(engine, seq, state, budget)
+    if not may_draft(state.window, len(seq.generated), shadowed):
         return 0
     size, cap = draft_size(state.length, budget, room), draft_size(MAX_LENGTH, budget, room)
     return priced_length(engine.step_costs, state, size, cap, len(seq.generated))  # step_costs
+
+
+def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int) -> None:
+    """A paused sequence's shadow drafting (``draft_policy.after_shadow``):
+    judge its last shadow draft once the tokens since settle it (one that
+    differs, or all of them seen), resume drafting if the shadow window
+    would have paid, else make the next shadow draft."""
+    assert state.index is not None
+    draft, seen = state.shadow_draft, seq.generated[state.shadow_at :]
+    if draft:
+        pairs = enumerate(zip(draft, seen, strict=False))
+        matched = next((i for i, (d, t) in pairs if d != t), None)
+        if matched is None and len(seen) < len(draft):
+            return  # every token so far as guessed: not settled yet
+        matched = min(len(draft), len(seen)) if matched is None else matched
+        cost = engine.step_costs.cost(len(draft))
+        state.shadow, resume = after_shadow(state.shadow, len(draft), matched, cost)
+        state.length = next_length(state.length, len(draft), matched)
+        state.shadow_draft = []
+        if resume:
+            state.window = resumed(state.window)
+            return
+    state.shadow_draft = state.index.propose(draft_size(state.length, budget, MAX_LENGTH))
+    state.shadow_at = len(seq.generated)
 
 
 def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int:

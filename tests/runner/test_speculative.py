@@ -85,6 +85,29 @@ def test_a_sequence_that_never_matches_stops_drafting_then_retries():
 
 
 @pytest.mark.parametrize(
+    ("shadow", "drafted", "accepted", "cost", "after", "resume"),
+    [
+        (policy.Shadow(), 4, 1, 0.5, policy.Shadow(2, 1, 2.0), False),  # too few to judge
+        (policy.Shadow(4, 4, 2.0), 4, 4, 0.5, policy.Shadow(), True),  # 8 of 8, owing 4: pays
+        # 6 of 8 accepted but owing 5.6 steps' time: 6 < 1.25 x 5.6, no
+        (policy.Shadow(4, 3, 2.8), 4, 3, 0.7, policy.Shadow(), False),
+        (policy.Shadow(6, 1, 0.0), 4, 1, None, policy.Shadow(), False),  # 2 of 8: under MIN_RATE
+        (policy.Shadow(6, 3, 0.0), 4, 1, None, policy.Shadow(), True),  # 4 of 8, cost unknown
+    ],
+)
+def test_after_shadow(shadow, drafted, accepted, cost, after, resume):
+    assert policy.after_shadow(shadow, drafted, accepted, cost) == (after, resume)
+
+
+def test_a_shadowed_pause_lasts_until_resumed():
+    window = policy.paused(Window(), 10)
+    assert not may_draft(window, 10**6, shadowed=True)  # no timed probe
+    assert may_draft(window, 10**6)  # a draft model's pause runs out
+    assert may_draft(policy.resumed(window), 11, shadowed=True)
+    assert policy.resumed(window).stops == window.stops
+
+
+@pytest.mark.parametrize(
     ("length", "drafted", "accepted", "after"),
     [
         (4, 4, 4, 8),  # accepted whole: doubled
@@ -232,6 +255,25 @@ def test_the_draft_length_adapts_within_its_bound(engine):
     assert max(steps) > 2  # grew past its start of one drafted token
     assert max(steps) <= 1 + MAX_LENGTH
     assert len(steps) < 60 // 2  # more than two tokens a step on average
+    cells_match(engine)
+
+
+def test_a_paused_sequence_drafts_again_when_its_shadow_would_pay(engine):
+    """Prompt lookup's drafts are free to make: a paused sequence keeps
+    making them without decoding them, and drafts again as soon as they
+    would have paid, however long its pause was to run."""
+    plain = solo(engine, PROMPTS[0], num_predict=80, draft_num_predict=0)
+    run = Run(engine, PROMPTS[0], num_predict=80)
+    seq = None
+    while seq is None or seq.drafting is None:
+        engine.step()
+        seq = next((s.seq for s in engine.slots if s.seq is not None), None)
+    seq.drafting.window = Window(0, 0, 10**6, 5)  # a pause that would outlive the answer
+    drafted = seq.drafting.drafted
+    run_all(engine, run)
+    assert run.done.context == plain.done.context
+    assert run.done.draft_tokens > drafted  # resumed by its shadow, long before 10**6 tokens
+    assert run.done.draft_accepted > 20
     cells_match(engine)
 
 

@@ -102,7 +102,7 @@ def test_worth_drafting(cost, worth):
         # a window that already lost MAX_LOSS steps' time stops before it is full
         (Window(2, 0, 0, 0, 2.0), 4, 0, 0.5, Window(0, 0, 20 + policy.PAUSE_TOKENS, 1)),
         (Window(), 16, 3, 0.5, Window(0, 0, 20 + policy.PAUSE_TOKENS, 1)),
-        (Window(2, 0, 0, 0, 0.5), 4, 0, 0.5, Window(3, 0, 0, 0, 2.5)),  # not yet
+        (Window(2, 0, 0, 0, 0.0), 4, 0, 0.4, Window(3, 0, 0, 0, 1.6)),  # not yet
     ],
 )
 def test_a_window_must_win_back_what_its_drafts_cost(window, drafted, accepted, cost, after):
