@@ -44,6 +44,7 @@ from pathlib import Path
 from grammar import free_port, post  # benchmarks/grammar.py, beside this file
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.runner.context_window import common_prefix
 from jupyter_llm.runner.protocol import Complete
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
@@ -213,9 +214,7 @@ async def main(gemma: bool, rounds: int) -> int:
 def first_difference(plain: list[int], drafted: list[int]) -> tuple[int, int]:
     """The first output token where two greedy answers differ, and the
     length of the answer without drafts."""
-    pairs = zip(plain, drafted, strict=False)  # answers of different lengths
-    shared = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(plain), len(drafted)))
-    return shared, len(plain)
+    return common_prefix(plain, drafted), len(plain)
 
 
 def agreement(difference: tuple[int, int] | None) -> str:

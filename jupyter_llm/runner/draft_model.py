@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 import numpy as np
 
-from jupyter_llm.runner.context_window import swa_reusable
+from jupyter_llm.runner.context_window import common_prefix, swa_reusable
 from jupyter_llm.runner.kv_cache import cache_type
 from jupyter_llm.runner.model import model_params
 from jupyter_llm.runner.protocol import EngineError, LoadParams
@@ -73,14 +73,6 @@ def vocab_mismatch(target: Any, draft: Any) -> str:
 def first_gpu(params: LoadParams) -> int:
     """The first GPU that holds target layers: the draft's whole GPU share goes there."""
     return next((i for i, share in enumerate(params.tensor_split) if share > 0), params.main_gpu)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class DraftModel:

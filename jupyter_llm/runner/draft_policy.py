@@ -89,6 +89,21 @@ def resumed(window: Window) -> Window:
     return Window(0, 0, 0, window.stops)
 
 
+def tally(
+    record: Window | Shadow, drafted: int, accepted: int, cost: float | None
+) -> tuple[int, int, float]:
+    """A window's judged tokens (each draft up to its first rejected one),
+    accepted tokens and steps' time owed, after one more draft."""
+    judged = record.drafted + min(drafted, accepted + 1)
+    return judged, record.accepted + accepted, record.owed + (cost or 0.0) * drafted
+
+
+def pays(judged: int, accepted: int, owed: float) -> bool:
+    """Does a full window pass: ``MIN_RATE`` accepted, and ``MARGIN`` times
+    the time its drafts cost won back?"""
+    return accepted >= MIN_RATE * judged and accepted >= MARGIN * owed
+
+
 def after_shadow(
     shadow: Shadow, drafted: int, accepted: int, cost: float | None
 ) -> tuple[Shadow, bool]:
@@ -96,11 +111,10 @@ def after_shadow(
     ``accepted`` would have been accepted, at ``cost`` a token; and whether
     drafting resumes: a full window that would have passed ``after_draft``'s
     judgement (counted the same way)."""
-    d, a = shadow.drafted + min(drafted, accepted + 1), shadow.accepted + accepted
-    owed = shadow.owed + (cost or 0.0) * drafted
+    d, a, owed = tally(shadow, drafted, accepted, cost)
     if d < SHADOW_JUDGE:
         return Shadow(d, a, owed), False
-    return Shadow(), a >= MIN_RATE * d and a >= MARGIN * owed
+    return Shadow(), pays(d, a, owed)
 
 
 def worth_drafting(cost: float | None) -> bool:
@@ -125,14 +139,13 @@ def after_draft(
     passes with ``MIN_RATE`` accepted and at least the tokens its drafts
     cost (``owed``) times ``MARGIN``: fewer, and the drafts lost time. A
     window that has lost ``MAX_LOSS`` steps' time fails before it is full."""
-    d, a = window.drafted + min(drafted, accepted + 1), window.accepted + accepted
-    owed = window.owed + (cost or 0.0) * drafted
+    d, a, owed = tally(window, drafted, accepted, cost)
     if owed - a >= MAX_LOSS:
         return paused(window, generated)
     if d < JUDGE_AFTER:
         return Window(d, a, window.resume_at, window.stops, owed)
-    if a >= MIN_RATE * d and a >= MARGIN * owed:
-        return Window(0, 0, 0, window.stops)
+    if pays(d, a, owed):
+        return resumed(window)
     return paused(window, generated)
 
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 
 from jupyter_llm.request.limits import DRAFT_LOOKUP
+from jupyter_llm.runner.context_window import common_prefix
 from jupyter_llm.runner.draft_policy import (
     MAX_LENGTH,
     Shadow,
@@ -150,36 +151,34 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
     state.seen = len(seq.generated)
     budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
     shadowed = state.index is not None  # lookups are free: a pause drafts in the shadow
-    if shadowed and not may_draft(state.window, len(seq.generated), shadowed):
-        shadow_step(engine, seq, state, budget)
     if not may_draft(state.window, len(seq.generated), shadowed):
-        return 0
+        if not (shadowed and shadow_step(engine, seq, state, budget)):
+            return 0
     size, cap = draft_size(state.length, budget, room), draft_size(MAX_LENGTH, budget, room)
     return priced_length(engine.step_costs, state, size, cap, len(seq.generated))  # step_costs
 
 
-def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int) -> None:
+def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int) -> bool:
     """A paused sequence's shadow drafting (``draft_policy.after_shadow``):
     judge its last shadow draft once the tokens since settle it (one that
     differs, or all of them seen), resume drafting if the shadow window
-    would have paid, else make the next shadow draft."""
+    would have paid (True), else make the next shadow draft."""
     assert state.index is not None
     draft, seen = state.shadow_draft, seq.generated[state.shadow_at :]
     if draft:
-        pairs = enumerate(zip(draft, seen, strict=False))
-        matched = next((i for i, (d, t) in pairs if d != t), None)
-        if matched is None and len(seen) < len(draft):
-            return  # every token so far as guessed: not settled yet
-        matched = min(len(draft), len(seen)) if matched is None else matched
+        matched = common_prefix(draft, seen)
+        if matched == len(seen) < len(draft):
+            return False  # every token so far as guessed: not settled yet
         cost = engine.step_costs.cost(len(draft))
         state.shadow, resume = after_shadow(state.shadow, len(draft), matched, cost)
         state.length = next_length(state.length, len(draft), matched)
         state.shadow_draft = []
         if resume:
             state.window = resumed(state.window)
-            return
+            return True
     state.shadow_draft = state.index.propose(draft_size(state.length, budget, MAX_LENGTH))
     state.shadow_at = len(seq.generated)
+    return False
 
 
 def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int:

@@ -19,9 +19,9 @@ from rewrite_prompt import REWRITE_PROMPT
 from runner_streams import text_and_done
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.runner.context_window import common_prefix
 from jupyter_llm.runner.draft_model import (
     MAX_VOCAB_DIFFERENCE,
-    common_prefix,
     open_draft,
     vocab_mismatch,
 )
