@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -74,21 +72,14 @@ def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def gemma_tools_gguf(gemma_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Gemma with a Hermes-style tool template added (Qwen 2.5's), as users of
-    agent frameworks do: the GGUF on PyPI has no template. Written by the
-    ``gguf`` package's own metadata tool."""
+    agent frameworks do: the GGUF on PyPI has no template. One key spliced
+    into the header (tests/support/gguf_template.py)."""
+    from gguf_template import with_chat_template
+
     from jupyter_llm.chat_formats import read_template
 
     out = tmp_path_factory.mktemp("gemma-tools") / "gemma3-270m-tools.gguf"
-    template = read_template("Qwen-Qwen2.5-7B-Instruct")
-    subprocess.run(
-        [
-            *(sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(gemma_gguf), str(out)),
-            *("--chat-template", template, "--force"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return out
+    return with_chat_template(gemma_gguf, out, read_template("Qwen-Qwen2.5-7B-Instruct"))
 
 
 @pytest.fixture
