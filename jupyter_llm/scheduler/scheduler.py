@@ -274,9 +274,12 @@ class Scheduler:
     async def _unload(self, loaded: Loaded, reason: RunnerFailed | None = None) -> None:
         """Stop ``loaded``'s runner; requests still running on it end with
         ``reason`` (an admin's unload) or else the runner's own exit. After a
-        GPU unload the next placement waits for the driver to show the VRAM."""
+        GPU unload the next placement waits for the driver to show the VRAM.
+        A runner found dead gives no baseline (the driver may have freed its
+        VRAM already, and waiting for it to come back again waited out the
+        whole timeout after every crash), nor does one stopped at shutdown."""
         stop_timer(loaded)
-        held = policy.vram_held(loaded)
+        held = policy.vram_held(loaded) if loaded.runner.alive and not self._closing else {}
         before = {d.id: d.free_memory for d in await self.current_devices()} if held else {}
         self._forget(loaded)
         log.info("unloading %s", loaded.key)

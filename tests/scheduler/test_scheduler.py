@@ -346,6 +346,30 @@ async def test_vram_recovery_wait_after_gpu_unload(monkeypatch):
     assert reads[0] >= 3  # before, after, and polled again while waiting
 
 
+async def test_no_vram_wait_for_a_runner_found_dead(monkeypatch):
+    """Its VRAM may be back already: there is no baseline to wait against."""
+    monkeypatch.setattr(vram, "VRAM_RECOVERY_TIMEOUT", 3600.0)  # a wait would be the timeout
+    f = Factory(gpus=CUDA_GPUS)
+    s, _ = real(f)
+    await use(s, entry("a"))
+    f.runners[0].kill()
+    reads = count_device_reads(monkeypatch, s)
+    await asyncio.wait_for(use(s, entry("a")), 60)  # the dead one unloads, a new one loads
+    assert len(f.runners) == 2 and f.runners[1].alive
+    assert reads[0] >= 1  # the new placement read the devices; the unload waited on none
+
+
+async def test_no_vram_wait_at_shutdown(monkeypatch):
+    monkeypatch.setattr(vram, "VRAM_RECOVERY_TIMEOUT", 3600.0)
+    f = Factory(gpus=CUDA_GPUS)
+    s, _ = real(f)
+    await use(s, entry("a"))
+    s._closing = True  # what shutdown sets before its runners stop
+    reads = count_device_reads(monkeypatch, s)
+    assert await asyncio.wait_for(s.unload("a:latest"), 60)
+    assert reads[0] == 0
+
+
 async def test_no_vram_wait_for_cpu_only_runner(monkeypatch):
     f = Factory(gpus=CUDA_GPUS)
     s, _ = real(f)
