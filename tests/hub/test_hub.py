@@ -84,6 +84,9 @@ c.SimpleLocalProcessSpawner.home_dir_template = "{tmp}/home/{{username}}"
 c.Spawner.args = ["--allow-root"]
 c.Spawner.http_timeout = 90
 c.Spawner.start_timeout = 90
+# a spawn request answers 202 at once (not after up to 10 s of waiting for the server),
+# so both users' servers start together, as start_servers asks
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
 
 # the Hub notices its service exited (and restarts it) when it polls the process:
 # every 30 s, not configurable (services' spawners get no config); every second here,
@@ -277,15 +280,21 @@ class Kernel:
         return iopub_until(self.client, msg_id, match, timeout, what)
 
 
-def start_kernel(h: Hub, server: str) -> Kernel:
-    """A kernel started by the user's server (so it finds that server as
-    notebooks do), reached through its connection file."""
-    from jupyter_client import BlockingKernelClient
+def start_kernels(h: Hub, servers: list[str]) -> list[Kernel]:
+    """A kernel started by each user's server (so it finds that server as
+    notebooks do), reached through its connection file; all are asked for
+    before the first is waited on, so they start together."""
+    ids = []
+    for server in servers:
+        with h.as_tester(server) as s:
+            r = s.post("api/kernels", json={"name": "python3"})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+    return [connect_kernel(k, server) for k, server in zip(ids, servers, strict=True)]
 
-    with h.as_tester(server) as s:
-        r = s.post("api/kernels", json={"name": "python3"})
-        assert r.status_code == 201, r.text
-        kernel_id = r.json()["id"]
+
+def connect_kernel(kernel_id: str, server: str) -> Kernel:
+    from jupyter_client import BlockingKernelClient
 
     def connection_file() -> str | None:
         for p in psutil.process_iter():
@@ -341,7 +350,7 @@ print("left after", n, "chunks", flush=True)
 def test_two_hub_users_stream_from_one_engine(hub: Hub, tmp_path: Path):
     started = time.monotonic()
     servers = start_servers(hub)
-    alice, bob = (start_kernel(hub, servers[u]) for u in USERS)
+    alice, bob = start_kernels(hub, [servers[u] for u in USERS])
     try:
         assert (
             alice.client.execute_interactive("%load_ext jupyter_llm", timeout=60)["content"][
