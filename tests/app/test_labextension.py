@@ -83,11 +83,14 @@ def test_wheel_carries_the_built_labextension_and_installs_without_node(tmp_path
     assert any(re.fullmatch(re.escape(share) + r"static/remoteEntry\.\w+\.js", n) for n in names)
     assert not any("node_modules" in n for n in names)
 
-    # a new, empty environment: pip there installs the wheel and nothing else,
-    # and this test's environment is left alone
+    # a new, empty environment (without pip of its own: ensurepip would cost more
+    # than the rest of the test); this pip installs the wheel into it and nothing
+    # else, and this test's environment is left alone
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
     install = subprocess.run(
         [*pip, "install", "--no-deps", "--no-index", str(wheel)],
         capture_output=True,
@@ -186,6 +189,12 @@ def start_lab(
     notification = state / "settings" / "@jupyterlab" / "apputils-extension"
     notification.mkdir(parents=True, exist_ok=True)
     (notification / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    # no build check on each page load (it reads every extension's package.json,
+    # about 2 s of a core in the server beside the page): the assets are built
+    labconfig = state / "config" / "labconfig"
+    labconfig.mkdir(parents=True, exist_ok=True)
+    (labconfig / "page_config.json").write_text('{"buildCheck": false}')
+    env["JUPYTER_CONFIG_PATH"] = str(state / "config")
     args = [
         f"--LabApp.workspaces_dir={state / 'workspaces'}",
         f"--LabApp.user_settings_dir={state / 'settings'}",
