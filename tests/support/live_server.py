@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+QUICK_START = Path(__file__).parent / "quick_start"
+
 
 class LiveServer:
     def __init__(
@@ -26,10 +28,13 @@ class LiveServer:
         ready: str = "llm/api/version",
         log: Path | None = None,
         wrapper: list[str] | None = None,
+        quick_start: bool = True,
     ) -> None:
         """Start the server (through ``wrapper``, a command that execs its
         arguments, if given) and wait until ``ready`` (a path under the base URL)
-        answers 200; ``log`` receives the server's output."""
+        answers 200; ``log`` receives the server's output. ``quick_start``
+        leaves out an import no test needs (support/quick_start); a test of
+        what a user's whole server costs turns it off."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -41,6 +46,10 @@ class LiveServer:
             "JUPYTER_LLM_NUM_THREADS": "1",
             **(env or {}),
         }
+        if quick_start:
+            self.env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(QUICK_START), self.env.get("PYTHONPATH")) if p
+            )
         self._log = log.open("ab") if log else None
         self.proc = subprocess.Popen(
             [
