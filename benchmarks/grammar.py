@@ -16,10 +16,13 @@ Our rates include speculative decoding at its default (``draft_num_predict``
 4, prompt lookup); the tokens drafted and accepted are printed for each, since
 free text that repeats itself drafts far better than JSON. ``--draft N`` sets
 ``draft_num_predict`` on our side (0: no drafts), to see the grammar's cost
-alone (llama-server drafts nothing at its defaults).
+alone (llama-server drafts nothing at its defaults). ``--tokens 60
+--temperature 0`` measures as issue 26 did: free text that runs to 256
+tokens at 0.8 falls into loops that prompt lookup drafts, which a JSON
+answer (about 90 tokens here) never reaches.
 
     [LLAMA_SERVER=.../llama-server] .venv/bin/python benchmarks/grammar.py [--gemma] \
-        [--rounds N] [--draft N]
+        [--rounds N] [--draft N] [--tokens N] [--temperature T]
 
 Each round's rates are printed as it ends (a busy machine makes rounds slow).
 A short request of each kind warms up first: the first grammar after a load
@@ -173,7 +176,10 @@ def report(
     def ratio(a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
 
-    print(f"model: {model}, {threads} threads (the runner's default), up to {n} tokens")
+    print(
+        f"model: {model}, {threads} threads (the runner's default), up to {n} tokens"
+        f" at temperature {OPTIONS['temperature']}"
+    )
     for name, values in rates.items():
         if values:
             print(f"{name:14s}: {statistics.median(values):7.1f} tokens/s  {values}")
@@ -198,4 +204,7 @@ if __name__ == "__main__":
     rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 7
     if "--draft" in args:
         DRAFT["draft_num_predict"] = int(args[args.index("--draft") + 1])
-    sys.exit(asyncio.run(main(gemma="--gemma" in args, rounds=rounds)))
+    if "--temperature" in args:
+        OPTIONS["temperature"] = float(args[args.index("--temperature") + 1])
+    tokens = int(args[args.index("--tokens") + 1]) if "--tokens" in args else 256
+    sys.exit(asyncio.run(main(gemma="--gemma" in args, rounds=rounds, n=tokens)))
