@@ -206,6 +206,29 @@ def start_lab(
     )
 
 
+@pytest.fixture(scope="module")
+def lab_server(lab_home: Path) -> Iterator[LiveServer]:
+    """One JupyterLab server for the sidebar and the completion tests (the same
+    devices; the completion settings are in place from its start): a server
+    start less on 2 cores. The tests that need their own start theirs."""
+    completion_settings(lab_home / ".lab")
+    server = start_lab(lab_home, "lab")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def lab(lab_server: LiveServer) -> LiveServer:
+    """The shared server as a test finds a fresh one: no model loaded, no runner."""
+    for model in lab_server.client.get("api/ps").json()["models"]:
+        unloaded = lab_server.client.post(
+            "api/generate", json={"model": model["name"], "keep_alive": 0}
+        )
+        assert unloaded.status_code == 200, unloaded.text
+    until_sync(lambda: not lab_server.runners(), 30, "the runners to exit")
+    return lab_server
+
+
 @pytest.fixture
 def page(browser) -> Iterator[object]:
     context = browser.new_context(viewport={"width": 1280, "height": 800})
@@ -227,65 +250,62 @@ def open_sidebar(page, server: LiveServer) -> object:
 
 
 @pytest.mark.timeout(300)  # JupyterLab's first page load is slow on 2 cores
-def test_sidebar_shows_a_loaded_model_and_unloads_it(page, lab_home: Path) -> None:
-    server = start_lab(lab_home, "lab")
-    try:
-        sidebar = open_sidebar(page, server)
-        gpu = sidebar.locator('.jp-LLM-device[data-device="GPU-0"]')
-        ram = sidebar.locator('.jp-LLM-device[data-device="cpu"]')
-        gpu.wait_for()
-        ram.wait_for()
-        assert "Simulated RTX 2000" in gpu.inner_text()
-        assert "512 MiB / 2.0 GiB" in gpu.inner_text()
-        assert "System RAM" in ram.inner_text()
-        assert sidebar.locator(".jp-LLM-no-models").is_visible()
-        assert not sidebar.locator(".jp-LLM-no-gpu").is_visible()
-        assert sidebar.locator(".jp-LLM-badge").is_visible()  # "simulated"
+def test_sidebar_shows_a_loaded_model_and_unloads_it(page, lab: LiveServer) -> None:
+    server = lab
+    sidebar = open_sidebar(page, server)
+    gpu = sidebar.locator('.jp-LLM-device[data-device="GPU-0"]')
+    ram = sidebar.locator('.jp-LLM-device[data-device="cpu"]')
+    gpu.wait_for()
+    ram.wait_for()
+    assert "Simulated RTX 2000" in gpu.inner_text()
+    assert "512 MiB / 2.0 GiB" in gpu.inner_text()
+    assert "System RAM" in ram.inner_text()
+    assert sidebar.locator(".jp-LLM-no-models").is_visible()
+    assert not sidebar.locator(".jp-LLM-no-gpu").is_visible()
+    assert sidebar.locator(".jp-LLM-badge").is_visible()  # "simulated"
 
-        # load through the API, as a notebook or another client would
-        loaded = server.client.post("api/generate", json={"model": "demo", "keep_alive": "10m"})
-        assert loaded.status_code == 200, loaded.text
-        row = sidebar.locator('.jp-LLM-model[data-model="demo:latest"]')
-        row.wait_for()
-        meta = row.locator(".jp-LLM-model-meta").inner_text()
-        assert "100% GPU" in meta
-        assert "ctx 4096" in meta
-        countdown = row.locator(".jp-LLM-countdown").inner_text()
-        assert re.search(r"unloads in (9|10):\d\d", countdown), countdown
-        weights = gpu.locator(".jp-LLM-segment-weights")
-        weights.wait_for()
-        width = float(weights.evaluate("n => n.getBoundingClientRect().width"))
-        assert width > 2, "the model's weights are visible in the GPU bar"
-        assert gpu.locator(".jp-LLM-segment-kv_cache").count() == 1
-        assert "demo:latest weights" in (weights.get_attribute("title") or "")
-        page.screenshot(path=ARTIFACTS / "sidebar-model-loaded.png")
-        sidebar.screenshot(path=ARTIFACTS / "sidebar-model-loaded-panel.png")
+    # load through the API, as a notebook or another client would
+    loaded = server.client.post("api/generate", json={"model": "demo", "keep_alive": "10m"})
+    assert loaded.status_code == 200, loaded.text
+    row = sidebar.locator('.jp-LLM-model[data-model="demo:latest"]')
+    row.wait_for()
+    meta = row.locator(".jp-LLM-model-meta").inner_text()
+    assert "100% GPU" in meta
+    assert "ctx 4096" in meta
+    countdown = row.locator(".jp-LLM-countdown").inner_text()
+    assert re.search(r"unloads in (9|10):\d\d", countdown), countdown
+    weights = gpu.locator(".jp-LLM-segment-weights")
+    weights.wait_for()
+    width = float(weights.evaluate("n => n.getBoundingClientRect().width"))
+    assert width > 2, "the model's weights are visible in the GPU bar"
+    assert gpu.locator(".jp-LLM-segment-kv_cache").count() == 1
+    assert "demo:latest weights" in (weights.get_attribute("title") or "")
+    page.screenshot(path=ARTIFACTS / "sidebar-model-loaded.png")
+    sidebar.screenshot(path=ARTIFACTS / "sidebar-model-loaded-panel.png")
 
-        row.locator(".jp-LLM-unload").click()
-        row.wait_for(state="detached", timeout=20_000)
-        assert server.client.get("api/ps").json()["models"] == []
-        assert sidebar.locator(".jp-LLM-no-models").is_visible()
-        page.wait_for_function(
-            "() => !document.querySelector('[data-device=\"GPU-0\"] .jp-LLM-segment-weights')"
-        )
-        # /api/ps drops the model as its runner starts to exit
-        until_sync(lambda: not server.runners(), 10, "the runner to exit")
-        page.screenshot(path=ARTIFACTS / "sidebar-unloaded.png")
+    row.locator(".jp-LLM-unload").click()
+    row.wait_for(state="detached", timeout=20_000)
+    assert server.client.get("api/ps").json()["models"] == []
+    assert sidebar.locator(".jp-LLM-no-models").is_visible()
+    page.wait_for_function(
+        "() => !document.querySelector('[data-device=\"GPU-0\"] .jp-LLM-segment-weights')"
+    )
+    # /api/ps drops the model as its runner starts to exit
+    until_sync(lambda: not server.runners(), 10, "the runner to exit")
+    page.screenshot(path=ARTIFACTS / "sidebar-unloaded.png")
 
-        # a hidden sidebar stands by: no requests until it is shown again
-        polls: list[str] = []
-        page.on("request", lambda r: polls.append(r.url) if "/llm/api/ps" in r.url else None)
+    # a hidden sidebar stands by: no requests until it is shown again
+    polls: list[str] = []
+    page.on("request", lambda r: polls.append(r.url) if "/llm/api/ps" in r.url else None)
+    page.locator(SIDEBAR_TAB).click()
+    sidebar.wait_for(state="hidden")
+    page.wait_for_timeout(1000)
+    polls.clear()
+    page.wait_for_timeout(5000)  # two and a half poll intervals
+    assert polls == []
+    with page.expect_request(lambda r: "/llm/api/ps" in r.url, timeout=5000):
         page.locator(SIDEBAR_TAB).click()
-        sidebar.wait_for(state="hidden")
-        page.wait_for_timeout(1000)
-        polls.clear()
-        page.wait_for_timeout(5000)  # two and a half poll intervals
-        assert polls == []
-        with page.expect_request(lambda r: "/llm/api/ps" in r.url, timeout=5000):
-            page.locator(SIDEBAR_TAB).click()
-        sidebar.wait_for(state="visible")
-    finally:
-        server.stop()
+    sidebar.wait_for(state="visible")
 
 
 @pytest.mark.timeout(300)  # JupyterLab's first page load is slow on 2 cores
@@ -392,57 +412,53 @@ def accept_a_ghost_completion(page, editor, typed: str, shot: str, at_start: boo
 
 
 @pytest.mark.timeout(600)  # JupyterLab's first page load and a CPU model on 2 cores
-def test_inline_completion_in_a_notebook_and_a_file(page, lab_home: Path) -> None:
-    completion_settings(lab_home / ".completion")
+def test_inline_completion_in_a_notebook_and_a_file(page, lab_home: Path, lab: LiveServer) -> None:
+    server = lab
     (lab_home / "example.py").write_text(")\n")
     # a model without fill-in-the-middle tokens: the sidebar says it cannot insert
     gguf = write_demo_model(lab_home / "nofim.gguf", DemoModelSpec(fim=False))
     store = ModelStore(lab_home / "models")
     store.create("nofim", {"nofim.gguf": store.add_blob_from_file(gguf)})
     gguf.unlink()
-    server = start_lab(lab_home, "completion")
-    try:
-        sidebar = open_sidebar(page, server)
-        section = sidebar.locator(COMPLETION_SECTION)
-        status = section.locator(".jp-LLM-completion-status")
-        page.wait_for_function(
-            "() => document.querySelector('.jp-LLM-completion-status')"
-            ".textContent.includes('No completion model chosen')"
-        )
-        section.locator("select").select_option("nofim:latest")
-        page.wait_for_function(
-            "() => document.querySelector('.jp-LLM-completion-status')"
-            ".textContent.includes('nofim:latest cannot insert')"
-        )
-        sidebar.screenshot(path=ARTIFACTS / "completion-sidebar-cannot-insert.png")
-        section.locator("select").select_option("demo:latest")
-        page.wait_for_function(
-            "() => document.querySelector('.jp-LLM-completion-status')"
-            ".textContent === 'Completing with demo:latest.'"
-        )
-        assert (
-            server.client.post("api/show", json={"model": "demo"})
-            .json()["capabilities"]
-            .count("insert")
-        )
-        sidebar.screenshot(path=ARTIFACTS / "completion-sidebar.png")
-        assert "demo:latest" in status.inner_text()
+    sidebar = open_sidebar(page, server)
+    section = sidebar.locator(COMPLETION_SECTION)
+    status = section.locator(".jp-LLM-completion-status")
+    page.wait_for_function(
+        "() => document.querySelector('.jp-LLM-completion-status')"
+        ".textContent.includes('No completion model chosen')"
+    )
+    section.locator("select").select_option("nofim:latest")
+    page.wait_for_function(
+        "() => document.querySelector('.jp-LLM-completion-status')"
+        ".textContent.includes('nofim:latest cannot insert')"
+    )
+    sidebar.screenshot(path=ARTIFACTS / "completion-sidebar-cannot-insert.png")
+    section.locator("select").select_option("demo:latest")
+    page.wait_for_function(
+        "() => document.querySelector('.jp-LLM-completion-status')"
+        ".textContent === 'Completing with demo:latest.'"
+    )
+    assert (
+        server.client.post("api/show", json={"model": "demo"})
+        .json()["capabilities"]
+        .count("insert")
+    )
+    sidebar.screenshot(path=ARTIFACTS / "completion-sidebar.png")
+    assert "demo:latest" in status.inner_text()
 
-        page.goto(f"{server.url}lab/tree/Untitled.ipynb?token={server.token}")
-        cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
-        cell.wait_for()
-        ghost = accept_a_ghost_completion(page, cell, "def add(a, b):", "notebook")
-        assert ghost.strip()
-        assert ghost.strip() in cell.inner_text()
-        page.screenshot(path=ARTIFACTS / "completion-accepted-notebook.png")
+    page.goto(f"{server.url}lab/tree/Untitled.ipynb?token={server.token}")
+    cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+    cell.wait_for()
+    ghost = accept_a_ghost_completion(page, cell, "def add(a, b):", "notebook")
+    assert ghost.strip()
+    assert ghost.strip() in cell.inner_text()
+    page.screenshot(path=ARTIFACTS / "completion-accepted-notebook.png")
 
-        page.goto(f"{server.url}lab/tree/example.py?token={server.token}")
-        editor = page.locator(".jp-FileEditor .cm-content").first
-        editor.wait_for()
-        # typed before the ")": in the middle of a line, fill-in-the-middle
-        ghost = accept_a_ghost_completion(page, editor, "print(", "file", at_start=True)
-        assert editor.inner_text().startswith("print(" + ghost)
-        assert editor.inner_text().rstrip().endswith(")")
-        page.screenshot(path=ARTIFACTS / "completion-accepted-file.png")
-    finally:
-        server.stop()
+    page.goto(f"{server.url}lab/tree/example.py?token={server.token}")
+    editor = page.locator(".jp-FileEditor .cm-content").first
+    editor.wait_for()
+    # typed before the ")": in the middle of a line, fill-in-the-middle
+    ghost = accept_a_ghost_completion(page, editor, "print(", "file", at_start=True)
+    assert editor.inner_text().startswith("print(" + ghost)
+    assert editor.inner_text().rstrip().endswith(")")
+    page.screenshot(path=ARTIFACTS / "completion-accepted-file.png")
