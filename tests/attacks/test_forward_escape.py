@@ -25,6 +25,7 @@ from jupyter_llm.request.errors import InvalidRequest
 PREFIX = "/services/engine/llm/"  # the engine's API, as a Hub service
 ENGINE_TOKEN = "engine-secret-token"
 DEADLINE = 30.0
+POLL = 0.01  # how often the recording engine checks whether it should stop
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -57,7 +58,8 @@ def engine() -> Iterator[tuple[str, list[tuple[str, str, str]]]]:
     seen: list[tuple[str, str, str]] = []
     handler = type("Recording", (Recorder,), {"seen": seen})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for serve_forever's next poll: 0.5 s apart by default, per test
+    thread = threading.Thread(target=server.serve_forever, args=(POLL,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}{PREFIX}", seen
     server.shutdown()
