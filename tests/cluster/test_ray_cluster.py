@@ -164,9 +164,14 @@ async def gone(pids: list[int]) -> bool:
     )
 
 
-async def test_two_models_that_cannot_share_a_node_land_on_different_nodes(
-    jp_fetch, big_models, gpu_nodes
+async def test_models_land_on_separate_nodes_evict_per_node_and_stop_cleanly(
+    jp_fetch, jp_serverapp, big_models, gpu_nodes
 ):
+    """One engine, three facts in turn (each would start its own engine, its
+    discovery actors and the same two loads): two models that cannot share a
+    node land on different nodes; a third evicts on one node only; a clean
+    stop leaves no actor and no runner."""
+    # -- two models that cannot share a node land on different nodes
     assert (await generate(jp_fetch, "big1"))["eval_count"] == 2
     assert (await generate(jp_fetch, "big2"))["eval_count"] == 2
     loaded = await ps(jp_fetch)
@@ -184,12 +189,12 @@ async def test_two_models_that_cannot_share_a_node_land_on_different_nodes(
     for m in loaded.values():
         assert gpus[m["node"]]["free_memory"] == GiB - m["size_vram"]
     assert data["simulated"] is True
+    pids = [m["pid"] for m in loaded.values()]
+    assert len(our_actors()) == 4  # two discovery actors, two runners
+    assert all(psutil.pid_exists(p) for p in pids)
 
-
-async def test_eviction_makes_room_on_one_node_only(jp_fetch, jp_serverapp, big_models):
-    await generate(jp_fetch, "big1")
-    await generate(jp_fetch, "big2")
-    before = await ps(jp_fetch)
+    # -- eviction makes room on one node only
+    before = loaded
     await generate(jp_fetch, "big3")  # fits nowhere: one node's model makes room
     after = await ps(jp_fetch)
     assert sorted(after) in (["big1", "big3"], ["big2", "big3"])
@@ -200,12 +205,10 @@ async def test_eviction_makes_room_on_one_node_only(jp_fetch, jp_serverapp, big_
     assert after[kept]["node"] == before[kept]["node"]
     assert await gone([before[evicted]["pid"]])
 
-
-async def test_a_clean_stop_leaves_no_actor_and_no_runner(jp_fetch, jp_serverapp, big_models):
-    await generate(jp_fetch, "big1")
-    await generate(jp_fetch, "big2")
-    pids = [m["pid"] for m in (await ps(jp_fetch)).values()]
-    assert len(our_actors()) == 4  # two discovery actors, two runners
+    # -- a clean stop leaves no actor and no runner
+    pids = [m["pid"] for m in after.values()]
+    # two discovery actors, two runners: the evicted runner's actor goes once it is killed
+    await until(lambda: len(our_actors()) == 4, 30, "the evicted runner's actor to go", poll=0.1)
     assert all(psutil.pid_exists(p) for p in pids)
     await jp_serverapp.extension_manager.stop_all_extensions()
     assert await gone(pids)
@@ -256,28 +259,6 @@ async def test_a_node_without_the_file_gets_a_verified_copy(gpu_nodes, big_gguf)
         cluster.close()
 
 
-async def test_a_client_that_leaves_stops_the_generation_on_the_node(
-    jp_fetch, jp_serverapp, jp_base_url, http_server_port, big_models
-):
-    """Closing the stream cancels the Ray generator, and so the request in the
-    node's runner: its one slot is free for the next request at once."""
-    import httpx
-
-    await generate(jp_fetch, "big1")
-    token = jp_serverapp.identity_provider.token
-    url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/generate"
-    body = {"model": "big1", "prompt": "go", "options": {**GREEDY, "num_predict": 1_000_000}}
-    async with httpx.AsyncClient(headers={"Authorization": f"token {token}"}) as client:
-        async with client.stream("POST", url, json=body, timeout=60) as response:
-            async for line in response.aiter_lines():
-                if line.strip():
-                    assert json.loads(line)["done"] is False
-                    break  # leave after the first token
-    # a million tokens would take hours: the slot is free only if it was cancelled
-    reply = await asyncio.wait_for(generate(jp_fetch, "big1", num_predict=3), 60)
-    assert reply["eval_count"] == 3
-
-
 async def test_a_node_without_simulated_devices_runs_the_discovery_runner(gpu_nodes):
     """The discovery actor lists its node's devices through the discovery
     runner (``RunnerProcess``), as a single server does: here on the head,
@@ -299,18 +280,38 @@ async def test_a_node_without_simulated_devices_runs_the_discovery_runner(gpu_no
 
 # last in the module: the node it kills is added back only when a later test
 # needs two GPU nodes (``GpuNodes.ensure``), which none here does
-async def test_a_node_killed_mid_stream_costs_its_requests_only(
+async def test_a_client_that_leaves_and_a_node_killed_mid_stream(
     jp_fetch, jp_serverapp, jp_base_url, http_server_port, big_models, gpu_nodes
 ):
+    """Two facts on one engine (each would start its own, with its discovery
+    actors and big1's load): a client that leaves stops the generation on the
+    node; a node killed mid-stream costs its requests only."""
+    import httpx
+
+    # -- a client that leaves stops the generation on the node: closing the stream
+    # cancels the Ray generator, and so the request in the node's runner: its one
+    # slot is free for the next request at once
     await generate(jp_fetch, "big1")
+    token = jp_serverapp.identity_provider.token
+    url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/generate"
+    body = {"model": "big1", "prompt": "go", "options": {**GREEDY, "num_predict": 1_000_000}}
+    async with httpx.AsyncClient(headers={"Authorization": f"token {token}"}) as leaving:
+        async with leaving.stream("POST", url, json=body, timeout=60) as response:
+            async for line in response.aiter_lines():
+                if line.strip():
+                    assert json.loads(line)["done"] is False
+                    break  # leave after the first token
+    # a million tokens would take hours: the slot is free only if it was cancelled
+    reply = await asyncio.wait_for(generate(jp_fetch, "big1", num_predict=3), 60)
+    assert reply["eval_count"] == 3
+
+    # -- a node killed mid-stream costs its requests only
     await generate(jp_fetch, "big2")
     loaded = await ps(jp_fetch)
     doomed = loaded["big1"]["node"]
     first_token = asyncio.Event()
     chunks: dict[str, list[bytes]] = {"big1": [], "big2": []}
     client = AsyncHTTPClient(force_instance=True)
-    token = jp_serverapp.identity_provider.token
-    url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/generate"
 
     async def stream(model: str, num_predict: int) -> None:
         def on_chunk(data: bytes) -> None:
