@@ -16,14 +16,16 @@ from jupyter_llm.chat_formats.detect import clear_template_cache
 from jupyter_llm.models.store import MAX_TEXT_LAYER
 
 BASELINE_RUNS = 15  # a steadier median than the harness's 5 on a busy machine
-# (template, how many uncached reads in a row: a 40 KB one is over in milliseconds)
+# (template, how many uncached reads in a row: enough for the attack to outlast
+# the victim's samples; a 40 KB one is over in milliseconds, one read of 4 MiB of
+# {##} takes seconds of a core and of <think> most of a second)
 TEMPLATES = {
     "40 KB of {#": ("{#" * 20_000, 20),
     "4 MiB of {#": ("{#" * (MAX_TEXT_LAYER // 2), 2),
-    "4 MiB of {##}": ("{##}" * (MAX_TEXT_LAYER // 4), 2),  # the most comments to skip
+    "4 MiB of {##}": ("{##}" * (MAX_TEXT_LAYER // 4), 1),  # the most comments to skip
     "4 MiB of {# <think> #}<tool_call>": (
         ("{# <think> #}<tool_call>" * MAX_TEXT_LAYER)[:MAX_TEXT_LAYER],
-        2,
+        1,
     ),
 }
 
