@@ -197,7 +197,9 @@ async def test_a_reader_bug_in_a_real_runner_ends_that_request_only(
     python = tmp_path / "broken-python"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     python.chmod(0o755)
-    spec = LoadSpec(path=str(qwen_gguf), n_ctx=2048, n_batch=64, n_threads=2, n_seq=2)
+    # one thread: the demo model decodes no faster on two, and two wait on each other
+    # at every step while this test's process holds the other core
+    spec = LoadSpec(path=str(qwen_gguf), n_ctx=2048, n_batch=64, n_threads=1, n_seq=2)
     runner = await start_runner_with(spec, python=str(python), load_timeout=60)
     try:
         victim_request = {"prompt": "the victim", "options": {**GREEDY, "num_predict": 300}}
