@@ -1,5 +1,6 @@
-"""Fuzz the JSON handlers of a live server with hypothesis: 2,000+ generated
-bodies, no 5xx, no hang, no runner left behind."""
+"""Fuzz the JSON handlers of a live server with hypothesis: generated bodies
+(500 by default, 2,200 with ``JUPYTER_LLM_DEEP_FUZZ=1``), no 5xx, no hang, no
+runner left behind."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 
 import psutil
 import pytest
+from fuzz_depth import TIMEOUT, examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from live_server import LiveServer
@@ -178,8 +180,9 @@ def server(tmp_path_factory, demo_gguf):
     live.stop()
 
 
+@pytest.mark.timeout(TIMEOUT)
 @settings(
-    max_examples=2200,
+    max_examples=examples(500, 2200),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
