@@ -251,7 +251,8 @@ OPEN = "[" * 1000  # deeper than CPython's decoder can recurse: it raised Recurs
 
 @pytest.fixture
 def llm_config() -> dict:
-    return {"num_parallel": 2}
+    # one thread, as for the runner above: the demo model decodes no faster on two
+    return {"num_parallel": 2, "num_threads": 1}
 
 
 @pytest.fixture
