@@ -4,12 +4,17 @@ its pure labels and views, and the rule that the two never import each other."""
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 import jupyter_llm
+from jupyter_llm.connect import discovery
 from jupyter_llm.connect.labels import ago, human_size, processor_label, until
 from jupyter_llm.connect.views import loaded_table, table
 
@@ -119,3 +124,35 @@ NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 )
 def test_until(expires_at: str, shown: str) -> None:
     assert until(expires_at, NOW) == shown
+
+
+def test_running_servers_reads_live_servers_files_only(tmp_path: Path) -> None:
+    """As ``jupyter server list`` reads them, without importing the server."""
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()  # reaped: its pid names no process now
+    me = {"url": "http://127.0.0.1:8888/", "token": "t", "pid": os.getpid()}
+    files = {
+        "jpserver-1.json": me,
+        "jpserver-2.json": {**me, "pid": exited.pid},  # a server that died
+        "jpserver-3.json": {**me, "pid": "1"},  # not a pid
+        "jpserver-4.json": {k: v for k, v in me.items() if k != "url"},
+        "jpserver-5.json": [me],
+        "jpserver-6.json": {**me, "pid": 1 << 80},
+        "jpserver-7-open.html": me,  # not a server file
+        "jpserver-8.json": {**me, "pad": "x" * discovery.MAX_SERVER_FILE},  # too large
+        "nbserver-9.json": me,
+    }
+    for name, info in files.items():
+        (tmp_path / name).write_text(json.dumps(info))
+    (tmp_path / "jpserver-10.json").write_text("{not json")
+    (tmp_path / "jpserver-11.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert discovery.running_servers(tmp_path) == [me]
+    assert discovery.running_servers(tmp_path / "missing") == []
+
+
+def test_running_servers_reads_a_bounded_number_of_files(tmp_path: Path) -> None:
+    me = {"url": "http://127.0.0.1:8888/", "pid": os.getpid()}
+    for i in range(discovery.MAX_SERVER_FILES + 5):
+        (tmp_path / f"jpserver-{i:04d}.json").write_text(json.dumps({**me, "n": i}))
+    found = discovery.running_servers(tmp_path)
+    assert [s["n"] for s in found] == list(range(discovery.MAX_SERVER_FILES))
