@@ -478,7 +478,9 @@ def refused(h: Hub) -> None:
     r = httpx.get(f"{h.engine}api/ps", headers={"Authorization": f"token {narrow}"}, timeout=30)
     assert r.status_code == 403
     for headers in ({}, {"Authorization": f"token {narrow}"}):  # metrics: as every route
-        assert httpx.get(f"{h.engine}metrics", headers=headers, timeout=30).status_code == 403
+        refused = httpx.get(f"{h.engine}metrics", headers=headers, timeout=30)
+        assert refused.status_code == 403
+        assert refused.json()["error"]  # a JSON error, not an error page that failed
     assert "may not use this service" in json.loads(r.text)["error"]
 
 
