@@ -197,8 +197,8 @@ async def test_a_reader_bug_in_a_real_runner_ends_that_request_only(
     python = tmp_path / "broken-python"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     python.chmod(0o755)
-    # one thread: the demo model decodes no faster on two, and two wait on each other
-    # at every step while this test's process holds the other core
+    # one thread: two decode the demo model barely faster on a quiet machine, and wait
+    # on each other at every step while another process holds the other core
     spec = LoadSpec(path=str(qwen_gguf), n_ctx=2048, n_batch=64, n_threads=1, n_seq=2)
     runner = await start_runner_with(spec, python=str(python), load_timeout=60)
     try:
@@ -251,7 +251,7 @@ OPEN = "[" * 1000  # deeper than CPython's decoder can recurse: it raised Recurs
 
 @pytest.fixture
 def llm_config() -> dict:
-    # one thread, as for the runner above: the demo model decodes no faster on two
+    # one thread, as for the runner above
     return {"num_parallel": 2, "num_threads": 1}
 
 

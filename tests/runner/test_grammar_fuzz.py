@@ -87,9 +87,9 @@ async def test_byte_level_model_at_temperature_1(tmp_path_factory, capsys):
         uniform_bytes=True, chat_template=read_template("Qwen-Qwen2.5-7B-Instruct")
     )
     path: Path = write_demo_model(tmp_path_factory.mktemp("fuzz") / "bytes.gguf", spec)
-    # one thread: a model this small decodes no faster on two, and two wait on each
-    # other at every step when the test's own process holds the other core (measured
-    # side by side on a loaded machine: 20 runs in 2.3 and 9.6 s, against 17.6 and 27.6 s)
+    # one thread: on a quiet machine two decode a model this small barely faster (20
+    # runs in 1.7-1.9 s against 2.1-2.8 s), but when another process holds a core the
+    # two wait on each other at every step (20 runs in 17.6-27.6 s against 2.3-9.6 s)
     runner = await start_runner_with(
         LoadSpec(path=str(path), n_ctx=4096, n_batch=256, n_threads=1, n_seq=4), load_timeout=60
     )
