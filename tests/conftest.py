@@ -120,7 +120,11 @@ def jp_server_config(
             "jpserver_extensions": {"jupyter_llm": True, "jupyter_server_terminals": False},
             "allow_unauthenticated_access": False,
         },
-        "LLMExtension": {"models_dir": str(models_dir), "num_threads": 2, **llm_config},
+        # one decode thread: the test's own process serves the requests on the
+        # other core, and two threads that wait on each other at every step made
+        # tests/api's test_api and test_tools_auto 3-4x slower (85-89 s against
+        # 20-28 s, 73 s of CPU against 23 s: llama.cpp's threads spin at each step)
+        "LLMExtension": {"models_dir": str(models_dir), "num_threads": 1, **llm_config},
     }
 
 

@@ -92,6 +92,7 @@ def test_a_binder_session_fits_in_1_5_gb(tmp_path: Path) -> None:
         ROOT,
         wrapper=[str(BINDER / "start")],
         env={"JUPYTER_LLM_NUM_THREADS": "2", "JUPYTER_CONFIG_DIR": str(config_dir)},
+        quick_start=False,  # the memory of a user's whole server
     )
     km = KernelManager(kernel_name="python3")
     try:
