@@ -151,7 +151,7 @@ def reference(path: Path, pooling: int, normalize: bool) -> list[list[float]]:
     it declares one (what ``pooling`` must then be), else every token's
     vector, of which the last is taken."""
     llm = llama_cpp.Llama(
-        str(path), embedding=True, n_ctx=128, n_batch=128, n_ubatch=128, n_threads=2, verbose=False
+        str(path), embedding=True, n_ctx=128, n_batch=128, n_ubatch=128, n_threads=1, verbose=False
     )
     try:
         own = llm.pooling_type()
@@ -173,7 +173,7 @@ def forced(path: Path, pooling: int) -> list[list[float]]:
         n_ctx=128,
         n_batch=128,
         n_ubatch=128,
-        n_threads=2,
+        n_threads=1,
         pooling_type=pooling,
         verbose=False,
     )
@@ -249,7 +249,7 @@ async def test_truncation_keeps_the_cls_token_and_refuses_when_asked(
         n_ctx=128,
         n_batch=128,
         n_ubatch=128,
-        n_threads=2,
+        n_threads=1,
         verbose=False,
     )
     try:

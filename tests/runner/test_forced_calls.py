@@ -211,7 +211,7 @@ async def test_forced_calls_close_within_200_tokens(qwen_gguf, argument):
     """At temperature 1, seed after seed: each call closes, and well within
     the budget (the wrapper's blanks no longer eat it)."""
     runner = await start_runner_with(
-        LoadSpec(path=str(qwen_gguf), n_ctx=4096, n_batch=256, n_threads=2), load_timeout=60
+        LoadSpec(path=str(qwen_gguf), n_ctx=4096, n_batch=256, n_threads=1), load_timeout=60
     )
     tool = weather(argument)
     try:

@@ -40,7 +40,7 @@ async def collect(runner, **request):
 @pytest.fixture
 def runner(demo_gguf, jp_asyncio_loop):
     """A real runner with the demo model loaded (the test's loop drives it)."""
-    spec = LoadSpec(path=str(demo_gguf), n_ctx=512, n_threads=2)
+    spec = LoadSpec(path=str(demo_gguf), n_ctx=512, n_threads=1)
     r = jp_asyncio_loop.run_until_complete(start_runner_with(spec, load_timeout=60))
     yield r
     jp_asyncio_loop.run_until_complete(r.close())
@@ -143,7 +143,7 @@ async def test_real_allocation_failure_is_typed(tmp_path, long_context_gguf):
     # a runner under an address-space limit 1.5 GiB above what it needs with a
     # small context: the model loads, a 4 GiB KV cache cannot, and llama.cpp
     # says so in its log
-    small = LoadSpec(path=str(long_context_gguf), n_ctx=1024, n_threads=2)
+    small = LoadSpec(path=str(long_context_gguf), n_ctx=1024, n_threads=1)
     runner = await start_runner_with(small, load_timeout=60)
     needed = psutil.Process(runner.pid).memory_info().vms
     await runner.close()
@@ -153,7 +153,7 @@ async def test_real_allocation_failure_is_typed(tmp_path, long_context_gguf):
     )
     runner = await start_runner_with(small, python=limited, load_timeout=60)
     await runner.close()  # the limit leaves room for the model itself
-    huge = LoadSpec(path=str(long_context_gguf), n_ctx=1 << 20, n_threads=2)
+    huge = LoadSpec(path=str(long_context_gguf), n_ctx=1 << 20, n_threads=1)
     with pytest.raises(AllocationFailed, match="failed to allocate"):
         await start_runner_with(huge, python=limited, load_timeout=60)
     me = psutil.Process()
@@ -185,7 +185,7 @@ async def test_health_reports_main_loop_progress(runner):
 async def test_a_stuck_runner_is_killed_and_its_request_fails(tmp_path, demo_gguf):
     script = Path(__file__).parents[1] / "support" / "stuck_runner.py"
     stuck = wrapper(tmp_path, "stuck-python", f'exec {sys.executable} {script} "$@"')
-    spec = LoadSpec(path=str(demo_gguf), n_ctx=256, n_threads=2)
+    spec = LoadSpec(path=str(demo_gguf), n_ctx=256, n_threads=1)
     runner = await start_runner_with(spec, python=stuck, load_timeout=5.0)
     try:
         _, done = await collect(runner, prompt="fine", options={**GREEDY, "num_predict": 2})
@@ -287,7 +287,7 @@ async def test_sampling_options_change_the_output(runner, extra):
 def test_prompt_evaluation_checks_for_cancel_between_batches(demo_gguf):
     from jupyter_llm.runner.engine import Engine
 
-    engine = Engine(LoadParams(path=str(demo_gguf), n_ctx=2048, n_batch=16, n_threads=2))
+    engine = Engine(LoadParams(path=str(demo_gguf), n_ctx=2048, n_batch=16, n_threads=1))
     try:
         prompt = "x" * 1000
         checks = []
@@ -314,7 +314,7 @@ async def health_when(runner: Any, busy: bool) -> dict[str, Any] | None:
 async def test_a_cancel_stops_a_long_prompt_in_the_runner(tmp_path, demo_gguf):
     script = Path(__file__).parents[1] / "support" / "gated_runner.py"
     gated = wrapper(tmp_path, "gated-python", f'exec {sys.executable} {script} "$@"')
-    spec = LoadSpec(path=str(demo_gguf), n_ctx=2048, n_batch=16, n_threads=2)
+    spec = LoadSpec(path=str(demo_gguf), n_ctx=2048, n_batch=16, n_threads=1)
     runner = await start_runner_with(spec, python=gated, load_timeout=60)
     try:
         stream = runner.complete(Complete(prompt="x" * 1600, options={**GREEDY, "num_predict": 1}))
@@ -346,7 +346,7 @@ def endless_template_gguf(tmp_path_factory):
 
 
 async def test_a_chat_template_that_never_ends_is_refused(endless_template_gguf):
-    spec = LoadSpec(path=str(endless_template_gguf), n_ctx=512, n_threads=2)
+    spec = LoadSpec(path=str(endless_template_gguf), n_ctx=512, n_threads=1)
     runner = await start_runner_with(spec, load_timeout=60)
     try:
         chat = {"messages": [{"role": "user", "content": "hi"}], "options": GREEDY}
@@ -419,7 +419,7 @@ async def test_the_load_message_is_checked_and_carries_flash_attention(demo_gguf
             await process.call("load", path=str(demo_gguf), n_cxt=256)
         with pytest.raises(InvalidRequest, match="flash_attn must be one of auto, on, off"):
             await process.call("load", path=str(demo_gguf), flash_attn=True)
-        params = LoadParams(path=str(demo_gguf), n_ctx=256, n_threads=2, flash_attn="off")
+        params = LoadParams(path=str(demo_gguf), n_ctx=256, n_threads=1, flash_attn="off")
         replies = [m async for m in process.stream("load", **fields_of(params))]
         assert replies[-1]["type"] == "result" and replies[-1]["n_ctx"] == 256
     finally:

@@ -72,7 +72,7 @@ def model(tmp_path_factory: pytest.TempPathFactory, template: str) -> Path:
 
 async def start(path: Path) -> Any:
     return await start_runner_with(
-        LoadSpec(path=str(path), n_ctx=4096, n_batch=256, n_threads=2), load_timeout=60
+        LoadSpec(path=str(path), n_ctx=4096, n_batch=256, n_threads=1), load_timeout=60
     )
 
 
@@ -230,7 +230,7 @@ async def test_requests_a_model_cannot_honour_are_refused(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory):
     path = write_demo_model(tmp_path_factory.mktemp("lazy") / "m.gguf", DemoModelSpec())
-    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_batch=64, n_threads=2))
+    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_batch=64, n_threads=1))
     yield engine
     engine.close()
 
