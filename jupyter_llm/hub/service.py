@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import json
 import logging
 import os
 import signal
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 from urllib.parse import urlsplit
 
 from jupyter_server.base.handlers import PrometheusMetricsHandler
@@ -57,6 +59,21 @@ def where(url: str, prefix: str) -> Where:
     return Where(parts.hostname, parts.port, prefix)
 
 
+class MetricsHandler(PrometheusMetricsHandler):
+    """jupyter_server's /metrics with the engine's JSON errors: its own error
+    page needs a ServerApp's templates, which this engine has none of (a
+    refused scrape could log "Uncaught exception in write_error" and answer
+    an empty body)."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = self._reason
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": message}))
+
+
 def make_app(services: LLMServices, prefix: str) -> web.Application:
     """The handlers under ``prefix``, with the Hub as identity provider."""
     from jupyter_llm.hub.auth import HubAuthorizer, HubIdentityProvider
@@ -64,9 +81,7 @@ def make_app(services: LLMServices, prefix: str) -> web.Application:
     identity = HubIdentityProvider()
     # jupyter_server's own /metrics handler (our collectors are in its registry),
     # before the table's catch-all 404; authenticate_prometheus: a Hub token only
-    routes: list[tuple[str, type[web.RequestHandler]]] = [
-        (f"{prefix}metrics", PrometheusMetricsHandler)
-    ]
+    routes: list[tuple[str, type[web.RequestHandler]]] = [(f"{prefix}metrics", MetricsHandler)]
     routes += [(f"{prefix}{path}", handler) for path, handler in handlers()]
     return web.Application(
         routes,
