@@ -133,5 +133,11 @@ def gemma_tools(peer: Peer, gemma_tools_gguf: Path) -> str:
     served as ``gemma-tools``: a model that writes language, closes its
     strings, and chooses (or not) to call."""
     store = ModelStore(peer.models)
-    store.create("gemma-tools", {"gemma.gguf": store.add_blob_from_file(gemma_tools_gguf)})
+    store.create(
+        "gemma-tools",
+        {"gemma.gguf": store.add_blob_from_file(gemma_tools_gguf)},
+        # the server decodes on one thread (LiveServer); Gemma is faster on both
+        # cores, the client only waits on it
+        parameters={"num_thread": 2},
+    )
     return "gemma-tools"
