@@ -9,7 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import httpx
@@ -50,7 +52,15 @@ class LiveServer:
             self.env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(QUICK_START), self.env.get("PYTHONPATH")) if p
             )
-        self._log = log.open("ab") if log else None
+        # without a log of the test's own, one in /tmp: kept when the server
+        # fails to start or outlives SIGTERM (named in the warning), else removed
+        self._own_log: Path | None = None
+        if log is None:
+            fd, name = tempfile.mkstemp(prefix="live-server-", suffix=".log")
+            os.close(fd)
+            log = self._own_log = Path(name)
+        self.log_path = log
+        self._log = log.open("ab")
         self.proc = subprocess.Popen(
             [
                 *(wrapper or []),
@@ -67,7 +77,7 @@ class LiveServer:
             ],
             env=self.env,
             stdout=subprocess.DEVNULL,
-            stderr=self._log or subprocess.DEVNULL,
+            stderr=self._log,
         )
         self.client = httpx.Client(
             base_url=f"{self.url}llm/", timeout=60, headers={"Authorization": f"token {self.token}"}
@@ -79,8 +89,9 @@ class LiveServer:
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
+        self._own_log = None  # kept for the error
         self.stop()
-        raise RuntimeError("the Jupyter server did not start")
+        raise RuntimeError(f"the Jupyter server did not start (its log: {self.log_path})")
 
     @property
     def client_env(self) -> dict[str, str]:
@@ -104,14 +115,24 @@ class LiveServer:
 
     def stop(self) -> None:
         self.client.close()
+        hung = False
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
+                hung = True
                 self.proc.kill()
-        if self._log:
-            self._log.close()
+                self.proc.wait()
+        self._log.close()
+        if hung:
+            warnings.warn(
+                f"the Jupyter server at {self.url} outlived SIGTERM by 30 s and was killed; "
+                f"its log: {self.log_path}",
+                stacklevel=2,
+            )
+        elif self._own_log is not None:
+            self._own_log.unlink(missing_ok=True)
 
 
 def _descendants(root: int) -> list[int]:
