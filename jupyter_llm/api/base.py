@@ -494,10 +494,16 @@ class LLMHandler(APIHandler):
         if isinstance(exc, LLMError):
             return exc.status, str(exc)
         if isinstance(exc, web.HTTPError):
-            message = exc.log_message or exc.reason or self._reason
-            if exc.args and exc.log_message and "%" in exc.log_message:
-                message = exc.log_message % exc.args
-            return exc.status_code, message
+            return exc.status_code, http_error_message(exc, self._reason)
         if status >= 500:
             return status, f"internal error: {type(exc).__name__}" if exc else self._reason
         return status, self._reason
+
+
+def http_error_message(exc: web.HTTPError, reason: str) -> str:
+    """What a client reads for tornado's ``exc``: its formatted log message,
+    else its reason, else ``reason`` (the status's)."""
+    message = exc.log_message or exc.reason or reason
+    if exc.args and exc.log_message and "%" in exc.log_message:
+        message = exc.log_message % exc.args
+    return message

@@ -29,6 +29,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 
 from jupyter_llm.api import handlers
+from jupyter_llm.api.base import http_error_message
 from jupyter_llm.config import Settings, env_name
 from jupyter_llm.request.errors import ConfigError
 from jupyter_llm.services import LLMServices, build_services
@@ -68,8 +69,8 @@ class MetricsHandler(PrometheusMetricsHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = self._reason
-        if isinstance(exc, web.HTTPError) and exc.log_message:
-            message = exc.log_message % exc.args if exc.args else exc.log_message
+        if isinstance(exc, web.HTTPError):
+            message = http_error_message(exc, message)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": message}))
 
