@@ -72,9 +72,15 @@ lint: install $(NODE_MODULES)
 	$(BIN)/ruff format --check .
 	cd $(LABEXT) && npm run lint
 
+# pytest runs the suite on every core (pytest-xdist, each test file on one
+# worker: most tests wait on a server or a runner), then the tests marked
+# "alone" (they assert a ratio of times) by themselves
+PYTEST_WORKERS ?= auto
+
 test: lint browser hub-proxy vulkan-env
 	cd $(LABEXT) && npm test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not alone"
+	$(BIN)/python -m pytest -m alone
 
 # llama.cpp's Vulkan backend on Mesa's software driver (lavapipe): real layers
 # offloaded to a real non-CPU ggml device (tests/vulkan), with the runners in

@@ -124,6 +124,7 @@ def many_values_body() -> bytes:
     return b'{"model": "tiny", "context": [' + b"0," * (count - 1) + b"0]}"
 
 
+@pytest.mark.alone  # a ratio of times: not beside another worker's tests
 async def test_a_body_of_tiny_values_at_the_size_limit_leaves_tags_answering(
     users, installed_model
 ):

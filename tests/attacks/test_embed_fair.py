@@ -185,6 +185,7 @@ async def test_at_the_input_bound_the_vectors_come_back_in_order(users, installe
 
 
 # -- fairness -------------------------------------------------------------------------
+@pytest.mark.alone  # a ratio of times: not beside another worker's tests
 async def test_the_original_attack_leaves_another_stream_within_2x(
     users, installed_model, jp_serverapp
 ):
@@ -203,6 +204,7 @@ async def test_the_original_attack_leaves_another_stream_within_2x(
     assert measured["grown"] < MAX_RSS_GROWTH, measured["grown"]
 
 
+@pytest.mark.alone  # a ratio of times: not beside another worker's tests
 async def test_beside_the_original_attack_another_answer_waits_at_most_a_chunk(
     users, installed_model, jp_serverapp
 ):
@@ -228,6 +230,7 @@ async def test_beside_the_original_attack_another_answer_waits_at_most_a_chunk(
     assert measured.ratio <= MAX_SLOWDOWN, measured
 
 
+@pytest.mark.alone  # a ratio of times: not beside another worker's tests
 async def test_an_embedding_at_the_input_bound_leaves_another_stream_within_2x(
     users, installed_model, jp_serverapp
 ):

@@ -141,6 +141,7 @@ def two_streams(client: Any, fmt: dict) -> Attack:
     return attack
 
 
+@pytest.mark.alone  # a ratio of times: not beside another worker's tests
 async def test_an_enum_at_the_limit_leaves_another_users_answer_within_2x(
     users, installed_model, jp_serverapp, capsys
 ):

@@ -87,6 +87,7 @@ async def test_a_penalty_window_of_the_whole_context_costs_the_runner_little(
     assert rss_growth(pid, before) < MAX_RSS_GROWTH
 
 
+@pytest.mark.alone  # a ratio of times: not beside another worker's tests
 async def test_stops_at_their_limits_leave_another_users_answer_within_2x(users, installed_model):
     """64 stops of 256 characters each, all near-misses of what the model
     writes, checked after every token of a long generation beside the victim.

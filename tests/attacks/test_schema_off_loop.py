@@ -28,6 +28,7 @@ def test_the_wide_schema_is_within_the_limits():
     assert parse_format(wide_schema()) is not None
 
 
+@pytest.mark.alone  # a ratio of times: not beside another worker's tests
 @pytest.mark.parametrize("path", ["api/generate", "v1/chat/completions"])
 async def test_tags_answer_while_a_schema_at_its_limits_is_handled(users, installed_model, path):
     attacker, victim = users

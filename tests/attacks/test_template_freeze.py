@@ -30,6 +30,7 @@ TEMPLATES = {
 }
 
 
+@pytest.mark.alone  # a ratio of times: not beside another worker's tests
 @pytest.mark.parametrize(("template", "attacks"), TEMPLATES.values(), ids=TEMPLATES.keys())
 async def test_show_on_a_hostile_template_leaves_tags_answering(
     users, installed_model, template, attacks

@@ -92,6 +92,7 @@ def best_time(fn, *args, repeats=3):
     return min(times)
 
 
+@pytest.mark.alone  # a ratio of times: not beside another worker's tests
 @pytest.mark.parametrize(
     "unit",
     ["{#", "{##}", "a{#b#}{c#", "{%", "tools ", "<think>", "[TOOL_CALLS]", "x{#}"],
