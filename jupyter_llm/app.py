@@ -24,9 +24,9 @@ from traitlets import Bool, Float, Int, TraitError, Unicode, Union, validate
 
 from jupyter_llm.api import forward, handlers
 from jupyter_llm.config import Settings
+from jupyter_llm.request import helper_process
 from jupyter_llm.request.durations import parse_duration
 from jupyter_llm.request.errors import ConfigError
-from jupyter_llm.request.untrusted_json import stop_checker
 from jupyter_llm.services import LLMServices, build_services
 
 SETTINGS_TRAITS = (
@@ -209,7 +209,7 @@ class LLMExtension(ExtensionApp):
             self.services.start()
 
     async def stop_extension(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, stop_checker)
+        await asyncio.get_running_loop().run_in_executor(None, helper_process.stop)
         if self.engine is not None:
             await self.engine.close()
         if self.services is not None:

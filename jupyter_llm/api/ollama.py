@@ -12,6 +12,7 @@ import sys
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 from jupyter_server.auth.decorator import allow_unauthenticated
@@ -46,12 +47,15 @@ from jupyter_llm.api.ollama_shapes import (
     generate_call,
     model_summary,
     show_body,
+    shown_template,
 )
 from jupyter_llm.api.ps import ps_body
 from jupyter_llm.api.requests import EmbedRequest
+from jupyter_llm.chat_formats.detect import detect_format, template_format
 from jupyter_llm.models.gguf_info import builtin_template, read_metadata
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry, ModelStore, parse_digest
+from jupyter_llm.request import helper_process
 from jupyter_llm.request.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -390,7 +394,11 @@ def show_chunks(entry: ModelEntry, verbose: bool) -> list[bytes]:
     projector_info = None
     if entry.projector_path is not None:
         projector_info = read_metadata(entry.projector_path, verbose)
-    read = ShowRead(info, own, builtin.name if builtin else None, projector_info)
+    # a long template (up to 4 MiB, perhaps hostile) is read where it shares
+    # no GIL with the loop: seconds of pure Python slowed every request 2-3x
+    read_long = partial(helper_process.run, detect_format)
+    fmt = template_format(shown_template(entry, own), read_long)
+    read = ShowRead(info, own, builtin.name if builtin else None, projector_info, fmt)
     return json_chunks(show_body(entry, read))
 
 

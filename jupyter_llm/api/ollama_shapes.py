@@ -39,7 +39,7 @@ from jupyter_llm.api.requests import (
 )
 from jupyter_llm.api.structured import parse_format
 from jupyter_llm.api.templates import render_go_template
-from jupyter_llm.chat_formats.detect import template_format
+from jupyter_llm.chat_formats.detect import ChatFormat
 from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
 from jupyter_llm.models.draft import draft_source
 from jupyter_llm.models.names import ModelName, parse_model_name
@@ -324,18 +324,16 @@ def model_summary(entry: ModelEntry) -> dict[str, Any]:
     }
 
 
-def model_capabilities(info: dict[str, Any], template: str) -> list[str]:
+def model_capabilities(info: dict[str, Any], fmt: ChatFormat) -> list[str]:
     """Ollama's ``capabilities``: a model that declares a pooling type embeds,
     any other completes (never both, as in Ollama's server/images.go). Tools
-    and thinking are what ``chat_formats.detect`` reads in the template (once
-    per template digest); call this off the event loop."""
+    and thinking are what ``chat_formats.detect`` read in its template."""
     if any(key.endswith(".pooling_type") for key in info):
         capabilities = ["embedding"]
     else:
         capabilities = ["completion"]
         if "tokenizer.ggml.fim_pre_token_id" in info:
             capabilities.append("insert")
-    fmt = template_format(template)
     if fmt.offers_tools:
         capabilities.append("tools")
     if fmt.can_think:
@@ -360,19 +358,24 @@ class ShowRead:
     own_template: str  # its chat template, or the built-in one of its family ("": none)
     builtin: str | None  # that built-in template's name
     projector_info: dict[str, Any] | None  # the vision projector GGUF's keys
+    chat_format: ChatFormat  # read from the template it chats in (``shown_template``)
+
+
+def shown_template(entry: ModelEntry, own_template: str) -> str:
+    """The template a model chats in: its Modelfile's, else its GGUF's own."""
+    return entry.template or own_template
 
 
 def show_body(entry: ModelEntry, read: ShowRead) -> dict[str, Any]:
-    """``/api/show``'s answer. Reading a template (up to 4 MiB, perhaps
-    hostile) is CPU work: call this off the event loop."""
-    template = entry.template or read.own_template
+    """``/api/show``'s answer (a 4 MiB template encoded: call it off the loop)."""
+    template = shown_template(entry, read.own_template)
     details = entry.details
     if read.builtin is not None:  # the family's template a GGUF without one chats in
         details = {**details, "builtin_template": read.builtin}
     if entry.draft_path is not None:  # which draft model speculates (Ollama has none)
         draft = {"model": entry.draft_from, "digest": "sha256:" + entry.draft_path.name[7:]}
         details = {**details, "draft": draft}
-    capabilities = model_capabilities(read.info, template)
+    capabilities = model_capabilities(read.info, read.chat_format)
     extra: dict[str, Any] = {}
     if read.projector_info is not None:  # its GGUF's keys, as model_info is the model's
         capabilities.append("vision")

@@ -12,7 +12,8 @@ its length, with ``str.find`` and ``in`` only (no regex: one C call over
 4 MiB holds the GIL for up to 0.2 s, which stalls a server's event loop even
 from another thread). Loops over many matches hand the GIL over every
 ``YIELD_EVERY`` matches. ``template_format`` caches the answer by the
-template's digest, and the server calls it off the event loop.
+template's digest; the server calls it off the event loop, a long template
+read in its helper process.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -84,6 +86,7 @@ COMMENT_OPEN, COMMENT_CLOSE = "{#", "#}"
 CACHE_SIZE = 256  # distinct templates remembered: far more than a server holds models
 YIELD_EVERY = 256  # matches (about 0.1 ms) between two GIL hand-overs
 WINDOW = 1 << 16  # characters one C search (or encode) takes at once: well under a ms
+LONG_TEMPLATE = 1 << 16  # characters past which ``template_format`` reads by ``read_long``
 
 _cache: OrderedDict[bytes, ChatFormat] = OrderedDict()
 _cache_lock = threading.Lock()
@@ -187,19 +190,25 @@ def template_digest(chat_template: str) -> bytes:
     return digest.digest()
 
 
-def template_format(chat_template: str) -> ChatFormat:
+def template_format(
+    chat_template: str, read_long: Callable[[str], ChatFormat] | None = None
+) -> ChatFormat:
     """``detect_format``, worked out once per template digest and kept in a
     bounded LRU (by digest, so the cache never holds the templates).
 
-    Reading a 4 MiB template still takes milliseconds to a fraction of a
-    second: a server calls this off its event loop."""
+    Reading a hostile 4 MiB template takes up to seconds of pure Python: a
+    server calls this off its event loop, and passes ``read_long`` to read a
+    template longer than ``LONG_TEMPLATE`` where it shares no GIL with the
+    loop (its helper process); shorter ones are read here."""
     key = template_digest(chat_template or "")
     with _cache_lock:
         found = _cache.get(key)
         if found is not None:
             _cache.move_to_end(key)
             return found
-    fmt = detect_format(chat_template)  # outside the lock: others' look-ups go on
+    long = read_long is not None and len(chat_template) > LONG_TEMPLATE
+    # outside the lock: others' look-ups go on
+    fmt = read_long(chat_template) if long else detect_format(chat_template)
     with _cache_lock:
         _cache[key] = fmt
         _cache.move_to_end(key)

@@ -13,7 +13,7 @@ server for a body of many small values; a pure-Python decoder shares the GIL
 but slows every other request while it runs. So the commas, colons and
 brackets of a body are counted first (a bound on its values, at C speed).
 Within ``FAST_VALUES`` it is decoded here. Beyond, it is first checked in a
-helper process (``_check_elsewhere``, at the lowest CPU priority), which
+helper process (``helper_process``, at the lowest CPU priority), which
 shares no GIL with the server:
 only a body found within the bounds is then decoded here, at most
 ``JSON_VALUES`` values, a few tens of milliseconds. Callers run this off the
@@ -23,14 +23,10 @@ loop for any body larger than a few KiB.
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import re
-import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from jupyter_llm.request import helper_process
 from jupyter_llm.request.limits import BODY_DEPTH, JSON_VALUES
 
 FAST_VALUES = 1 << 16  # values decoded here without a check first (a few ms of GIL)
@@ -150,49 +146,13 @@ def _surrogate(where: str, path: str, key: str | None = None) -> str:
     )
 
 
-# -- the checking process ----------------------------------------------------------------------
-_checker: ProcessPoolExecutor | None = None
-_checker_lock = threading.Lock()
-
-
+# -- the check in a helper process -------------------------------------------------------------
 def _check_elsewhere(data: bytes, where: str, depth_limit: int) -> None:
-    """``_check`` in the helper process (started on first use, once; a dead
-    one is replaced), raising here what it found."""
-    global _checker
-    for attempt in (1, 2):
-        with _checker_lock:
-            if _checker is None:
-                _checker = ProcessPoolExecutor(
-                    1, mp_context=multiprocessing.get_context("spawn"), initializer=_lowly
-                )
-            checker = _checker
-        try:
-            problem = checker.submit(_check, data, where, depth_limit).result()
-            break
-        except BrokenProcessPool:
-            with _checker_lock:
-                if _checker is checker:
-                    _checker = None
-            if attempt == 2:
-                raise
+    """``_check`` in a helper process (``helper_process``), raising here what it found."""
+    problem = helper_process.run(_check, data, where, depth_limit)
     if problem is not None:
         kind, message = problem
         raise (Refused if kind == "refused" else BodyError)(message)
-
-
-def stop_checker() -> None:
-    """End the helper process (the server's shutdown; it also ends by itself
-    when the server's process does)."""
-    global _checker
-    with _checker_lock:
-        checker, _checker = _checker, None
-    if checker is not None:
-        checker.shutdown(wait=True, cancel_futures=True)
-
-
-def _lowly() -> None:
-    """The helper process yields the CPU to the server and the runners."""
-    os.nice(19)
 
 
 def _check(data: bytes, where: str, depth_limit: int) -> tuple[str, str] | None:

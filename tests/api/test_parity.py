@@ -188,8 +188,9 @@ async def test_create_refuses_what_it_cannot_do(jp_fetch, installed_model, extra
 )
 def test_capabilities_are_ollamas(info, template, expected):
     from jupyter_llm.api.ollama_shapes import model_capabilities
+    from jupyter_llm.chat_formats import detect_format
 
-    assert model_capabilities(info, template) == expected
+    assert model_capabilities(info, detect_format(template)) == expected
 
 
 async def test_empty_template_and_suffix_mean_unset(jp_fetch, installed_model):

@@ -2,7 +2,9 @@
 ``/api/show`` on it. Its capabilities were read by a quadratic regex on the
 event loop: 40 KB froze the server for 5-8 s, the store's 4 MiB would have
 frozen it for hours. Now the read is linear, cached per template digest and
-off the loop, so another user's ``/api/tags`` keeps answering meanwhile."""
+off the loop; a long template is read in the server's helper process, since a
+thread's seconds of pure Python shared the GIL with the loop (2.3-2.7x). So
+another user's ``/api/tags`` keeps answering meanwhile."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ import json
 import random
 import re
 import time
+from functools import partial
 
 import pytest
 
@@ -17,12 +18,14 @@ from jupyter_llm.api.ollama_shapes import model_capabilities
 from jupyter_llm.chat_formats import detect
 from jupyter_llm.chat_formats.detect import (
     CACHE_SIZE,
+    LONG_TEMPLATE,
     WINDOW,
     clear_template_cache,
     detect_format,
     strip_comments,
     template_format,
 )
+from jupyter_llm.request import helper_process
 
 MAX_TEMPLATE = 4 << 20  # the store's largest text layer (models.store.MAX_TEXT_LAYER)
 
@@ -125,7 +128,7 @@ def test_a_template_at_the_store_limit_is_read_at_all():
     ],
 )
 def test_capabilities_come_from_detect(template, expected):
-    assert model_capabilities({}, template) == expected
+    assert model_capabilities({}, template_format(template)) == expected
 
 
 @pytest.fixture
@@ -150,7 +153,7 @@ def test_a_template_is_read_once_per_digest(counted_detects):
     again = template_format("".join(list(qwen_like)))  # equal text, another object
     assert first is again and first == detect_format(qwen_like)
     assert counted_detects == [qwen_like]
-    model_capabilities({}, qwen_like)
+    model_capabilities({}, template_format(qwen_like))
     assert len(counted_detects) == 1
     template_format(qwen_like + " ")
     assert len(counted_detects) == 2
@@ -168,6 +171,34 @@ def test_the_cache_is_bounded_least_recently_used_first(counted_detects):
     assert len(counted_detects) == reads
     template_format(templates[1])
     assert len(counted_detects) == reads + 1
+
+
+def test_a_long_template_is_read_by_read_long_once(counted_detects):
+    """The server reads a template past ``LONG_TEMPLATE`` in its helper
+    process (``read_long``); a shorter one here; either way once per digest."""
+    sent: list[int] = []
+
+    def elsewhere(template: str) -> detect.ChatFormat:
+        sent.append(len(template))
+        return detect_format(template)
+
+    short = "<think>" + "x" * (LONG_TEMPLATE - 7)
+    long = "<tool_call>" + "{# #}" * (LONG_TEMPLATE // 5)
+    assert template_format(short, elsewhere).thinking == "tags"
+    assert sent == [] and len(counted_detects) == 1
+    assert template_format(long, elsewhere).offers_tools
+    assert template_format(long, elsewhere).offers_tools  # cached
+    assert sent == [len(long)] and len(counted_detects) == 1
+
+
+def test_a_long_template_read_in_the_helper_process_is_read_as_here():
+    clear_template_cache()
+    template = "{% if tools %}<tool_call>{% endif %}" + "{##}" * LONG_TEMPLATE + "<think>"
+    read_long = partial(helper_process.run, detect_format)
+    try:
+        assert template_format(template, read_long) == detect_format(template)
+    finally:
+        clear_template_cache()
 
 
 def test_a_lone_surrogate_has_a_digest(counted_detects):
