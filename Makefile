@@ -79,7 +79,7 @@ PYTEST_WORKERS ?= auto
 
 test: lint browser hub-proxy vulkan-env
 	cd $(LABEXT) && npm test
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not alone"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m "not alone"
 	$(BIN)/python -m pytest -m alone
 
 # llama.cpp's Vulkan backend on Mesa's software driver (lavapipe): real layers

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,36 @@ from loopback import LoopbackServer, Remote
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+
+def keep_to_own_cpus() -> None:
+    """Under pytest-xdist (``make test``) each worker keeps to CPUs of its own,
+    and so does all it starts (servers, runners, browsers inherit them; a
+    runner's default thread count is the CPUs it may use). Two workers'
+    llama.cpp threads spinning at their barriers on shared cores made Gemma
+    tests 2-3x slower. Done as this conftest is imported, before any other
+    test module; every thread is moved (Linux keeps affinity per thread, and
+    a thread passes its own to what it starts)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (worker and count):
+        return
+    if hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        workers, index = int(count), int(worker.removeprefix("gw"))
+        if workers <= len(cpus):
+            own = cpus[index::workers]
+            for tid in os.listdir("/proc/self/task"):
+                with contextlib.suppress(OSError):  # a thread that just ended
+                    os.sched_setaffinity(int(tid), own)
+    # multiprocessing's spawn reads __main__.__spec__ (the server's helper
+    # processes), which a pytest-xdist worker's __main__ lacks
+    main = sys.modules["__main__"]
+    if not hasattr(main, "__spec__"):
+        main.__spec__ = None
+
+
+keep_to_own_cpus()
 
 
 # pytest-jupyter's per-test folders, and pytest's own: nothing a backend reads
@@ -35,7 +68,6 @@ def discovery_once_per_environment():
     discovery is never kept. Discovery itself is tested on its own
     (tests/runner/test_runner.py calls ``discover_raw_devices`` directly)."""
     import copy
-    import os
 
     import jupyter_llm.services as services
 

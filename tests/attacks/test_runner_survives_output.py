@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cores import cores
 from harness import record, runner_pids
 from runner_streams import text_and_done
 
@@ -47,7 +48,7 @@ ENDLESS = 'root ::= "a" root'  # a grammar that never completes
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     path = write_demo_model(tmp_path_factory.mktemp("survive") / "m.gguf", DemoModelSpec())
-    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_batch=32, n_threads=2, n_seq=3))
+    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_batch=32, n_threads=cores(), n_seq=3))
     yield engine
     engine.close()
 

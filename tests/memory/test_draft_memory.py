@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from cores import cores
 from fakes import synthetic_model
 from scheduler_env import GiB, MiB, entry, make, simulated, use
 
@@ -100,7 +101,9 @@ async def test_estimate_matches_llamas_allocation_for_a_draft(tmp_path):
     num_ctx, n_seq, num_batch = 4096, 4, 512
     opts = EstimateOptions(num_ctx=num_ctx, num_batch=num_batch, num_parallel=n_seq)
     d = estimate(TARGET, opts, draft=read_model_info(path)).draft
-    spec = LoadSpec(path=str(path), n_ctx=num_ctx, n_seq=n_seq, n_batch=num_batch, n_threads=2)
+    spec = LoadSpec(
+        path=str(path), n_ctx=num_ctx, n_seq=n_seq, n_batch=num_batch, n_threads=cores()
+    )
     runner = await start_runner_with(spec, load_timeout=120)
     try:
         measured = {k: sum(s.get(k, 0) for s in runner.measured.values()) for k in KINDS}

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from cores import cores
 from fakes import FakeRunnerFactory, synthetic_model
 from scheduler_env import ONE_GPU, entry, make, use
 
@@ -86,13 +87,15 @@ def wide_heads(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0", "q4_0"])
 async def test_estimate_is_llama_cpps_kv_buffer(wide_heads, kv_type):
-    spec = LoadSpec(path=str(wide_heads), n_ctx=2048, n_threads=2, n_seq=4, kv_cache_type=kv_type)
+    spec = LoadSpec(
+        path=str(wide_heads), n_ctx=2048, n_threads=cores(), n_seq=4, kv_cache_type=kv_type
+    )
     measured = await measured_kv(spec)
     assert abs(estimated_kv(wide_heads, 2048, kv_type) - measured) <= LOG_PRECISION
 
 
 async def test_the_runner_keeps_f16_with_flash_attention_off(wide_heads):
-    spec = LoadSpec(path=str(wide_heads), n_ctx=2048, n_threads=2, kv_cache_type="q8_0")
+    spec = LoadSpec(path=str(wide_heads), n_ctx=2048, n_threads=cores(), kv_cache_type="q8_0")
     measured = await measured_kv(replace(spec, flash_attn="off"))  # llama.cpp would refuse q8_0
     assert abs(estimated_kv(wide_heads, 2048, "f16") - measured) <= LOG_PRECISION
 
@@ -102,7 +105,7 @@ async def test_gemma_at_32k(gemma_gguf):
     (to the log's 0.01 MiB per buffer: the full and the windowed cache)."""
     measured = {}
     for kv_type in ("f16", "q8_0", "q4_0"):
-        spec = LoadSpec(path=str(gemma_gguf), n_ctx=32768, n_threads=2, n_seq=4)
+        spec = LoadSpec(path=str(gemma_gguf), n_ctx=32768, n_threads=cores(), n_seq=4)
         measured[kv_type] = await measured_kv(replace(spec, kv_cache_type=kv_type))
         estimated = estimated_kv(gemma_gguf, 32768, kv_type)
         assert abs(estimated - measured[kv_type]) <= 2 * LOG_PRECISION
@@ -122,7 +125,7 @@ async def test_the_runner_falls_back_to_f16_where_llama_cpp_refuses(narrow_heads
     """The server's rule would have chosen f16 here; sent straight to the
     runner, a quantized type meets llama.cpp's own refusal (a null context),
     and the load still succeeds on an f16 cache, with the reason, and decodes."""
-    spec = LoadSpec(path=str(narrow_heads), n_ctx=2048, n_threads=2, kv_cache_type=kv_type)
+    spec = LoadSpec(path=str(narrow_heads), n_ctx=2048, n_threads=cores(), kv_cache_type=kv_type)
     runner = await start_runner_with(spec, load_timeout=120)
     try:
         refused = "" if kv_type == "f16" else f"llama.cpp refused a {kv_type} cache for this model"

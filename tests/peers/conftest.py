@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from cores import cores
 from live_server import LiveServer
 
 from jupyter_llm.chat_formats import read_template
@@ -136,8 +137,8 @@ def gemma_tools(peer: Peer, gemma_tools_gguf: Path) -> str:
     store.create(
         "gemma-tools",
         {"gemma.gguf": store.add_blob_from_file(gemma_tools_gguf)},
-        # the server decodes on one thread (LiveServer); Gemma is faster on both
-        # cores, the client only waits on it
-        parameters={"num_thread": 2},
+        # the server decodes on one thread (LiveServer); Gemma is faster on
+        # every core the test has, the client only waits on it
+        parameters={"num_thread": cores()},
     )
     return "gemma-tools"

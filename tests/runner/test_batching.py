@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cores import cores
 from runner_streams import text_and_done
 
 from jupyter_llm.runner.chat_plan import chat_prompt
@@ -139,7 +140,7 @@ def test_generation_runs_past_the_context_by_shifting(tmp_path):
     from jupyter_llm.demo import DemoModelSpec, write_demo_model
 
     path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
-    small = Engine(LoadParams(path=str(path), n_ctx=64, n_batch=16, n_threads=2, n_seq=2))
+    small = Engine(LoadParams(path=str(path), n_ctx=64, n_batch=16, n_threads=cores(), n_seq=2))
     try:
         past = 2 * small.n_ctx + 10  # llama.cpp pads n_ctx (to 256 here)
         long = Run(small, "go", grammar=ENDLESS, num_predict=past)

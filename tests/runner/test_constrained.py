@@ -13,6 +13,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from cores import cores
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.grammar.gbnf import literal
@@ -85,7 +86,7 @@ GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 
 @pytest.fixture(scope="module")
 def gemma(gemma_gguf: Path):
-    engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=2, n_seq=1))
+    engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=cores(), n_seq=1))
     yield engine
     engine.close()
 
@@ -151,7 +152,7 @@ SCHEMAS: list[dict[str, Any]] = [
 def byte_level(tmp_path_factory: pytest.TempPathFactory):
     spec = DemoModelSpec(uniform_bytes=True)  # random bytes, most not UTF-8 alone
     path = write_demo_model(tmp_path_factory.mktemp("utf8") / "m.gguf", spec)
-    engine = Engine(LoadParams(path=str(path), n_ctx=4096, n_batch=256, n_threads=2, n_seq=4))
+    engine = Engine(LoadParams(path=str(path), n_ctx=4096, n_batch=256, n_threads=cores(), n_seq=4))
     yield engine
     engine.close()
 

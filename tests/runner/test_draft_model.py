@@ -13,6 +13,7 @@ from typing import Any
 
 import llama_cpp
 import pytest
+from cores import cores
 from engine_run import EngineRun as Run
 from engine_run import finish
 from rewrite_prompt import REWRITE_PROMPT
@@ -370,7 +371,7 @@ async def test_a_runner_process_drafts_with_its_draft_model(tmp_path: Path, pair
 @pytest.mark.timeout(600)  # a 270M model loaded three times on two busy cores
 def test_gemma_drafting_for_itself(gemma_gguf: Path, pair):
     prompt = REWRITE_PROMPT
-    plain = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=2, n_seq=2))
+    plain = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=cores(), n_seq=2))
     try:
         off = solo(plain, prompt, num_predict=48, draft_num_predict=0)
         demo = Model(LoadParams(path=str(pair[1])))

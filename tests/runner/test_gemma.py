@@ -5,6 +5,7 @@ with a windowed KV cache."""
 from __future__ import annotations
 
 import pytest
+from cores import cores
 from test_batching import ENDLESS, Run, drain
 
 from jupyter_llm.memory import EstimateOptions, estimate, plan_layout
@@ -22,7 +23,7 @@ async def test_estimate_matches_allocations(gemma_gguf, num_ctx):
     est = estimate(read_model_info(gemma_gguf), EstimateOptions(num_ctx=num_ctx, num_parallel=4))
     cpu = plan_layout(est, [], system_free=1 << 50).allocations[-1]
     runner = await start_runner_with(
-        LoadSpec(path=str(gemma_gguf), n_ctx=num_ctx, n_threads=2, n_seq=4), load_timeout=120
+        LoadSpec(path=str(gemma_gguf), n_ctx=num_ctx, n_threads=cores(), n_seq=4), load_timeout=120
     )
     try:
         measured = {kind: sum(d.get(kind, 0) for d in runner.measured.values()) for kind in KINDS}
@@ -38,7 +39,7 @@ async def test_estimate_matches_allocations(gemma_gguf, num_ctx):
 @pytest.fixture(scope="module")
 def gemma(gemma_gguf):
     # 2048 cells, one sequence: the windowed layers keep 512 + 512 cells
-    engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=2048, n_threads=2, n_seq=1))
+    engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=2048, n_threads=cores(), n_seq=1))
     assert engine.model.n_swa == 512
     yield engine
     engine.close()
@@ -67,7 +68,7 @@ def test_a_prompt_diverging_inside_the_cache_answers_as_a_fresh_runner(gemma, ge
     # the window the kept prefix needs was overwritten: decoded again from the start
     assert gemma.slots[0].seq.fed == 0
     drain(gemma)
-    fresh_engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=2048, n_threads=2, n_seq=1))
+    fresh_engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=2048, n_threads=cores(), n_seq=1))
     try:
         fresh = Run(fresh_engine, diverged, num_predict=16)
         drain(fresh_engine)
@@ -77,7 +78,7 @@ def test_a_prompt_diverging_inside_the_cache_answers_as_a_fresh_runner(gemma, ge
 
 
 def test_generation_runs_past_the_context(gemma_gguf):
-    small = Engine(LoadParams(path=str(gemma_gguf), n_ctx=128, n_batch=64, n_threads=2))
+    small = Engine(LoadParams(path=str(gemma_gguf), n_ctx=128, n_batch=64, n_threads=cores()))
     try:
         past = small.n_ctx + 24  # a shift: the window slides past n_ctx
         long = Run(small, "go", grammar=ENDLESS, num_predict=past)

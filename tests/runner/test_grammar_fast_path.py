@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from cores import cores
 
 from jupyter_llm import demo
 from jupyter_llm.api.structured import parse_format
@@ -29,7 +30,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def gemma(gemma_gguf: Path):
-    engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=2, n_seq=1))
+    engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=cores(), n_seq=1))
     yield engine
     engine.close()
 
@@ -146,7 +147,7 @@ def test_the_walk_on_a_generated_model(tmp_path, monkeypatch):
     monkeypatch.setattr(grammar_walk, "WALK_FROM_VOCAB", 0)  # its vocabulary is small
     path = tmp_path / "tiny.gguf"
     demo.write_demo_model(path)
-    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_threads=2, n_seq=1))
+    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_threads=cores(), n_seq=1))
     try:
         for options in (
             {**GREEDY, "num_predict": 60},

@@ -15,6 +15,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from cores import cores
 from fuzz_depth import TIMEOUT, examples
 from test_runner_tools import SCHEMAS, TOOLS, WEATHER, calls_of, run, text_of
 
@@ -103,7 +104,8 @@ async def test_byte_level_model_at_temperature_1(tmp_path_factory, capsys):
 @pytest.mark.timeout(600)  # a 270M model on two busy cores: a hang, not slowness, should fail it
 async def test_gemma_with_a_tool_template_at_temperature_1(gemma_tools_gguf, capsys):
     runner = await start_runner_with(
-        LoadSpec(path=str(gemma_tools_gguf), n_ctx=4096, n_threads=2, n_seq=2), load_timeout=120
+        LoadSpec(path=str(gemma_tools_gguf), n_ctx=4096, n_threads=cores(), n_seq=2),
+        load_timeout=120,
     )
     try:
         outcomes = await fuzz(runner, runs=examples(6, 12), num_predict=32, parallel=2)

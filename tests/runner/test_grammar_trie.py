@@ -11,6 +11,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
+from cores import cores
 
 from jupyter_llm.api.structured import parse_format
 from jupyter_llm.runner.constrained import Candidates
@@ -31,7 +32,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def gemma(gemma_gguf: Path):
-    engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=256, n_threads=2, n_seq=1))
+    engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=256, n_threads=cores(), n_seq=1))
     yield engine
     engine.close()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cores import cores
 from engine_run import EngineRun as Run
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
@@ -124,7 +125,9 @@ def paused_and_refilled(engine: Engine, at: int, options: dict[str, Any], chat: 
 
 @pytest.mark.parametrize("draft", [0, 4])
 def test_a_full_context_drops_a_batch_sequences_cells_and_it_loses_nothing(model_path, draft):
-    engine = Engine(LoadParams(path=str(model_path), n_ctx=256, n_batch=32, n_threads=2, n_seq=1))
+    engine = Engine(
+        LoadParams(path=str(model_path), n_ctx=256, n_batch=32, n_threads=cores(), n_seq=1)
+    )
     try:
         options = {"num_predict": 200, "draft_num_predict": draft}
         chat = " ".join(["hello there"] * 14)
@@ -136,7 +139,9 @@ def test_a_full_context_drops_a_batch_sequences_cells_and_it_loses_nothing(model
 def test_a_sequence_refilled_after_a_context_shift_goes_on(model_path):
     """Its cells after a shift are not its prompt and output: the refill
     decodes what the cells held, and the sequence ends as ever."""
-    engine = Engine(LoadParams(path=str(model_path), n_ctx=128, n_batch=16, n_threads=2, n_seq=1))
+    engine = Engine(
+        LoadParams(path=str(model_path), n_ctx=128, n_batch=16, n_threads=cores(), n_seq=1)
+    )
     try:
         batch = Run(engine, PROMPT, BAT, num_predict=300)
         while len(batch.text) < 200:  # the context (128) shifted on the way
@@ -157,7 +162,9 @@ def test_two_batch_sequences_fill_the_context_and_one_gives_its_cells(model_path
     """Two slots of batch work fill the context between them; a chat drops
     one's cells while the other decodes on beside it; both end with an
     unpaused run's output."""
-    engine = Engine(LoadParams(path=str(model_path), n_ctx=256, n_batch=16, n_threads=2, n_seq=2))
+    engine = Engine(
+        LoadParams(path=str(model_path), n_ctx=256, n_batch=16, n_threads=cores(), n_seq=2)
+    )
     try:
         reference = run_alone(engine, PROMPT, {"num_predict": 95})
         batch = [Run(engine, PROMPT, BAT, num_predict=95) for _ in range(2)]
@@ -183,7 +190,9 @@ def test_two_batch_sequences_fill_the_context_and_one_gives_its_cells(model_path
 
 
 def test_a_chat_cancelled_before_the_next_step_leaves_the_cells_in_place(model_path):
-    engine = Engine(LoadParams(path=str(model_path), n_ctx=256, n_batch=32, n_threads=2, n_seq=1))
+    engine = Engine(
+        LoadParams(path=str(model_path), n_ctx=256, n_batch=32, n_threads=cores(), n_seq=1)
+    )
     try:
         reference = run_alone(engine, PROMPT, {"num_predict": 200})
         batch = Run(engine, PROMPT, BAT, num_predict=200)
@@ -207,7 +216,9 @@ def test_a_chat_cancelled_before_the_next_step_leaves_the_cells_in_place(model_p
 
 
 def test_a_batch_sequence_cancelled_while_its_cells_are_dropped_ends(model_path):
-    engine = Engine(LoadParams(path=str(model_path), n_ctx=256, n_batch=32, n_threads=2, n_seq=1))
+    engine = Engine(
+        LoadParams(path=str(model_path), n_ctx=256, n_batch=32, n_threads=cores(), n_seq=1)
+    )
     try:
         gone = [False]
         batch = Run(engine, PROMPT, BAT, num_predict=200)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cores import cores
 from engine_run import GREEDY
 from engine_run import EngineRun as Run
 from runner_streams import text_and_done
@@ -115,7 +116,9 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(model_path: Path) -> Iterator[Engine]:
-    engine = Engine(LoadParams(path=str(model_path), n_ctx=1024, n_batch=32, n_threads=2, n_seq=1))
+    engine = Engine(
+        LoadParams(path=str(model_path), n_ctx=1024, n_batch=32, n_threads=cores(), n_seq=1)
+    )
     yield engine
     engine.close()
 
@@ -172,7 +175,9 @@ def test_batch_sequences_sit_out_an_interactive_prompts_steps_within_the_bound(m
     """Two slots of batch work; an interactive prompt of many chunks pauses one
     and the other sits out its steps, at most MAX_SIT_OUT in a row, and still
     ends with the output of a run never held back."""
-    engine = Engine(LoadParams(path=str(model_path), n_ctx=1024, n_batch=8, n_threads=2, n_seq=2))
+    engine = Engine(
+        LoadParams(path=str(model_path), n_ctx=1024, n_batch=8, n_threads=cores(), n_seq=2)
+    )
     try:
         reference = run_alone(engine, PROMPT, 30)
         batch = [Run(engine, PROMPT, BAT, num_predict=30) for _ in range(2)]

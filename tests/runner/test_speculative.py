@@ -10,6 +10,7 @@ from typing import Any
 
 import llama_cpp
 import pytest
+from cores import cores
 from engine_run import EngineRun as Run
 from rewrite_prompt import REWRITE_PROMPT
 
@@ -329,7 +330,7 @@ def test_context_shift_with_drafts(tmp_path: Path):
     from jupyter_llm.demo import DemoModelSpec, write_demo_model
 
     path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
-    small = Engine(LoadParams(path=str(path), n_ctx=64, n_batch=32, n_threads=2, n_seq=1))
+    small = Engine(LoadParams(path=str(path), n_ctx=64, n_batch=32, n_threads=cores(), n_seq=1))
     small.step_costs = StepCosts(small.n_seq, small.n_batch, pinned=0.0)  # not timed
     try:
         # llama.cpp pads n_ctx to 256 cells: three contexts' worth of output shifts
@@ -351,7 +352,7 @@ def test_drafts_beside_a_small_batch_and_many_sequence_ids(tmp_path: Path):
     from jupyter_llm.demo import DemoModelSpec, write_demo_model
 
     path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
-    small = Engine(LoadParams(path=str(path), n_ctx=256, n_batch=2, n_threads=2, n_seq=4))
+    small = Engine(LoadParams(path=str(path), n_ctx=256, n_batch=2, n_threads=cores(), n_seq=4))
     small.step_costs = StepCosts(small.n_seq, small.n_batch, pinned=0.0)  # not timed
     try:
         runs = [Run(small, p, num_predict=30, draft_num_predict=4) for p in PROMPTS]
@@ -367,7 +368,7 @@ def test_drafts_beside_a_small_batch_and_many_sequence_ids(tmp_path: Path):
 
 
 def test_gemma_greedy_output_is_identical_and_drafts_are_accepted(gemma_gguf: Path):
-    gemma = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=2, n_seq=2))
+    gemma = Engine(LoadParams(path=str(gemma_gguf), n_ctx=1024, n_threads=cores(), n_seq=2))
     gemma.step_costs = StepCosts(gemma.n_seq, gemma.n_batch, pinned=0.0)  # not timed
     prompt = REWRITE_PROMPT
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import test_lavapipe
+from cores import cores
 from fakes import synthetic_model
 from test_lavapipe import ROOT, VULKAN_PYTHON
 
@@ -40,7 +41,7 @@ async def test_an_offloaded_draft_is_the_estimate_per_device(
     opts = EstimateOptions(num_ctx=num_ctx, num_parallel=n_seq)
     d = estimate(synthetic_model(), opts, draft=read_model_info(path)).draft
     spec = LoadSpec(
-        path=str(path), n_ctx=num_ctx, n_seq=n_seq, n_batch=512, n_threads=2, n_gpu_layers=999
+        path=str(path), n_ctx=num_ctx, n_seq=n_seq, n_batch=512, n_threads=cores(), n_gpu_layers=999
     )
     runner = await start_runner_with(spec, python=str(VULKAN_PYTHON), load_timeout=600)
     try:
