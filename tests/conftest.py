@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,21 +25,15 @@ def keep_to_own_cpus() -> None:
     a thread passes its own to what it starts)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if not (worker and count):
+    if not (worker and count and hasattr(os, "sched_setaffinity")):
         return
-    if hasattr(os, "sched_setaffinity"):
-        cpus = sorted(os.sched_getaffinity(0))
-        workers, index = int(count), int(worker.removeprefix("gw"))
-        if workers <= len(cpus):
-            own = cpus[index::workers]
-            for tid in os.listdir("/proc/self/task"):
-                with contextlib.suppress(OSError):  # a thread that just ended
-                    os.sched_setaffinity(int(tid), own)
-    # multiprocessing's spawn reads __main__.__spec__ (the server's helper
-    # processes), which a pytest-xdist worker's __main__ lacks
-    main = sys.modules["__main__"]
-    if not hasattr(main, "__spec__"):
-        main.__spec__ = None
+    cpus = sorted(os.sched_getaffinity(0))
+    workers, index = int(count), int(worker.removeprefix("gw"))
+    if workers <= len(cpus):
+        own = cpus[index::workers]
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread that just ended
+                os.sched_setaffinity(int(tid), own)
 
 
 keep_to_own_cpus()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -39,6 +40,7 @@ def run(fn: Callable[..., T], *args: Any) -> T:
     global _pool
     for attempt in (1, 2):
         with _lock:
+            _main_readable_by_spawn()
             if _pool is None:
                 _pool = ProcessPoolExecutor(
                     WORKERS, mp_context=multiprocessing.get_context("spawn"), initializer=_lowly
@@ -62,6 +64,15 @@ def stop() -> None:
         pool, _pool = _pool, None
     if pool is not None:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _main_readable_by_spawn() -> None:
+    """Spawning a process reads ``__main__.__spec__``, which a host that
+    swapped ``__main__`` for a namespace of its own (IPython's shell, a
+    pytest-xdist worker) may lack. None there: nothing of it is needed."""
+    main = sys.modules.get("__main__")
+    if main is not None and not hasattr(main, "__spec__"):
+        main.__spec__ = None
 
 
 def _lowly() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import types
 
 import psutil
 import pytest
@@ -53,3 +55,12 @@ def test_stop_ends_the_helpers(helpers):
     helper_process.stop()
     assert ended(helper)  # stop waits for its helpers
     assert helper_process.run(os.getpid) != helper.pid  # a new one on the next use
+
+
+def test_a_main_without_a_spec_still_spawns(helpers, monkeypatch):
+    """IPython's shell (and a pytest-xdist worker) swap ``__main__`` for a
+    namespace without ``__spec__``, which spawning a process reads."""
+    namespace = types.ModuleType("__main__")
+    del namespace.__spec__, namespace.__name__
+    monkeypatch.setitem(sys.modules, "__main__", namespace)
+    assert helper_process.run(os.getpid) != os.getpid()
