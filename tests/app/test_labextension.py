@@ -5,6 +5,7 @@ simulated devices. Screenshots go to ``test-artifacts/``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -242,6 +243,14 @@ def page(browser) -> Iterator[object]:
     context.close()
 
 
+def leave(page) -> None:
+    """Take the page away from its server before the server stops: a
+    kernel's websocket still open holds jupyter_server's shutdown (it waits
+    for the browser to close it) until LiveServer kills the server 30 s on."""
+    with contextlib.suppress(Exception):  # a failed test's page may be gone
+        page.goto("about:blank")
+
+
 def open_sidebar(page, server: LiveServer) -> object:
     page.goto(f"{server.url}lab?token={server.token}")
     tab = page.locator(SIDEBAR_TAB)
@@ -365,6 +374,7 @@ def test_sidebar_in_notebook_7_on_a_machine_without_gpu(page, lab_home: Path) ->
         # starting hangs the server's shutdown until LiveServer kills it (30 s)
         page.wait_for_function(KERNEL_IDLE)
     finally:
+        leave(page)
         server.stop()
 
 

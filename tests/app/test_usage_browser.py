@@ -18,6 +18,7 @@ from test_labextension import (  # noqa: F401 (fixtures)
     chromium,
     jp_asyncio_loop,
     jp_server_cleanup,
+    leave,
     page,
     start_lab,
 )
@@ -95,4 +96,5 @@ def test_llm_usage_in_a_notebook(page, usage_home: Path) -> None:
         page.screenshot(path=ARTIFACTS / "usage-magic-failed.png")
         raise
     finally:
+        leave(page)
         server.stop()
