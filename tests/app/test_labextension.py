@@ -15,6 +15,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from live_server import LiveServer
 from waiting import until_sync
@@ -243,12 +244,18 @@ def page(browser) -> Iterator[object]:
     context.close()
 
 
-def leave(page) -> None:
-    """Take the page away from its server before the server stops: a
-    kernel's websocket still open holds jupyter_server's shutdown (it waits
-    for the browser to close it) until LiveServer kills the server 30 s on."""
+def stop_lab(server: LiveServer, page) -> None:
+    """Stop a server whose page opened a kernel: the page is taken away and
+    the kernels shut down through the API first. Left to the server's own
+    shutdown, a kernel held it past LiveServer's 30 s after SIGTERM: with the
+    page open, waiting for the browser to close the kernel's websocket; with
+    the page gone, after "Kernel shutdown" (its buffered connection)."""
     with contextlib.suppress(Exception):  # a failed test's page may be gone
         page.goto("about:blank")
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        for kernel in server.client.get(f"{server.url}api/kernels").json():
+            server.client.delete(f"{server.url}api/kernels/{kernel['id']}")
+    server.stop()
 
 
 def open_sidebar(page, server: LiveServer) -> object:
@@ -374,8 +381,7 @@ def test_sidebar_in_notebook_7_on_a_machine_without_gpu(page, lab_home: Path) ->
         # starting hangs the server's shutdown until LiveServer kills it (30 s)
         page.wait_for_function(KERNEL_IDLE)
     finally:
-        leave(page)
-        server.stop()
+        stop_lab(server, page)
 
 
 # --- inline completion -----------------------------------------------------

@@ -20,10 +20,10 @@ from test_labextension import (  # noqa: F401 (fixtures)
     jp_asyncio_loop,
     jp_server_cleanup,
     lab_home,
-    leave,
     open_sidebar,
     page,
     start_lab,
+    stop_lab,
 )
 from waiting import until_sync
 
@@ -158,5 +158,4 @@ def test_history_while_a_model_streams_and_after_a_reload(page, lab_home: Path) 
     finally:
         if stream is not None:
             stream.stop()
-        leave(page)
-        server.stop()
+        stop_lab(server, page)

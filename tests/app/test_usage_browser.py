@@ -18,9 +18,9 @@ from test_labextension import (  # noqa: F401 (fixtures)
     chromium,
     jp_asyncio_loop,
     jp_server_cleanup,
-    leave,
     page,
     start_lab,
+    stop_lab,
 )
 
 from jupyter_llm.models.store import ModelStore
@@ -96,5 +96,4 @@ def test_llm_usage_in_a_notebook(page, usage_home: Path) -> None:
         page.screenshot(path=ARTIFACTS / "usage-magic-failed.png")
         raise
     finally:
-        leave(page)
-        server.stop()
+        stop_lab(server, page)
