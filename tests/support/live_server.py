@@ -122,6 +122,7 @@ class LiveServer:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 hung = True
+                self._dump_stacks()
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
@@ -133,6 +134,26 @@ class LiveServer:
             )
         elif self._own_log is not None:
             self._own_log.unlink(missing_ok=True)
+
+    def _dump_stacks(self) -> None:
+        """Where a server that outlived SIGTERM waits: every thread's stack,
+        by py-spy where the environment has it (Ray brings it), into its log.
+        The server is still alive here (it is killed after)."""
+        spy = Path(sys.executable).with_name("py-spy")
+        if not spy.exists():
+            return
+        self._log.write(b"\n--- py-spy dump of the server that outlived SIGTERM ---\n")
+        self._log.flush()
+        try:
+            subprocess.run(
+                [str(spy), "dump", "--pid", str(self.proc.pid)],
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
 
 def _descendants(root: int) -> list[int]:
