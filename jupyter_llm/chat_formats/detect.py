@@ -86,7 +86,7 @@ COMMENT_OPEN, COMMENT_CLOSE = "{#", "#}"
 CACHE_SIZE = 256  # distinct templates remembered: far more than a server holds models
 YIELD_EVERY = 256  # matches (about 0.1 ms) between two GIL hand-overs
 WINDOW = 1 << 16  # characters one C search (or encode) takes at once: well under a ms
-LONG_TEMPLATE = 1 << 16  # characters past which ``template_format`` reads by ``read_long``
+LONG_TEMPLATE = 1 << 14  # characters past which ``template_format`` reads by ``read_long``
 
 _cache: OrderedDict[bytes, ChatFormat] = OrderedDict()
 _cache_lock = threading.Lock()
