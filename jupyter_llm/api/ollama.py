@@ -47,7 +47,6 @@ from jupyter_llm.api.ollama_shapes import (
     generate_call,
     model_summary,
     show_body,
-    shown_template,
 )
 from jupyter_llm.api.ps import ps_body
 from jupyter_llm.api.requests import EmbedRequest
@@ -397,8 +396,9 @@ def show_chunks(entry: ModelEntry, verbose: bool) -> list[bytes]:
     # a long template (up to 4 MiB, perhaps hostile) is read where it shares
     # no GIL with the loop: seconds of pure Python slowed every request 2-3x
     read_long = partial(helper_process.run, detect_format)
-    fmt = template_format(shown_template(entry, own), read_long)
-    read = ShowRead(info, own, builtin.name if builtin else None, projector_info, fmt)
+    template = entry.template or own  # a Modelfile's TEMPLATE over the GGUF's
+    fmt = template_format(template, read_long)
+    read = ShowRead(info, template, builtin.name if builtin else None, projector_info, fmt)
     return json_chunks(show_body(entry, read))
 
 

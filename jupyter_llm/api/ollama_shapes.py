@@ -355,20 +355,14 @@ class ShowRead:
     """What ``/api/show`` reads from a model's files."""
 
     info: dict[str, Any]  # the model GGUF's keys
-    own_template: str  # its chat template, or the built-in one of its family ("": none)
-    builtin: str | None  # that built-in template's name
+    template: str  # the one it chats in: its Modelfile's, else its GGUF's or family's ("": none)
+    builtin: str | None  # the family's built-in template's name, where the GGUF has none
     projector_info: dict[str, Any] | None  # the vision projector GGUF's keys
-    chat_format: ChatFormat  # read from the template it chats in (``shown_template``)
-
-
-def shown_template(entry: ModelEntry, own_template: str) -> str:
-    """The template a model chats in: its Modelfile's, else its GGUF's own."""
-    return entry.template or own_template
+    chat_format: ChatFormat  # read from ``template``
 
 
 def show_body(entry: ModelEntry, read: ShowRead) -> dict[str, Any]:
     """``/api/show``'s answer (a 4 MiB template encoded: call it off the loop)."""
-    template = shown_template(entry, read.own_template)
     details = entry.details
     if read.builtin is not None:  # the family's template a GGUF without one chats in
         details = {**details, "builtin_template": read.builtin}
@@ -388,7 +382,7 @@ def show_body(entry: ModelEntry, read: ShowRead) -> dict[str, Any]:
         + (f"DRAFT {entry.draft_path}\n" if entry.draft_path else ""),
         "parameters": format_parameters(entry.params),
         "messages": entry.messages,
-        "template": template,
+        "template": read.template,
         "system": entry.system or "",
         "details": details,
         "model_info": read.info,
