@@ -195,7 +195,9 @@ def start_lab(
     # about 2 s of a core in the server beside the page): the assets are built
     labconfig = state / "config" / "labconfig"
     labconfig.mkdir(parents=True, exist_ok=True)
-    (labconfig / "page_config.json").write_text('{"buildCheck": false}')
+    # window.jupyterapp, whose ``restored`` promise says when the saved layout is back
+    page_config = {"buildCheck": False, "exposeAppInBrowser": True}
+    (labconfig / "page_config.json").write_text(json.dumps(page_config))
     env["JUPYTER_CONFIG_PATH"] = str(state / "config")
     args = [
         f"--LabApp.workspaces_dir={state / 'workspaces'}",
@@ -261,11 +263,18 @@ def stop_lab(server: LiveServer, page) -> None:
 
 
 def open_sidebar(page, server: LiveServer) -> object:
+    """Load JupyterLab and show the LLM panel. The tab is clicked only once
+    the shell has restored its saved layout, and only if that layout left the
+    panel closed: a click on the current tab closes it, and a restore that
+    lands after the click undoes it (CI's red run: the panel stayed hidden)."""
     page.goto(f"{server.url}lab?token={server.token}")
     tab = page.locator(SIDEBAR_TAB)
     tab.wait_for(state="visible")
     assert tab.get_attribute("title") == "LLM devices"
-    tab.click()
+    page.wait_for_function("() => window.jupyterapp !== undefined")
+    page.evaluate("() => window.jupyterapp.restored.then(() => true)")
+    if "lm-mod-current" not in (tab.get_attribute("class") or "").split():
+        tab.click()
     sidebar = page.locator("#jupyter-llm-sidebar")
     sidebar.wait_for(state="visible")
     return sidebar

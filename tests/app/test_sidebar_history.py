@@ -13,7 +13,6 @@ import httpx
 import pytest
 from test_labextension import (  # noqa: F401 (fixtures)
     ARTIFACTS,
-    SIDEBAR_TAB,
     SIMULATED_GPU,
     browser,
     chromium,
@@ -69,17 +68,6 @@ class Stream:
 
 def history_text(page, selector: str) -> str:
     return page.locator(f"{HISTORY} {selector}").inner_text()
-
-
-def show_sidebar(page, server) -> object:
-    """After a reload the shell may restore the panel open: open it only if not."""
-    page.goto(f"{server.url}lab?token={server.token}")
-    page.locator(SIDEBAR_TAB).wait_for(state="visible")
-    sidebar = page.locator("#jupyter-llm-sidebar")
-    if not sidebar.is_visible():
-        page.locator(SIDEBAR_TAB).click()
-    sidebar.wait_for(state="visible")
-    return sidebar
 
 
 @pytest.mark.timeout(600)  # JupyterLab's first page load and a CPU model on 2 cores
@@ -146,7 +134,7 @@ def test_history_while_a_model_streams_and_after_a_reload(page, lab_home: Path) 
             return bool(samples) and not samples[-1]["tokens_per_second"]
 
         until_sync(idle, 60, "a sample after the stream")
-        sidebar = show_sidebar(page, server)
+        sidebar = open_sidebar(page, server)  # the saved layout may reopen it
         section = sidebar.locator(HISTORY)
         section.locator(f'{TOKENS_CHART} path[data-model="demo:latest"]').wait_for()
         section.locator(f'{GPU_CHART} path[data-model="small:latest"]').wait_for()
