@@ -27,6 +27,7 @@ from jupyter_llm.config import Settings
 from jupyter_llm.request import helper_process
 from jupyter_llm.request.durations import parse_duration
 from jupyter_llm.request.errors import ConfigError
+from jupyter_llm.server_exit import install as end_process_at_exit
 from jupyter_llm.services import LLMServices, build_services
 
 SETTINGS_TRAITS = (
@@ -161,6 +162,7 @@ class LLMExtension(ExtensionApp):
         return Settings.from_env(**overrides)
 
     def initialize_settings(self) -> None:
+        end_process_at_exit()  # no hang on an AnyIO worker at exit (server_exit)
         try:
             settings = self.build_settings()
             if not settings.engine_url:

@@ -249,11 +249,10 @@ def page(browser) -> Iterator[object]:
 def stop_lab(server: LiveServer, page) -> None:
     """Stop a server whose page opened a kernel: the page is taken away and
     the kernels shut down through the API first, so the server's own
-    shutdown has no websocket or kernel to wait on. Its interpreter may still
-    hang at exit on an idle AnyIO worker thread of jupyter_server's (not a
-    daemon, and stopped only when a root task tornado's loop never has ends:
-    jupyterlab/jupyterlab#10442); LiveServer kills it 30 s on, after a
-    py-spy dump into its log."""
+    shutdown has no websocket or kernel to wait on. An idle AnyIO worker of
+    jupyter_server's no longer holds its exit (``jupyter_llm.server_exit``);
+    a server that outlives SIGTERM anyway is killed by LiveServer 30 s on,
+    after a py-spy dump into its log."""
     with contextlib.suppress(Exception):  # a failed test's page may be gone
         page.goto("about:blank")
     with contextlib.suppress(httpx.HTTPError, ValueError):
