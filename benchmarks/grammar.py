@@ -10,7 +10,13 @@ run on the same model with the same schema (``json_schema``) and options, its
 own decode rate (``timings.predicted_per_second``) beside the runner's.
 
 Rounds alternate between them. Targets: the constrained rate is at least
-0.9x the unconstrained one, and at least 1.0x llama-server's with the schema.
+0.9x the unconstrained one over as many tokens, and at least 1.0x
+llama-server's with the schema. "free, same length" is free text cut at the
+length of the round's JSON answer (the same seed: the first tokens of the
+"free" answer); the grammar's cost is judged against it, since free text
+running on past where a JSON answer ends falls into loops that prompt lookup
+drafts, and its rate there says nothing of the grammar. "free" (up to
+``--tokens``) is printed beside it.
 
 Our rates include speculative decoding at its default (``draft_num_predict``
 4, prompt lookup); the tokens drafted and accepted are printed for each, since
@@ -143,15 +149,19 @@ async def main(gemma: bool, rounds: int = 7, n: int = 256) -> int:
         runner = await start_runner_with(LoadSpec(path=str(path), n_ctx=1024), load_timeout=120)
         binary = os.environ.get("LLAMA_SERVER")
         server = start_server(binary, path) if binary else None
-        names = ("free", "schema", "server free", "server schema")
+        names = ("free", "schema", "free, same length", "server free", "server schema")
         rates: dict[str, list[float]] = {name: [] for name in names}
-        drafts = {name: {key: [] for key in DRAFT_KEYS} for name in names[:2]}
+        drafts = {name: {key: [] for key in DRAFT_KEYS} for name in names[:3]}
         try:
             await rate(runner, None, 16, {})
             await rate(runner, grammar, 16, {})  # builds the vocabulary's trie (once per load)
             for _ in range(rounds):  # alternating: other load on the machine falls on all
                 rates["free"].append(await rate(runner, None, n, drafts["free"]))
                 rates["schema"].append(await rate(runner, grammar, n, drafts["schema"]))
+                same = drafts["schema"]["eval_count"][-1]  # the JSON answer's length
+                rates["free, same length"].append(
+                    await rate(runner, None, same, drafts["free, same length"])
+                )
                 if server:
                     rates["server free"].append(await server_rate(server[1], None, n))
                     rates["server schema"].append(await server_rate(server[1], SCHEMA, n))
@@ -182,14 +192,18 @@ def report(
     )
     for name, values in rates.items():
         if values:
-            print(f"{name:14s}: {statistics.median(values):7.1f} tokens/s  {values}")
+            print(f"{name:18s}: {statistics.median(values):7.1f} tokens/s  {values}")
     for name, counts in drafts.items():
         tokens, drafted, accepted = (sum(counts[key]) for key in DRAFT_KEYS)
-        print(f"{name:14s}: {tokens} tokens, {drafted} drafted, {accepted} accepted (ours)")
+        print(f"{name:18s}: {tokens} tokens, {drafted} drafted, {accepted} accepted (ours)")
     setting = DRAFT.get("draft_num_predict", "the default")
     print(f"draft_num_predict: {setting} (ours)")
-    met = ratio("schema", "free") >= 0.9
-    print(f"ours, schema / free: {ratio('schema', 'free'):.3f}x (target >= 0.9x)")
+    met = ratio("schema", "free, same length") >= 0.9
+    print(f"ours, schema / free: {ratio('schema', 'free'):.3f}x (free up to {n} tokens)")
+    print(
+        f"ours, schema / free, same length: {ratio('schema', 'free, same length'):.3f}x"
+        " (target >= 0.9x)"
+    )
     if rates["server schema"]:
         vs = ratio("schema", "server schema")
         print(f"ours / llama-server, schema: {vs:.3f}x (target >= 1.0x)")
