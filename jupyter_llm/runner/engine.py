@@ -56,6 +56,7 @@ from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
 from jupyter_llm.runner.speculative import add_draft, next_tokens, prepare_drafts
 from jupyter_llm.runner.step_costs import StepCosts
+from jupyter_llm.runner.thread_tuning import ThreadTuner
 from jupyter_llm.runner.vision import ImagePrompt, split_plain
 
 Emit = Callable[[str], None]
@@ -95,6 +96,15 @@ def context_params(params: LoadParams, n_ctx_train: int) -> Any:
     return cp
 
 
+def thread_tuner(params: LoadParams) -> ThreadTuner | None:
+    """The thread count's tuner (``runner.thread_tuning``) where the count
+    is the default and every layer is on the CPU (a GPU's layers do not wait
+    on CPU threads); None where it stays as it is."""
+    if not params.adapt_threads or params.n_gpu_layers != 0 or params.n_threads < 2:
+        return None
+    return ThreadTuner(params.n_threads)
+
+
 class Engine:
     """The continuous-batching loop over one context; see the module docstring."""
 
@@ -124,6 +134,7 @@ class Engine:
         self.beat: Callable[[], None] = lambda: None  # progress between decode steps
         self.drafter = open_draft(self, params)  # a draft model (runner.draft_model), or None
         self.step_costs = StepCosts(self.n_seq, self.n_batch)  # what a drafted token costs here
+        self.threads = thread_tuner(params)  # fewer threads while others hold cores, or None
         if params.projector:
             try:  # on the GPU where the model's layers are
                 model.open_projector(params.projector, n_threads, params.n_gpu_layers != 0)
@@ -422,7 +433,15 @@ class Engine:
         self._sample(outputs)
         if not fed:  # generating sequences alone: what the step cost (runner.step_costs)
             elapsed += drafting_ns + time.perf_counter_ns() - t0
-            self.step_costs.observe(len(generating), n, elapsed)
+            if self.threads is None or not self.threads.probing:  # a probe's steps are not the norm
+                self.step_costs.observe(len(generating), n, elapsed)
+            if self.threads is not None:
+                self._set_threads(self.threads.observe(len(generating), n, elapsed))
+
+    def _set_threads(self, count: int) -> None:
+        """Decode at ``count`` threads from the next step on (``runner.thread_tuning``)."""
+        if count != llama_cpp.llama_n_threads(self.ctx):
+            llama_cpp.llama_set_n_threads(self.ctx, count, count)
 
     def _cancel(self) -> None:
         """End the cancelled requests, in slots and waiting."""

@@ -93,6 +93,7 @@ class LoadParams:
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int = 0  # 0: the physical cores the runner may use
+    adapt_threads: bool = False  # n_threads is the default: fewer while others hold cores
     n_gpu_layers: int = 0
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()

@@ -173,7 +173,7 @@ class RunnerService:
             raise ValueError("a model is already loaded in this runner")
         params = read(LoadParams, message)
         if params.n_threads <= 0:  # none asked for: the physical cores this process may use
-            params = replace(params, n_threads=default_threads())
+            params = replace(params, n_threads=default_threads(), adapt_threads=True)
         allocation_log.reset()
         last = [-1.0]
 
@@ -199,6 +199,7 @@ class RunnerService:
             "n_batch": self.engine.n_batch,
             "n_seq": self.engine.n_seq,
             "n_threads": params.n_threads,
+            "adaptive_threads": self.engine.threads is not None,  # runner.thread_tuning
             "chat_template": self.engine.model.chat_template,
             "supports_insert": self.engine.model.supports_insert,
             "vision": vision is not None and not vision.refusal,

@@ -104,11 +104,13 @@ class RunnerProxy:
         finally:
             await replies.aclose()
         self.load_duration_ns = time.perf_counter_ns() - started
+        adaptive = " (fewer while other work holds the cores)"
         log.info(
-            "runner %s loaded the model in %.1fs: %s CPU threads, n_ctx %d",
+            "runner %s loaded the model in %.1fs: %s CPU threads%s, n_ctx %d",
             self.pid,
             self.load_duration_ns / 1e9,
             self.info.get("n_threads", "?"),
+            adaptive if self.info.get("adaptive_threads") else "",
             self.n_ctx,
         )
 

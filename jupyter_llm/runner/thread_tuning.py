@@ -1,0 +1,135 @@
+"""How many threads a runner decodes with, fitted to what the machine leaves it.
+
+The default is one thread per physical core the runner may use
+(``cpu_threads``): the fastest count on a quiet machine. But a notebook's
+kernel often computes beside the model (pandas, a training loop), and
+llama.cpp's threads meet at a barrier after every operation: a step takes as
+long as its slowest thread, and the thread whose core the kernel holds is
+slow. Measured on 2 cores, Gemma 3 270M: 66 tokens/s on 2 threads and 41 on
+1 when the machine is quiet; beside one busy process, 24 on 2 threads and 42
+on 1. So where the count is the default (no ``num_thread``, no
+``JUPYTER_LLM_NUM_THREADS``: those are kept as set), the engine times its
+decode steps and now and then runs a few at one thread fewer, or one more
+(up to the default); it keeps whichever count's steps are faster.
+
+The rules, on the steps of generating sequences alone, each compared only
+with steps of its shape (as many sequences and drafted tokens: the same
+work at any count; a stream that drafts well has few steps without drafts):
+
+- a probe of ``PROBE_STEPS`` steps at a neighbouring count runs after
+  ``FIRST_PROBE`` steps, then after twice as many each time it loses (up to
+  ``MAX_INTERVAL``): on a quiet machine probes soon cost almost nothing.
+  Below the default count the wait stays under ``MAX_INTERVAL_BELOW``: a
+  neighbour that leaves does not slow the steps of fewer threads, so only a
+  probe finds that the cores are free again;
+- a probe wins when its steps take, at the median, ``MARGIN`` less time
+  than the current count's recent steps of their shapes, and the count
+  moves there;
+- when the current count's steps become ``SLOWER`` than when it was settled
+  (a neighbour started), the next probe is due at once.
+
+Pure rules over plain numbers: the engine feeds times and sets the count it
+is told (``llama_set_n_threads``). Runs in the runner process only.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+PROBE_STEPS = 4  # steps timed at the probed count
+FIRST_PROBE = 128  # steps at a count before its first probe
+MAX_INTERVAL = 2048  # the longest wait between probes, after probes that lost
+MAX_INTERVAL_BELOW = 256  # the same below the default: a neighbour that left shows only so
+MARGIN = 0.08  # a probe must be this much faster to win
+SLOWER = 1.3  # steps this much slower than when settled: probe now
+SAMPLES = 9  # recent steps each median is taken over
+MIN_SAMPLES = 3  # a shape's steps at the current count before it is compared
+MAX_PROBE_STEPS = 4 * PROBE_STEPS  # steps a probe may run while it finds no comparable step
+
+Shape = tuple[int, int]  # (sequences, tokens) of a step
+
+
+@dataclass
+class ThreadTuner:
+    """One engine's thread count: ``count`` now, between 1 and ``maximum``."""
+
+    maximum: int
+    count: int = 0  # 0: ``maximum``
+    interval: int = FIRST_PROBE  # steps between probes
+    until_probe: int = FIRST_PROBE
+    probing: int = 0  # the count being probed (0: none)
+    probe_steps: int = 0  # steps run in this probe
+    ratios: list[float] = field(default_factory=list)  # the probe's steps / the count's medians
+    settled: dict[Shape, float] = field(default_factory=dict)  # the count's medians when settled
+    times: dict[Shape, deque[int]] = field(default_factory=dict)  # the count's recent steps, ns
+    up_next: bool = False  # alternate the probe's direction where both are open
+
+    def __post_init__(self) -> None:
+        self.maximum = max(1, self.maximum)
+        self.count = self.count or self.maximum
+
+    @property
+    def threads(self) -> int:
+        """The count the next step runs at."""
+        return self.probing or self.count
+
+    def observe(self, sequences: int, tokens: int, elapsed_ns: int) -> int:
+        """One decode step of ``sequences`` generating sequences and
+        ``tokens`` tokens in all (drafts included), no prompt chunk, at
+        ``threads``; returns the count for the next step."""
+        if self.maximum == 1:
+            return 1
+        shape = (sequences, tokens)
+        if self.probing:
+            self._probe_step(shape, elapsed_ns)
+            return self.threads
+        if elapsed_ns > 0:
+            self.times.setdefault(shape, deque(maxlen=SAMPLES)).append(elapsed_ns)
+        self.until_probe -= 1
+        if self._slowed(shape) or self.until_probe <= 0:
+            self._start_probe()
+        return self.threads
+
+    def _median(self, shape: Shape) -> float | None:
+        times = self.times.get(shape)
+        return statistics.median(times) if times and len(times) >= MIN_SAMPLES else None
+
+    def _slowed(self, shape: Shape) -> bool:
+        now = self._median(shape)
+        if now is None:
+            return False
+        then = self.settled.setdefault(shape, now)
+        return now > SLOWER * then
+
+    def _start_probe(self) -> None:
+        down, up = self.count - 1, self.count + 1
+        if up <= self.maximum and (self.up_next or down < 1):
+            self.probing = up
+        else:
+            self.probing = down if down >= 1 else up
+        self.up_next = not self.up_next
+        self.probe_steps, self.ratios = 0, []
+
+    def _probe_step(self, shape: Shape, elapsed_ns: int) -> None:
+        self.probe_steps += 1
+        current = self._median(shape)
+        if current is not None and elapsed_ns > 0:
+            self.ratios.append(elapsed_ns / current)
+        if len(self.ratios) >= PROBE_STEPS:
+            self._end_probe(statistics.median(self.ratios) < 1 - MARGIN)
+        elif self.probe_steps >= MAX_PROBE_STEPS:
+            self._end_probe(False)  # too few steps of a shape the count has: no verdict
+
+    def _end_probe(self, won: bool) -> None:
+        if won:  # the count's times are gone with it: the new count's come as it runs
+            self.count = self.probing
+            self.interval = FIRST_PROBE
+            self.times, self.settled = {}, {}
+        else:
+            longest = MAX_INTERVAL if self.count == self.maximum else MAX_INTERVAL_BELOW
+            self.interval = min(longest, 2 * self.interval)
+            self.settled = {shape: m for shape in self.times if (m := self._median(shape))}
+        self.probing = 0
+        self.until_probe = self.interval

@@ -1,0 +1,199 @@
+"""The thread count's rules (runner.thread_tuning) over simulated step times:
+a machine whose cores another process takes and gives back; and an engine
+that follows them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import llama_cpp
+import pytest
+
+from jupyter_llm.runner.engine import Engine, thread_tuner
+from jupyter_llm.runner.protocol import Done, LoadParams
+from jupyter_llm.runner.sequence import Job
+from jupyter_llm.runner.thread_tuning import (
+    FIRST_PROBE,
+    MAX_INTERVAL,
+    MAX_INTERVAL_BELOW,
+    MAX_PROBE_STEPS,
+    PROBE_STEPS,
+    ThreadTuner,
+)
+
+MS = 1_000_000
+# Gemma 3 270M on 2 cores (the module's figures): ms a token at 1 and 2 threads
+QUIET = {1: 24.4 * MS, 2: 15.2 * MS}
+BUSY = {1: 23.8 * MS, 2: 41.0 * MS}  # one core held by another process
+
+
+def run(
+    tuner: ThreadTuner,
+    steps: int,
+    times: Callable[[int, int], float],
+    sequences: int = 1,
+    tokens: int = 1,
+) -> list[int]:
+    """The count each step ran at; ``times(count, step)`` is its time."""
+    counts = []
+    for step in range(steps):
+        running = tuner.threads
+        counts.append(running)
+        tuner.observe(sequences, tokens, int(times(running, step)))
+    return counts
+
+
+def test_a_quiet_machine_keeps_every_core_and_probes_ever_less() -> None:
+    tuner = ThreadTuner(2)
+    counts = run(tuner, 20_000, lambda n, _: QUIET[n])
+    assert tuner.count == 2
+    probe_steps = counts.count(1)
+    probes = probe_steps // PROBE_STEPS
+    assert probe_steps == probes * PROBE_STEPS  # each probe ran its whole length
+    # intervals 128, 256, ... 2048, then 2048 each: 4 + (20000 - 3840) / 2048 probes
+    assert 10 <= probes <= 13
+    assert tuner.interval == MAX_INTERVAL
+    # what the probes cost, in steps of the faster count's time
+    lost = probe_steps * (QUIET[1] - QUIET[2]) / QUIET[2]
+    assert lost / len(counts) < 0.002
+    assert counts[:FIRST_PROBE] == [2] * FIRST_PROBE
+
+
+def test_a_neighbour_that_starts_moves_it_to_fewer_threads_within_a_few_steps() -> None:
+    tuner = ThreadTuner(2)
+    start = 5_000  # long settled: probes are far apart by then
+    counts = run(tuner, start + 40, lambda n, step: QUIET[n] if step < start else BUSY[n])
+    assert tuner.interval == FIRST_PROBE  # a probe that wins sets the probes' pace again
+    moved = counts.index(1, start)
+    assert moved - start <= 8  # steps at the slow count before the probe
+    assert counts[-20:] == [1] * 20
+
+
+def test_when_the_neighbour_leaves_a_probe_finds_every_core_again() -> None:
+    tuner = ThreadTuner(2)
+    busy = range(1_000, 3_000)
+    counts = run(tuner, 4_000, lambda n, step: BUSY[n] if step in busy else QUIET[n])
+    assert counts[2_000:2_010] == [1] * 10  # while it is busy
+    back = counts.index(2, busy.stop)
+    assert back - busy.stop <= MAX_INTERVAL_BELOW + PROBE_STEPS
+    probes_while_busy = sum(  # a probe up now and then, each PROBE_STEPS long
+        1 for i in range(busy.start + 100, busy.stop) if counts[i] == 2 and counts[i - 1] == 1
+    )
+    assert 5 <= probes_while_busy <= 9  # every 256 steps at most
+    assert counts[-100:] == [2] * 100
+    assert tuner.count == 2
+
+
+def test_probes_go_both_ways_between_one_and_the_maximum() -> None:
+    tuner = ThreadTuner(4)
+
+    def four_cores_one_held(n: int, _: int) -> float:
+        return {1: 40, 2: 22, 3: 15, 4: 38}[n] * MS  # 3 threads fit the free cores
+
+    counts = run(tuner, 3_000, four_cores_one_held)
+    assert tuner.count == 3
+    assert set(counts) <= {2, 3, 4}
+    assert counts[-10:] == [3] * 10
+
+
+@pytest.mark.parametrize("sequences", [1, 3])
+def test_steps_are_compared_only_for_as_many_sequences(sequences: int) -> None:
+    tuner = ThreadTuner(2)
+    # a step of 3 sequences takes longer at any count: only like is compared with like
+    scale = {1: 1.0, 3: 1.6}[sequences]
+    counts = run(tuner, 600, lambda n, _: BUSY[n] * scale, sequences, sequences)
+    assert tuner.count == 1
+    assert counts[-10:] == [1] * 10
+
+
+def test_a_probe_of_steps_of_shapes_the_count_has_not_run_gives_no_verdict() -> None:
+    tuner = ThreadTuner(2)
+    run(tuner, FIRST_PROBE, lambda n, _: QUIET[n])  # settled at 2 on 1-token steps, a probe due
+    assert tuner.probing == 1
+    run(tuner, MAX_PROBE_STEPS, lambda n, _: 1 * MS, tokens=3)  # 1 sequence and 2 drafted
+    assert (tuner.probing, tuner.count) == (0, 2)
+    assert tuner.interval == 2 * FIRST_PROBE
+
+
+def test_a_stream_that_drafts_is_judged_on_its_drafting_steps() -> None:
+    """Draft lengths change from step to step: each step is compared with
+    the count's steps of its own length."""
+    tuner = ThreadTuner(2)
+    counts = []
+    for step in range(3_000):
+        drafted = (0, 3, 7)[step % 3]
+        busy = 1_000 <= step < 2_000
+        cost = (BUSY if busy else QUIET)[tuner.threads] * (1 + 0.5 * drafted)
+        counts.append(tuner.threads)
+        tuner.observe(1, 1 + drafted, int(cost))
+    assert counts[1_000:1_050].count(1) > 30  # moved within a few steps of the neighbour
+    assert counts[1_900:2_000].count(1) > 90
+    assert counts[-50:] == [2] * 50  # and back once it left
+
+
+@pytest.mark.parametrize("maximum", [0, 1])
+def test_one_core_is_left_alone(maximum: int) -> None:
+    tuner = ThreadTuner(maximum)
+    assert set(run(tuner, 1_000, lambda n, _: QUIET.get(n, 1))) == {1}
+
+
+def test_a_noisy_quiet_machine_does_not_move_it() -> None:
+    """Preempted steps (every 7th at 3x) are in both counts' medians alike."""
+    tuner = ThreadTuner(2)
+    counts = run(tuner, 8_000, lambda n, step: QUIET[n] * (3 if step % 7 == 0 else 1))
+    assert tuner.count == 2
+    assert counts.count(1) / len(counts) < 0.01
+
+
+# -- in an engine -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "tuned"),
+    [
+        ({"n_threads": 2, "adapt_threads": True}, True),  # the default count (runner.serve)
+        ({"n_threads": 2}, False),  # num_thread or JUPYTER_LLM_NUM_THREADS: kept as set
+        ({"n_threads": 1, "adapt_threads": True}, False),  # nothing to take away
+        ({"n_threads": 2, "adapt_threads": True, "n_gpu_layers": -1}, False),  # on a GPU
+    ],
+)
+def test_which_engines_tune_their_threads(params, tuned) -> None:
+    assert (thread_tuner(LoadParams(path="m.gguf", **params)) is not None) == tuned
+
+
+def greedy_with_threads(engine: Engine, tokens: int) -> tuple[str, list[int]]:
+    """A greedy answer without drafts, and the context's thread count at each step."""
+    text: list[str] = []
+    done: list[Done] = []
+    errors: list[Exception] = []
+    options = {"temperature": 0, "num_predict": tokens, "draft_num_predict": 0}
+    prompt = engine.model.prompt_tokens("hello")
+    engine.submit(Job(1, prompt, options, text.append, done.append, errors.append))
+    counts = []
+    while not done and not errors:
+        engine.step()
+        counts.append(llama_cpp.llama_n_threads(engine.ctx))
+        if engine.threads is not None:
+            assert counts[-1] == engine.threads.threads  # the tuner's count, every step
+    assert not errors, errors
+    return "".join(text), counts
+
+
+def test_an_engine_probes_fewer_threads_and_answers_the_same(demo_gguf: Path) -> None:
+    """The probe is due after FIRST_PROBE steps whatever the times are; which
+    count wins depends on this machine, so only what does not is asserted."""
+    answers = {}
+    for adapt in (True, False):
+        params = LoadParams(path=str(demo_gguf), n_ctx=512, n_threads=2, adapt_threads=adapt)
+        engine = Engine(params)
+        try:
+            answers[adapt], counts = greedy_with_threads(engine, FIRST_PROBE + 3 * PROBE_STEPS)
+        finally:
+            engine.close()
+        if adapt:
+            assert 1 in counts[: FIRST_PROBE + 2]  # a probe at one thread ran
+            assert counts[0] == 2
+        else:
+            assert set(counts) == {2}
+    assert answers[True] == answers[False]
