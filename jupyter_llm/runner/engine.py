@@ -436,7 +436,10 @@ class Engine:
             if self.threads is None or not self.threads.probing:  # a probe's steps are not the norm
                 self.step_costs.observe(len(generating), n, elapsed)
             if self.threads is not None:
+                settled = self.threads.count
                 self._set_threads(self.threads.observe(len(generating), n, elapsed))
+                if self.threads.count != settled:  # what a draft costs is measured anew
+                    self.step_costs = StepCosts(self.n_seq, self.n_batch, self.step_costs.pinned)
 
     def _set_threads(self, count: int) -> None:
         """Decode at ``count`` threads from the next step on (``runner.thread_tuning``)."""

@@ -4,6 +4,7 @@ that follows them."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from jupyter_llm.runner.engine import Engine, thread_tuner
 from jupyter_llm.runner.protocol import Done, LoadParams
 from jupyter_llm.runner.sequence import Job
+from jupyter_llm.runner.step_costs import StepCosts
 from jupyter_llm.runner.thread_tuning import (
     FIRST_PROBE,
     MAX_INTERVAL,
@@ -197,3 +199,24 @@ def test_an_engine_probes_fewer_threads_and_answers_the_same(demo_gguf: Path) ->
         else:
             assert set(counts) == {2}
     assert answers[True] == answers[False]
+
+
+def test_a_count_that_wins_measures_what_drafts_cost_anew(demo_gguf: Path) -> None:
+    """The count's recorded steps are made to look 10 s long, so the probe's
+    real steps win whatever this machine's speed; the drafts' costs measured
+    at the old count are dropped with it (a pinned cost is kept)."""
+    params = LoadParams(path=str(demo_gguf), n_ctx=512, n_threads=2, adapt_threads=True)
+    engine = Engine(params)
+    try:
+        tuner = engine.threads
+        assert tuner is not None
+        tuner.times[(1, 1)] = deque([10_000 * MS] * 9, maxlen=9)
+        tuner.settled[(1, 1)] = 10_000 * MS
+        tuner.until_probe = 1
+        engine.step_costs = StepCosts(engine.n_seq, engine.n_batch, pinned=0.25)
+        before = engine.step_costs
+        _, counts = greedy_with_threads(engine, 2 + 2 * PROBE_STEPS)
+        assert tuner.count == 1 and counts[-1] == 1
+        assert engine.step_costs is not before and engine.step_costs.pinned == 0.25
+    finally:
+        engine.close()
