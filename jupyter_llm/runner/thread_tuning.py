@@ -46,6 +46,7 @@ MARGIN = 0.08  # a probe must be this much faster to win
 SLOWER = 1.3  # steps this much slower than when settled: probe now
 SAMPLES = 9  # recent steps each median is taken over
 MIN_SAMPLES = 3  # a shape's steps at the current count before it is compared
+MAX_SHAPES = 64  # shapes remembered (many streams drafting make many); the oldest go first
 MAX_PROBE_STEPS = 4 * PROBE_STEPS  # steps a probe may run while it finds no comparable step
 
 Shape = tuple[int, int]  # (sequences, tokens) of a step
@@ -86,6 +87,10 @@ class ThreadTuner:
             self._probe_step(shape, elapsed_ns)
             return self.threads
         if elapsed_ns > 0:
+            if shape not in self.times and len(self.times) >= MAX_SHAPES:
+                oldest = next(iter(self.times))
+                del self.times[oldest]
+                self.settled.pop(oldest, None)
             self.times.setdefault(shape, deque(maxlen=SAMPLES)).append(elapsed_ns)
         self.until_probe -= 1
         if self._slowed(shape) or self.until_probe <= 0:

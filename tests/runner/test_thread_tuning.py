@@ -20,6 +20,7 @@ from jupyter_llm.runner.thread_tuning import (
     MAX_INTERVAL,
     MAX_INTERVAL_BELOW,
     MAX_PROBE_STEPS,
+    MAX_SHAPES,
     PROBE_STEPS,
     ThreadTuner,
 )
@@ -220,3 +221,12 @@ def test_a_count_that_wins_measures_what_drafts_cost_anew(demo_gguf: Path) -> No
         assert engine.step_costs is not before and engine.step_costs.pinned == 0.25
     finally:
         engine.close()
+
+
+def test_the_shapes_remembered_are_bounded() -> None:
+    tuner = ThreadTuner(2)
+    for tokens in range(1, 500):  # 256 streams drafting every length: one shape each
+        tuner.observe(1, tokens, 5 * MS)
+        tuner.probing = 0  # only the count's own steps here
+    assert len(tuner.times) <= MAX_SHAPES and len(tuner.settled) <= MAX_SHAPES
+    assert (1, 499) in tuner.times  # the newest kept
