@@ -204,13 +204,42 @@ def fallback_threads() -> int:
     return max(1, physical or os.cpu_count() or 1)
 
 
+def own_cpus() -> frozenset[int] | None:
+    """The CPUs this process may run on (Linux: its affinity mask), else None."""
+    if sys.platform.startswith("linux") and hasattr(os, "sched_getaffinity"):
+        return frozenset(os.sched_getaffinity(0))
+    return None
+
+
 def default_threads() -> int:
     """The thread count a runner on this machine uses when none was asked for."""
     if sys.platform.startswith("linux"):
-        affinity = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        affinity = own_cpus()
         if (count := linux_threads(Path("/"), affinity)) is not None:
             return count
     elif sys.platform == "darwin":
         if (count := darwin_threads(read_sysctl)) is not None:
             return count
     return fallback_threads()
+
+
+def idle_jiffies(cpus: Iterable[int], root: Path = Path("/")) -> tuple[int, int] | None:
+    """Idle (idle and iowait) and all jiffies, summed over ``cpus``, from
+    ``proc/stat``: two reads apart say how much of those CPUs nobody used
+    meanwhile (``thread_tuning.free_cores``). None where it is unreadable."""
+    text = read_text(root / "proc" / "stat")
+    if text is None:
+        return None
+    wanted = {f"cpu{c}" for c in cpus}
+    idle = total = 0
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if name not in wanted:
+            continue
+        try:
+            fields = [int(f) for f in rest.split()]
+        except ValueError:
+            return None
+        idle += sum(fields[3:5])
+        total += sum(fields[:8])  # not guest time: it is in user time already
+    return (idle, total) if total else None

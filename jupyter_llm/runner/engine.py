@@ -42,6 +42,7 @@ from jupyter_llm.runner.context_window import (
     swa_reusable,
     truncation,
 )
+from jupyter_llm.runner.cpu_threads import idle_jiffies, own_cpus
 from jupyter_llm.runner.draft_model import close_draft, open_draft
 from jupyter_llm.runner.embedding_context import EmbeddingContext
 from jupyter_llm.runner.interrupt import ABORTED, StepInterrupt
@@ -56,7 +57,7 @@ from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
 from jupyter_llm.runner.speculative import add_draft, next_tokens, prepare_drafts
 from jupyter_llm.runner.step_costs import StepCosts
-from jupyter_llm.runner.thread_tuning import ThreadTuner
+from jupyter_llm.runner.thread_tuning import IdleWatch, ThreadTuner
 from jupyter_llm.runner.vision import ImagePrompt, split_plain
 
 Emit = Callable[[str], None]
@@ -102,7 +103,8 @@ def thread_tuner(params: LoadParams) -> ThreadTuner | None:
     on CPU threads); None where it stays as it is."""
     if not params.adapt_threads or params.n_gpu_layers != 0 or params.n_threads < 2:
         return None
-    return ThreadTuner(params.n_threads)
+    cpus = own_cpus()
+    return ThreadTuner(params.n_threads, idle=IdleWatch(cpus, idle_jiffies) if cpus else None)
 
 
 class Engine:

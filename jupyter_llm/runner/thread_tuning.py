@@ -26,7 +26,12 @@ work at any count; a stream that drafts well has few steps without drafts):
   than the current count's recent steps of their shapes, and the count
   moves there;
 - when the current count's steps become ``SLOWER`` than when it was settled
-  (a neighbour started), the next probe is due at once.
+  (a neighbour started), the next probe is due at once;
+- below the default, a neighbour that leaves does not show in the steps:
+  the engine reads the CPUs' idle time (``cpu_threads.idle_jiffies``) every
+  ``IDLE_CHECK`` steps, and where a core's worth (``FREE_CORE``) went unused
+  the probe up is due at once (a probe a step it loses, at most every
+  ``IDLE_CHECK`` steps).
 
 Pure rules over plain numbers: the engine feeds times and sets the count it
 is told (``llama_set_n_threads``). Runs in the runner process only.
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 PROBE_STEPS = 4  # steps timed at the probed count
@@ -46,10 +52,39 @@ MARGIN = 0.08  # a probe must be this much faster to win
 SLOWER = 1.3  # steps this much slower than when settled: probe now
 SAMPLES = 9  # recent steps each median is taken over
 MIN_SAMPLES = 3  # a shape's steps at the current count before it is compared
+IDLE_CHECK = 32  # steps between two reads of the CPUs' idle time, below the default
+FREE_CORE = 0.6  # of a core unused meanwhile: the probe up is due
 MAX_SHAPES = 64  # shapes remembered (many streams drafting make many); the oldest go first
 MAX_PROBE_STEPS = 4 * PROBE_STEPS  # steps a probe may run while it finds no comparable step
 
 Shape = tuple[int, int]  # (sequences, tokens) of a step
+
+
+Jiffies = tuple[int, int]  # (idle, all) of some CPUs since boot
+
+
+@dataclass
+class IdleWatch:
+    """How much of the runner's ``cpus`` went unused, read (``read``:
+    ``cpu_threads.idle_jiffies``, or a test's) every ``IDLE_CHECK`` steps
+    while the count is below the default and no probe runs."""
+
+    cpus: frozenset[int]
+    read: Callable[[frozenset[int]], Jiffies | None]
+    steps: int = 0
+    last: Jiffies | None = None
+
+    def step(self, tuner: ThreadTuner) -> None:
+        if tuner.count >= tuner.maximum or tuner.probing:
+            self.last = None  # a window starts again below the default, after the probe
+            return
+        self.steps += 1
+        if self.last is not None and self.steps < IDLE_CHECK:
+            return
+        now = self.read(self.cpus)
+        if now is not None and self.last is not None:
+            tuner.saw_free_cores(free_cores(self.last, now, len(self.cpus)))
+        self.last, self.steps = now, 0
 
 
 @dataclass
@@ -66,6 +101,7 @@ class ThreadTuner:
     settled: dict[Shape, float] = field(default_factory=dict)  # the count's medians when settled
     times: dict[Shape, deque[int]] = field(default_factory=dict)  # the count's recent steps, ns
     up_next: bool = False  # alternate the probe's direction where both are open
+    idle: IdleWatch | None = None  # below the default: unused CPU time calls a probe up
 
     def __post_init__(self) -> None:
         self.maximum = max(1, self.maximum)
@@ -93,9 +129,17 @@ class ThreadTuner:
                 self.settled.pop(oldest, None)
             self.times.setdefault(shape, deque(maxlen=SAMPLES)).append(elapsed_ns)
         self.until_probe -= 1
+        if self.idle is not None:
+            self.idle.step(self)
         if self._slowed(shape) or self.until_probe <= 0:
             self._start_probe()
         return self.threads
+
+    def saw_free_cores(self, free: float) -> None:
+        """``free`` cores' worth of this runner's CPUs went unused since the
+        last check (``free_cores``): below the default, probe up now."""
+        if self.count < self.maximum and not self.probing and free >= FREE_CORE:
+            self.up_next, self.until_probe = True, 0
 
     def _median(self, shape: Shape) -> float | None:
         times = self.times.get(shape)
@@ -138,3 +182,10 @@ class ThreadTuner:
             self.settled = {shape: m for shape in self.times if (m := self._median(shape))}
         self.probing = 0
         self.until_probe = self.interval
+
+
+def free_cores(before: tuple[int, int], after: tuple[int, int], cpus: int) -> float:
+    """The cores' worth of ``cpus`` CPUs that went unused between two reads
+    of their (idle, all) jiffies."""
+    idle, total = after[0] - before[0], after[1] - before[1]
+    return cpus * idle / total if total > 0 else 0.0

@@ -14,6 +14,7 @@ from jupyter_llm.runner.cpu_threads import (
     cgroup_cpu_limit,
     darwin_threads,
     default_threads,
+    idle_jiffies,
     linux_threads,
     parse_cpu_list,
     physical_cores,
@@ -188,6 +189,30 @@ def test_darwin_threads(values, expected):
     assert darwin_threads(values.get) == expected
 
 
+STAT = """cpu  30 0 10 100 5 0 0 0 7 0
+cpu0 10 0 5 60 2 0 0 0 7 0
+cpu1 20 0 5 40 3 1 1 1 0 0
+intr 12345"""
+
+
+@pytest.mark.parametrize(
+    ("cpus", "expected"),
+    [
+        ({0}, (62, 77)),  # idle and iowait; all but guest time (in user time already)
+        ({0, 1}, (105, 148)),
+        ({1, 7}, (43, 71)),  # a CPU proc/stat does not list adds nothing
+        ({7}, None),
+    ],
+)
+def test_idle_jiffies(tmp_path, cpus, expected):
+    assert idle_jiffies(cpus, build(tmp_path, {"proc/stat": STAT})) == expected
+
+
+def test_idle_jiffies_unreadable(tmp_path):
+    assert idle_jiffies({0}, tmp_path) is None
+    assert idle_jiffies({0}, build(tmp_path, {"proc/stat": "cpu0 1 x 3"})) is None
+
+
 def test_this_machine():
     count = default_threads()
     assert 1 <= count <= (os.cpu_count() or 1)
@@ -248,5 +273,8 @@ class TestReachesTheRunner:
         [loaded] = scheduler.loaded_models()
         want = default_threads() if expected == "default" else expected
         assert loaded.runner.info["n_threads"] == want
+        adaptive = expected == "default" and want > 1  # runner.thread_tuning: a set count is kept
+        assert loaded.runner.info["adaptive_threads"] == adaptive
         [line] = [m for m in load_log if "loaded the model" in m]
         assert f"{want} CPU threads" in line
+        assert ("fewer while other work holds the cores" in line) == adaptive

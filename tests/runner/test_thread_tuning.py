@@ -17,12 +17,15 @@ from jupyter_llm.runner.sequence import Job
 from jupyter_llm.runner.step_costs import StepCosts
 from jupyter_llm.runner.thread_tuning import (
     FIRST_PROBE,
+    IDLE_CHECK,
     MAX_INTERVAL,
     MAX_INTERVAL_BELOW,
     MAX_PROBE_STEPS,
     MAX_SHAPES,
     PROBE_STEPS,
+    IdleWatch,
     ThreadTuner,
+    free_cores,
 )
 
 MS = 1_000_000
@@ -230,3 +233,47 @@ def test_the_shapes_remembered_are_bounded() -> None:
         tuner.probing = 0  # only the count's own steps here
     assert len(tuner.times) <= MAX_SHAPES and len(tuner.settled) <= MAX_SHAPES
     assert (1, 499) in tuner.times  # the newest kept
+
+
+class Cpus:
+    """Two CPUs' jiffies, moved on by each read as a clock would: ``used``
+    cores' worth of them busy (this runner's thread and any neighbour)."""
+
+    def __init__(self) -> None:
+        self.idle = self.total = 0
+        self.used = 2.0
+
+    def read(self, cpus: frozenset[int]) -> tuple[int, int]:
+        self.total += 100 * len(cpus)
+        self.idle += round(100 * (len(cpus) - self.used))
+        return self.idle, self.total
+
+
+def test_unused_cores_call_the_probe_up_as_soon_as_the_neighbour_leaves() -> None:
+    cpus = Cpus()
+    tuner = ThreadTuner(2, idle=IdleWatch(frozenset({0, 1}), cpus.read))
+    busy = range(1_000, 3_000)
+    counts = []
+    for step in range(4_000):
+        counts.append(tuner.threads)
+        cpus.used = 2.0 if step in busy else float(tuner.threads)  # a neighbour, or not
+        tuner.observe(1, 1, int((BUSY if step in busy else QUIET)[tuner.threads]))
+    back = counts.index(2, busy.stop)
+    assert back - busy.stop <= 2 * IDLE_CHECK + 1  # not MAX_INTERVAL_BELOW
+    assert tuner.count == 2 and counts[-100:].count(2) >= 100 - PROBE_STEPS  # probes down aside
+    # while the neighbour held its core, no extra probe: about one per MAX_INTERVAL_BELOW
+    ups = sum(1 for i in range(busy.start + 100, busy.stop) if counts[i] == 2 > counts[i - 1])
+    assert ups <= (busy.stop - busy.start) // MAX_INTERVAL_BELOW + 1
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "cpus", "free"),
+    [
+        ((0, 0), (100, 200), 2, 1.0),  # half of two CPUs' time unused: one core
+        ((50, 100), (50, 300), 2, 0.0),
+        ((0, 0), (400, 400), 4, 4.0),
+        ((5, 10), (5, 10), 2, 0.0),  # no time passed (a coarse clock)
+    ],
+)
+def test_free_cores(before, after, cpus, free) -> None:
+    assert free_cores(before, after, cpus) == pytest.approx(free)
