@@ -30,8 +30,9 @@ work at any count; a stream that drafts well has few steps without drafts):
 - below the default, a neighbour that leaves does not show in the steps:
   the engine reads the CPUs' idle time (``cpu_threads.idle_jiffies``) every
   ``IDLE_CHECK`` steps, and where a core's worth (``FREE_CORE``) went unused
-  the probe up is due at once (a probe a step it loses, at most every
-  ``IDLE_CHECK`` steps).
+  the probe up is due at once. Idle CPUs are not always free cores (an SMT
+  sibling of the thread's own core, a CPU quota): each such probe that
+  loses doubles the steps before the next (up to ``MAX_INTERVAL_BELOW``).
 
 Pure rules over plain numbers: the engine feeds times and sets the count it
 is told (``llama_set_n_threads``). Runs in the runner process only.
@@ -102,6 +103,9 @@ class ThreadTuner:
     times: dict[Shape, deque[int]] = field(default_factory=dict)  # the count's recent steps, ns
     up_next: bool = False  # alternate the probe's direction where both are open
     idle: IdleWatch | None = None  # below the default: unused CPU time calls a probe up
+    idle_wait: int = IDLE_CHECK  # steps after a probe before unused CPU time calls another
+    since_probe: int = 0  # steps since the last probe ended
+    called: bool = False  # this probe was called by unused CPU time
 
     def __post_init__(self) -> None:
         self.maximum = max(1, self.maximum)
@@ -129,6 +133,7 @@ class ThreadTuner:
                 self.settled.pop(oldest, None)
             self.times.setdefault(shape, deque(maxlen=SAMPLES)).append(elapsed_ns)
         self.until_probe -= 1
+        self.since_probe += 1
         if self.idle is not None:
             self.idle.step(self)
         if self._slowed(shape) or self.until_probe <= 0:
@@ -138,8 +143,9 @@ class ThreadTuner:
     def saw_free_cores(self, free: float) -> None:
         """``free`` cores' worth of this runner's CPUs went unused since the
         last check (``free_cores``): below the default, probe up now."""
-        if self.count < self.maximum and not self.probing and free >= FREE_CORE:
-            self.up_next, self.until_probe = True, 0
+        below, waited = self.count < self.maximum, self.since_probe >= self.idle_wait
+        if below and waited and not self.probing and free >= FREE_CORE:
+            self.up_next, self.until_probe, self.called = True, 0, True
 
     def _median(self, shape: Shape) -> float | None:
         times = self.times.get(shape)
@@ -172,6 +178,9 @@ class ThreadTuner:
             self._end_probe(False)  # too few steps of a shape the count has: no verdict
 
     def _end_probe(self, won: bool) -> None:
+        if self.called:  # unused CPU time that did not mean a free core waits longer next time
+            self.idle_wait = IDLE_CHECK if won else min(MAX_INTERVAL_BELOW, 2 * self.idle_wait)
+        self.called, self.since_probe = False, 0
         if won:  # the count's times are gone with it: the new count's come as it runs
             self.count = self.probing
             self.interval = FIRST_PROBE

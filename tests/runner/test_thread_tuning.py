@@ -277,3 +277,17 @@ def test_unused_cores_call_the_probe_up_as_soon_as_the_neighbour_leaves() -> Non
 )
 def test_free_cores(before, after, cpus, free) -> None:
     assert free_cores(before, after, cpus) == pytest.approx(free)
+
+
+def test_idle_cpus_that_are_no_free_core_call_ever_fewer_probes() -> None:
+    """Four CPUs, two cores: the idle SMT sibling of the thread's own core
+    looks unused, but two threads are slower while a neighbour holds the
+    other core. The probes it calls back off as the interval's own do."""
+    cpus = Cpus()
+    cpus.used = 2.0  # the runner's thread and the neighbour: two of four CPUs idle
+    tuner = ThreadTuner(2, count=1, idle=IdleWatch(frozenset(range(4)), cpus.read))
+    counts = run(tuner, 6_000, lambda n, _: BUSY[n])
+    assert tuner.count == 1
+    ups = sum(1 for i in range(1, len(counts)) if counts[i] == 2 > counts[i - 1])
+    assert ups <= 6_000 // MAX_INTERVAL_BELOW + 8  # 32, 64, 128, then every 256 at most
+    assert tuner.idle_wait == MAX_INTERVAL_BELOW
