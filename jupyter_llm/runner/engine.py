@@ -435,8 +435,8 @@ class Engine:
         self._sample(outputs)
         if not fed:  # generating sequences alone: what the step cost (runner.step_costs)
             elapsed += drafting_ns + time.perf_counter_ns() - t0
-            if self.threads is None or not self.threads.probing:  # a probe's steps are not the norm
-                self.step_costs.observe(len(generating), n, elapsed)
+            if self.threads is None or self.threads.threads == self.threads.count:
+                self.step_costs.observe(len(generating), n, elapsed)  # not another count's
             if self.threads is not None:
                 settled = self.threads.count
                 self._set_threads(self.threads.observe(len(generating), n, elapsed))

@@ -145,6 +145,8 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
     wanted = int(seq.opts.get("draft_num_predict") or 0)
     if wanted <= 0 or not can_draft(engine.model.llama_model):
         return 0
+    if engine.threads is not None and engine.threads.measuring:
+        return 0  # steps of one token each, while the thread count is probed
     state = drafting_of(engine, seq, wanted)
     if state.index is not None:
         state.index.extend(seq.generated[state.seen :])

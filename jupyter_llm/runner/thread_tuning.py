@@ -12,21 +12,21 @@ on 1. So where the count is the default (no ``num_thread``, no
 decode steps and now and then runs a few at one thread fewer, or one more
 (up to the default); it keeps whichever count's steps are faster.
 
-The rules, on the steps of generating sequences alone, each compared only
-with steps of its shape (as many sequences and drafted tokens: the same
-work at any count; a stream that drafts well has few steps without drafts):
+The rules, on the steps of generating sequences alone:
 
-- a probe of ``PROBE_STEPS`` steps at a neighbouring count runs after
-  ``FIRST_PROBE`` steps, then after twice as many each time it loses (up to
-  ``MAX_INTERVAL``): on a quiet machine probes soon cost almost nothing.
-  Below the default count the wait stays under ``MAX_INTERVAL_BELOW``: a
-  neighbour that leaves does not slow the steps of fewer threads, so only a
-  probe finds that the cores are free again;
-- a probe wins when its steps take, at the median, ``MARGIN`` less time
-  than the current count's recent steps of their shapes, and the count
-  moves there;
+- a probe measures ``PROBE_STEPS`` steps at the current count, then as many
+  at a neighbouring count, both without drafts (the engine drafts nothing
+  while the tuner is ``measuring``), so both sides do the same work a step
+  and the machine has no time to change between them;
+- the neighbouring count wins when its median step is ``MARGIN`` faster, and
+  the count moves there;
+- a probe runs after ``FIRST_PROBE`` steps, then after twice as many each
+  time it loses (up to ``MAX_INTERVAL``): on a quiet machine probes soon
+  cost almost nothing. Below the default count the wait stays under
+  ``MAX_INTERVAL_BELOW``;
 - when the current count's steps become ``SLOWER`` than when it was settled
-  (a neighbour started), the next probe is due at once;
+  (a neighbour started: compared for steps of the same shape, as many
+  sequences and drafted tokens), the next probe is due at once;
 - below the default, a neighbour that leaves does not show in the steps:
   the engine reads the CPUs' idle time (``cpu_threads.idle_jiffies``) every
   ``IDLE_CHECK`` steps, and where a core's worth (``FREE_CORE``) went unused
@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PROBE_STEPS = 4  # steps timed at the probed count
+PROBE_STEPS = 4  # steps timed at each of the two counts of a probe
 FIRST_PROBE = 128  # steps at a count before its first probe
 MAX_INTERVAL = 2048  # the longest wait between probes, after probes that lost
 MAX_INTERVAL_BELOW = 256  # the same below the default: a neighbour that left shows only so
@@ -56,7 +56,7 @@ MIN_SAMPLES = 3  # a shape's steps at the current count before it is compared
 IDLE_CHECK = 32  # steps between two reads of the CPUs' idle time, below the default
 FREE_CORE = 0.6  # of a core unused meanwhile: the probe up is due
 MAX_SHAPES = 64  # shapes remembered (many streams drafting make many); the oldest go first
-MAX_PROBE_STEPS = 4 * PROBE_STEPS  # steps a probe may run while it finds no comparable step
+MAX_PROBE_STEPS = 4 * PROBE_STEPS  # steps a probe's half may take to time its steps
 
 Shape = tuple[int, int]  # (sequences, tokens) of a step
 
@@ -76,7 +76,7 @@ class IdleWatch:
     last: Jiffies | None = None
 
     def step(self, tuner: ThreadTuner) -> None:
-        if tuner.count >= tuner.maximum or tuner.probing:
+        if tuner.count >= tuner.maximum or tuner.measuring:
             self.last = None  # a window starts again below the default, after the probe
             return
         self.steps += 1
@@ -96,9 +96,10 @@ class ThreadTuner:
     count: int = 0  # 0: ``maximum``
     interval: int = FIRST_PROBE  # steps between probes
     until_probe: int = FIRST_PROBE
-    probing: int = 0  # the count being probed (0: none)
-    probe_steps: int = 0  # steps run in this probe
-    ratios: list[float] = field(default_factory=list)  # the probe's steps / the count's medians
+    probing: int = 0  # the count probed (0: none)
+    phase: int = 0  # 0: no probe; 1: timing the count; 2: timing the probed count
+    probe_steps: int = 0  # steps run in this phase
+    timed: dict[int, dict[Shape, list[int]]] = field(default_factory=dict)  # phase -> steps
     settled: dict[Shape, float] = field(default_factory=dict)  # the count's medians when settled
     times: dict[Shape, deque[int]] = field(default_factory=dict)  # the count's recent steps, ns
     up_next: bool = False  # alternate the probe's direction where both are open
@@ -114,7 +115,12 @@ class ThreadTuner:
     @property
     def threads(self) -> int:
         """The count the next step runs at."""
-        return self.probing or self.count
+        return self.probing if self.phase == 2 else self.count
+
+    @property
+    def measuring(self) -> bool:
+        """A probe times its steps: the engine drafts nothing meanwhile."""
+        return self.phase != 0
 
     def observe(self, sequences: int, tokens: int, elapsed_ns: int) -> int:
         """One decode step of ``sequences`` generating sequences and
@@ -123,7 +129,7 @@ class ThreadTuner:
         if self.maximum == 1:
             return 1
         shape = (sequences, tokens)
-        if self.probing:
+        if self.phase:
             self._probe_step(shape, elapsed_ns)
             return self.threads
         if elapsed_ns > 0:
@@ -144,7 +150,7 @@ class ThreadTuner:
         """``free`` cores' worth of this runner's CPUs went unused since the
         last check (``free_cores``): below the default, probe up now."""
         below, waited = self.count < self.maximum, self.since_probe >= self.idle_wait
-        if below and waited and not self.probing and free >= FREE_CORE:
+        if below and waited and not self.phase and free >= FREE_CORE:
             self.up_next, self.until_probe, self.called = True, 0, True
 
     def _median(self, shape: Shape) -> float | None:
@@ -165,31 +171,44 @@ class ThreadTuner:
         else:
             self.probing = down if down >= 1 else up
         self.up_next = not self.up_next
-        self.probe_steps, self.ratios = 0, []
+        self.phase, self.probe_steps, self.timed = 1, 0, {1: {}, 2: {}}
 
     def _probe_step(self, shape: Shape, elapsed_ns: int) -> None:
         self.probe_steps += 1
-        current = self._median(shape)
-        if current is not None and elapsed_ns > 0:
-            self.ratios.append(elapsed_ns / current)
-        if len(self.ratios) >= PROBE_STEPS:
-            self._end_probe(statistics.median(self.ratios) < 1 - MARGIN)
-        elif self.probe_steps >= MAX_PROBE_STEPS:
-            self._end_probe(False)  # too few steps of a shape the count has: no verdict
+        if elapsed_ns > 0 and shape[0] == shape[1]:  # no draft (one made before the probe)
+            self.timed[self.phase].setdefault(shape, []).append(elapsed_ns)
+        steps = max((len(v) for v in self.timed[self.phase].values()), default=0)
+        if steps < PROBE_STEPS and self.probe_steps < MAX_PROBE_STEPS:
+            return
+        if self.phase == 1:
+            self.phase, self.probe_steps = 2, 0
+            return
+        self._end_probe(self._verdict())
 
-    def _end_probe(self, won: bool) -> None:
-        if self.called:  # unused CPU time that did not mean a free core waits longer next time
+    def _verdict(self) -> bool | None:
+        """Did the probed count win? None: no shape was timed at both counts."""
+        base, probe = self.timed[1], self.timed[2]
+        shared = [shape for shape in probe if shape in base]
+        if not shared:
+            return None
+        shape = max(shared, key=lambda s: min(len(base[s]), len(probe[s])))
+        return statistics.median(probe[shape]) < (1 - MARGIN) * statistics.median(base[shape])
+
+    def _end_probe(self, won: bool | None) -> None:
+        """``won`` None (the sequences changed between the halves): no
+        verdict, the same wait again."""
+        if self.called and won is not None:  # unused CPU that was no free core: wait longer
             self.idle_wait = IDLE_CHECK if won else min(MAX_INTERVAL_BELOW, 2 * self.idle_wait)
         self.called, self.since_probe = False, 0
         if won:  # the count's times are gone with it: the new count's come as it runs
             self.count = self.probing
             self.interval = FIRST_PROBE
             self.times, self.settled = {}, {}
-        else:
+        elif won is not None:
             longest = MAX_INTERVAL if self.count == self.maximum else MAX_INTERVAL_BELOW
             self.interval = min(longest, 2 * self.interval)
             self.settled = {shape: m for shape in self.times if (m := self._median(shape))}
-        self.probing = 0
+        self.probing, self.phase = 0, 0
         self.until_probe = self.interval
 
 

@@ -4,7 +4,6 @@ that follows them."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from jupyter_llm.runner.thread_tuning import (
     IDLE_CHECK,
     MAX_INTERVAL,
     MAX_INTERVAL_BELOW,
-    MAX_PROBE_STEPS,
     MAX_SHAPES,
     PROBE_STEPS,
     IdleWatch,
@@ -39,14 +37,18 @@ def run(
     steps: int,
     times: Callable[[int, int], float],
     sequences: int = 1,
-    tokens: int = 1,
+    drafted: int = 0,
 ) -> list[int]:
-    """The count each step ran at; ``times(count, step)`` is its time."""
+    """The count each step ran at; ``times(count, step)`` is its time (a
+    step's ``drafted`` tokens cost half a step each; none while it measures,
+    as the engine drafts nothing then)."""
     counts = []
     for step in range(steps):
         running = tuner.threads
         counts.append(running)
-        tuner.observe(sequences, tokens, int(times(running, step)))
+        extra = 0 if tuner.measuring else drafted
+        cost = times(running, step) * (1 + 0.5 * extra)
+        tuner.observe(sequences, sequences + extra, int(cost))
     return counts
 
 
@@ -72,7 +74,7 @@ def test_a_neighbour_that_starts_moves_it_to_fewer_threads_within_a_few_steps() 
     counts = run(tuner, start + 40, lambda n, step: QUIET[n] if step < start else BUSY[n])
     assert tuner.interval == FIRST_PROBE  # a probe that wins sets the probes' pace again
     moved = counts.index(1, start)
-    assert moved - start <= 8  # steps at the slow count before the probe
+    assert moved - start <= 6 + PROBE_STEPS  # seen slower, then the probe's first half
     assert counts[-20:] == [1] * 20
 
 
@@ -113,29 +115,31 @@ def test_steps_are_compared_only_for_as_many_sequences(sequences: int) -> None:
     assert counts[-10:] == [1] * 10
 
 
-def test_a_probe_of_steps_of_shapes_the_count_has_not_run_gives_no_verdict() -> None:
+def test_a_probe_whose_sequences_changed_between_its_halves_gives_no_verdict() -> None:
     tuner = ThreadTuner(2)
-    run(tuner, FIRST_PROBE, lambda n, _: QUIET[n])  # settled at 2 on 1-token steps, a probe due
-    assert tuner.probing == 1
-    run(tuner, MAX_PROBE_STEPS, lambda n, _: 1 * MS, tokens=3)  # 1 sequence and 2 drafted
-    assert (tuner.probing, tuner.count) == (0, 2)
-    assert tuner.interval == 2 * FIRST_PROBE
+    run(tuner, FIRST_PROBE, lambda n, _: QUIET[n])  # a probe due
+    assert tuner.measuring and tuner.threads == 2  # it times the count first
+    run(tuner, PROBE_STEPS, lambda n, _: QUIET[n])
+    assert tuner.measuring and tuner.threads == 1  # then the one probed
+    run(tuner, PROBE_STEPS, lambda n, _: 1 * MS, sequences=2)  # a second stream came
+    assert (tuner.measuring, tuner.count) == (False, 2)
+    assert tuner.interval == FIRST_PROBE  # no verdict: the same wait again
 
 
-def test_a_stream_that_drafts_is_judged_on_its_drafting_steps() -> None:
-    """Draft lengths change from step to step: each step is compared with
-    the count's steps of its own length."""
+def test_a_stream_that_drafts_is_probed_without_drafts() -> None:
+    """A stream whose every step drafts: the probe's steps are of one token
+    (the engine drafts nothing while the tuner measures), so it has a
+    verdict; the drafting steps' shapes tell when a neighbour started."""
     tuner = ThreadTuner(2)
-    counts = []
-    for step in range(3_000):
-        drafted = (0, 3, 7)[step % 3]
-        busy = 1_000 <= step < 2_000
-        cost = (BUSY if busy else QUIET)[tuner.threads] * (1 + 0.5 * drafted)
-        counts.append(tuner.threads)
-        tuner.observe(1, 1 + drafted, int(cost))
-    assert counts[1_000:1_050].count(1) > 30  # moved within a few steps of the neighbour
-    assert counts[1_900:2_000].count(1) > 90
-    assert counts[-50:] == [2] * 50  # and back once it left
+    quiet, busy, after = (
+        run(tuner, 1_000, lambda n, _: QUIET[n], drafted=4),
+        run(tuner, 1_000, lambda n, _: BUSY[n], drafted=4),
+        run(tuner, 1_000, lambda n, _: QUIET[n], drafted=4),
+    )
+    assert quiet[-100:].count(2) >= 100 - 2 * PROBE_STEPS
+    assert busy[:50].count(1) > 30  # moved within a few steps of the neighbour
+    assert busy[-100:].count(1) >= 100 - 2 * PROBE_STEPS
+    assert tuner.count == 2 and after[-50:].count(2) >= 50 - 2 * PROBE_STEPS  # back
 
 
 @pytest.mark.parametrize("maximum", [0, 1])
@@ -198,7 +202,7 @@ def test_an_engine_probes_fewer_threads_and_answers_the_same(demo_gguf: Path) ->
         finally:
             engine.close()
         if adapt:
-            assert 1 in counts[: FIRST_PROBE + 2]  # a probe at one thread ran
+            assert 1 in counts[: FIRST_PROBE + PROBE_STEPS + 2]  # a probe at one thread ran
             assert counts[0] == 2
         else:
             assert set(counts) == {2}
@@ -206,17 +210,17 @@ def test_an_engine_probes_fewer_threads_and_answers_the_same(demo_gguf: Path) ->
 
 
 def test_a_count_that_wins_measures_what_drafts_cost_anew(demo_gguf: Path) -> None:
-    """The count's recorded steps are made to look 10 s long, so the probe's
-    real steps win whatever this machine's speed; the drafts' costs measured
-    at the old count are dropped with it (a pinned cost is kept)."""
+    """A probe is caught with three of its first half's steps made to look
+    10 s long, so the real steps at one thread win whatever this machine's
+    speed; the drafts' costs measured at the old count are dropped with it
+    (a pinned cost is kept)."""
     params = LoadParams(path=str(demo_gguf), n_ctx=512, n_threads=2, adapt_threads=True)
     engine = Engine(params)
     try:
         tuner = engine.threads
         assert tuner is not None
-        tuner.times[(1, 1)] = deque([10_000 * MS] * 9, maxlen=9)
-        tuner.settled[(1, 1)] = 10_000 * MS
-        tuner.until_probe = 1
+        tuner.probing, tuner.phase, tuner.probe_steps = 1, 1, PROBE_STEPS - 1
+        tuner.timed = {1: {(1, 1): [10_000 * MS] * (PROBE_STEPS - 1)}, 2: {}}
         engine.step_costs = StepCosts(engine.n_seq, engine.n_batch, pinned=0.25)
         before = engine.step_costs
         _, counts = greedy_with_threads(engine, 2 + 2 * PROBE_STEPS)
@@ -230,7 +234,7 @@ def test_the_shapes_remembered_are_bounded() -> None:
     tuner = ThreadTuner(2)
     for tokens in range(1, 500):  # 256 streams drafting every length: one shape each
         tuner.observe(1, tokens, 5 * MS)
-        tuner.probing = 0  # only the count's own steps here
+        tuner.phase = tuner.probing = 0  # only the count's own steps here
     assert len(tuner.times) <= MAX_SHAPES and len(tuner.settled) <= MAX_SHAPES
     assert (1, 499) in tuner.times  # the newest kept
 
@@ -291,3 +295,32 @@ def test_idle_cpus_that_are_no_free_core_call_ever_fewer_probes() -> None:
     ups = sum(1 for i in range(1, len(counts)) if counts[i] == 2 > counts[i - 1])
     assert ups <= 6_000 // MAX_INTERVAL_BELOW + 8  # 32, 64, 128, then every 256 at most
     assert tuner.idle_wait == MAX_INTERVAL_BELOW
+
+
+def test_a_probe_measures_steps_without_drafts(demo_gguf: Path) -> None:
+    """The generated model repeats itself, so prompt lookup drafts; while the
+    tuner measures, each step is one token, and the probe takes its
+    2 x PROBE_STEPS steps exactly (a step with drafts would not count)."""
+    params = LoadParams(path=str(demo_gguf), n_ctx=512, n_threads=2, adapt_threads=True)
+    engine = Engine(params)
+    try:
+        tuner = engine.threads
+        assert tuner is not None
+        tuner.until_probe = 40  # after the drafts are going (or sooner: steps seen slower)
+        text: list[str] = []
+        done: list[Done] = []
+        options = {"temperature": 0, "num_predict": 2000, "draft_num_predict": 4}
+        stop: list[bool] = []
+        prompt = engine.model.prompt_tokens("hello")
+        engine.submit(Job(1, prompt, options, text.append, done.append, print, lambda: bool(stop)))
+        measured: list[bool] = []  # before each step: was the tuner measuring?
+        while not done and measured[-2:] != [True, False]:  # to the first probe's end
+            measured.append(tuner.measuring)
+            engine.step()
+        assert measured.count(True) == 2 * PROBE_STEPS
+        stop.append(True)
+        while not done:
+            engine.step()
+        assert done[0].draft_accepted > 0  # it drafted outside the probe
+    finally:
+        engine.close()
