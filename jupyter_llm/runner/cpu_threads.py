@@ -23,6 +23,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 
@@ -221,6 +222,14 @@ def default_threads() -> int:
         if (count := darwin_threads(read_sysctl)) is not None:
             return count
     return fallback_threads()
+
+
+def own_cpu_seconds() -> tuple[float, float]:
+    """This process's CPU time (all its threads, user and system) and the
+    monotonic clock, in seconds: two reads apart say how much of its
+    threads' cores it got meanwhile (``thread_tuning.CpuWatch``)."""
+    times = os.times()
+    return times.user + times.system, time.monotonic()
 
 
 def idle_jiffies(cpus: Iterable[int], root: Path = Path("/")) -> tuple[int, int] | None:

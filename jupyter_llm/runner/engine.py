@@ -42,7 +42,7 @@ from jupyter_llm.runner.context_window import (
     swa_reusable,
     truncation,
 )
-from jupyter_llm.runner.cpu_threads import idle_jiffies, own_cpus
+from jupyter_llm.runner.cpu_threads import idle_jiffies, own_cpu_seconds, own_cpus
 from jupyter_llm.runner.draft_model import close_draft, open_draft
 from jupyter_llm.runner.embedding_context import EmbeddingContext
 from jupyter_llm.runner.interrupt import ABORTED, StepInterrupt
@@ -57,7 +57,7 @@ from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
 from jupyter_llm.runner.speculative import add_draft, next_tokens, prepare_drafts
 from jupyter_llm.runner.step_costs import StepCosts
-from jupyter_llm.runner.thread_tuning import IdleWatch, ThreadTuner
+from jupyter_llm.runner.thread_tuning import CpuWatch, ThreadTuner
 from jupyter_llm.runner.vision import ImagePrompt, split_plain
 
 Emit = Callable[[str], None]
@@ -104,7 +104,8 @@ def thread_tuner(params: LoadParams) -> ThreadTuner | None:
     if not params.adapt_threads or params.n_gpu_layers != 0 or params.n_threads < 2:
         return None
     cpus = own_cpus()
-    return ThreadTuner(params.n_threads, idle=IdleWatch(cpus, idle_jiffies) if cpus else None)
+    watch = CpuWatch(cpus, idle_jiffies, own_cpu_seconds) if cpus else None
+    return ThreadTuner(params.n_threads, cpu=watch)
 
 
 class Engine:
@@ -442,6 +443,11 @@ class Engine:
                 self._set_threads(self.threads.observe(len(generating), n, elapsed))
                 if self.threads.count != settled:  # what a draft costs is measured anew
                     self.step_costs = StepCosts(self.n_seq, self.n_batch, self.step_costs.pinned)
+                    print(  # the server logs it with --debug
+                        f"runner: decoding with {self.threads.count} of"
+                        f" {self.threads.maximum} threads (was {settled})",
+                        file=sys.stderr,
+                    )
 
     def _set_threads(self, count: int) -> None:
         """Decode at ``count`` threads from the next step on (``runner.thread_tuning``)."""

@@ -24,15 +24,21 @@ The rules, on the steps of generating sequences alone:
   time it loses (up to ``MAX_INTERVAL``): on a quiet machine probes soon
   cost almost nothing. Below the default count the wait stays under
   ``MAX_INTERVAL_BELOW``;
-- when the current count's steps become ``SLOWER`` than when it was settled
-  (a neighbour started: compared for steps of the same shape, as many
-  sequences and drafted tokens), the next probe is due at once;
-- below the default, a neighbour that leaves does not show in the steps:
-  the engine reads the CPUs' idle time (``cpu_threads.idle_jiffies``) every
-  ``IDLE_CHECK`` steps, and where a core's worth (``FREE_CORE``) went unused
-  the probe up is due at once. Idle CPUs are not always free cores (an SMT
-  sibling of the thread's own core, a CPU quota): each such probe that
-  loses doubles the steps before the next (up to ``MAX_INTERVAL_BELOW``).
+- when the current count's last ``SAMPLES`` steps took, at the median,
+  ``SLOWER`` than when it was settled (a neighbour started; each step against
+  the settled median of its shape: as many sequences and drafted tokens),
+  the next probe is due at once;
+- the CPUs say more than the steps (``CpuWatch``, every ``CPU_CHECK``
+  steps). At the default count, a runner whose threads got less than
+  ``SHARE`` of their cores' time (``cpu_threads.own_cpu_seconds``) was
+  displaced by other work: the probe down is due at once (the steps alone
+  show it late where drafts make steps of many shapes). Below the default, a
+  neighbour that leaves does not show in the steps at all; where a core's
+  worth (``FREE_CORE``) of the runner's CPUs went unused
+  (``cpu_threads.idle_jiffies``), the probe up is due at once. CPU time is
+  not always speed (an idle SMT sibling is no free core; a CPU quota):
+  each probe they call that loses doubles the steps before the next (up to
+  ``MAX_INTERVAL_BELOW``).
 
 Pure rules over plain numbers: the engine feeds times and sets the count it
 is told (``llama_set_n_threads``). Runs in the runner process only.
@@ -53,8 +59,9 @@ MARGIN = 0.08  # a probe must be this much faster to win
 SLOWER = 1.3  # steps this much slower than when settled: probe now
 SAMPLES = 9  # recent steps each median is taken over
 MIN_SAMPLES = 3  # a shape's steps at the current count before it is compared
-IDLE_CHECK = 32  # steps between two reads of the CPUs' idle time, below the default
-FREE_CORE = 0.6  # of a core unused meanwhile: the probe up is due
+CPU_CHECK = 16  # steps between two reads of the CPU times
+FREE_CORE = 0.6  # of a core unused meanwhile, below the default: the probe up is due
+SHARE = 0.75  # of its threads' cores' time the runner got, at the default: else probe down
 MAX_SHAPES = 64  # shapes remembered (many streams drafting make many); the oldest go first
 MAX_PROBE_STEPS = 4 * PROBE_STEPS  # steps a probe's half may take to time its steps
 
@@ -64,28 +71,44 @@ Shape = tuple[int, int]  # (sequences, tokens) of a step
 Jiffies = tuple[int, int]  # (idle, all) of some CPUs since boot
 
 
+Seconds = tuple[float, float]  # (this process's CPU time, wall time)
+
+
 @dataclass
-class IdleWatch:
-    """How much of the runner's ``cpus`` went unused, read (``read``:
-    ``cpu_threads.idle_jiffies``, or a test's) every ``IDLE_CHECK`` steps
-    while the count is below the default and no probe runs."""
+class CpuWatch:
+    """What the CPU times say, every ``CPU_CHECK`` steps outside probes: at
+    the default count, the share of its threads' cores this process got
+    (``read_own``: ``cpu_threads.own_cpu_seconds``); below it, the unused time
+    of the runner's ``cpus`` (``read_idle``: ``cpu_threads.idle_jiffies``).
+    Tests pass readers of their own."""
 
     cpus: frozenset[int]
-    read: Callable[[frozenset[int]], Jiffies | None]
+    read_idle: Callable[[frozenset[int]], Jiffies | None]
+    read_own: Callable[[], Seconds]
     steps: int = 0
-    last: Jiffies | None = None
+    last_idle: Jiffies | None = None
+    last_own: Seconds | None = None
 
     def step(self, tuner: ThreadTuner) -> None:
-        if tuner.count >= tuner.maximum or tuner.measuring:
-            self.last = None  # a window starts again below the default, after the probe
+        if tuner.measuring:
+            self.last_idle = self.last_own = None  # windows start again after the probe
             return
         self.steps += 1
-        if self.last is not None and self.steps < IDLE_CHECK:
+        started = self.last_idle is not None or self.last_own is not None
+        if started and self.steps < CPU_CHECK:
             return
-        now = self.read(self.cpus)
-        if now is not None and self.last is not None:
-            tuner.saw_free_cores(free_cores(self.last, now, len(self.cpus)))
-        self.last, self.steps = now, 0
+        self.steps = 0
+        if tuner.count < tuner.maximum:
+            idle, self.last_own = self.read_idle(self.cpus), None
+            if idle is not None and self.last_idle is not None:
+                tuner.saw_free_cores(free_cores(self.last_idle, idle, len(self.cpus)))
+            self.last_idle = idle
+            return
+        own, self.last_idle = self.read_own(), None
+        if self.last_own is not None and own[1] > self.last_own[1]:
+            share = (own[0] - self.last_own[0]) / (own[1] - self.last_own[1]) / tuner.count
+            tuner.saw_cpu_share(share)
+        self.last_own = own
 
 
 @dataclass
@@ -101,12 +124,13 @@ class ThreadTuner:
     probe_steps: int = 0  # steps run in this phase
     timed: dict[int, dict[Shape, list[int]]] = field(default_factory=dict)  # phase -> steps
     settled: dict[Shape, float] = field(default_factory=dict)  # the count's medians when settled
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))  # / settled
     times: dict[Shape, deque[int]] = field(default_factory=dict)  # the count's recent steps, ns
     up_next: bool = False  # alternate the probe's direction where both are open
-    idle: IdleWatch | None = None  # below the default: unused CPU time calls a probe up
-    idle_wait: int = IDLE_CHECK  # steps after a probe before unused CPU time calls another
+    cpu: CpuWatch | None = None  # the CPU times call probes (see the module's rules)
+    idle_wait: int = CPU_CHECK  # steps after a probe before the CPU times call another
     since_probe: int = 0  # steps since the last probe ended
-    called: bool = False  # this probe was called by unused CPU time
+    called: bool = False  # this probe was called by the CPU times
 
     def __post_init__(self) -> None:
         self.maximum = max(1, self.maximum)
@@ -140,9 +164,9 @@ class ThreadTuner:
             self.times.setdefault(shape, deque(maxlen=SAMPLES)).append(elapsed_ns)
         self.until_probe -= 1
         self.since_probe += 1
-        if self.idle is not None:
-            self.idle.step(self)
-        if self._slowed(shape) or self.until_probe <= 0:
+        if self.cpu is not None:
+            self.cpu.step(self)
+        if self._slowed(shape, elapsed_ns) or self.until_probe <= 0:
             self._start_probe()
         return self.threads
 
@@ -153,16 +177,28 @@ class ThreadTuner:
         if below and waited and not self.phase and free >= FREE_CORE:
             self.up_next, self.until_probe, self.called = True, 0, True
 
+    def saw_cpu_share(self, share: float) -> None:
+        """This process got ``share`` of its threads' cores' time since the
+        last check: at the default count, under ``SHARE``, probe down now."""
+        at_most, waited = self.count == self.maximum, self.since_probe >= self.idle_wait
+        if at_most and waited and not self.phase and share < SHARE:
+            self.up_next, self.until_probe, self.called = False, 0, True
+
     def _median(self, shape: Shape) -> float | None:
         times = self.times.get(shape)
         return statistics.median(times) if times and len(times) >= MIN_SAMPLES else None
 
-    def _slowed(self, shape: Shape) -> bool:
-        now = self._median(shape)
-        if now is None:
+    def _slowed(self, shape: Shape, elapsed_ns: int) -> bool:
+        """The step just observed, against its shape's settled median: are
+        the recent ones, at the median, ``SLOWER``?"""
+        then = self.settled.get(shape)
+        if then is None:
+            if (now := self._median(shape)) is not None:
+                self.settled[shape] = now  # its first median, as it settles
             return False
-        then = self.settled.setdefault(shape, now)
-        return now > SLOWER * then
+        if elapsed_ns > 0:
+            self.recent.append(elapsed_ns / then)
+        return len(self.recent) > SAMPLES // 2 and statistics.median(self.recent) > SLOWER
 
     def _start_probe(self) -> None:
         down, up = self.count - 1, self.count + 1
@@ -197,9 +233,10 @@ class ThreadTuner:
     def _end_probe(self, won: bool | None) -> None:
         """``won`` None (the sequences changed between the halves): no
         verdict, the same wait again."""
-        if self.called and won is not None:  # unused CPU that was no free core: wait longer
-            self.idle_wait = IDLE_CHECK if won else min(MAX_INTERVAL_BELOW, 2 * self.idle_wait)
+        if self.called and won is not None:  # CPU times that were no speed: wait longer
+            self.idle_wait = CPU_CHECK if won else min(MAX_INTERVAL_BELOW, 2 * self.idle_wait)
         self.called, self.since_probe = False, 0
+        self.recent.clear()
         if won:  # the count's times are gone with it: the new count's come as it runs
             self.count = self.probing
             self.interval = FIRST_PROBE

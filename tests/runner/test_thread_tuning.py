@@ -15,13 +15,13 @@ from jupyter_llm.runner.protocol import Done, LoadParams
 from jupyter_llm.runner.sequence import Job
 from jupyter_llm.runner.step_costs import StepCosts
 from jupyter_llm.runner.thread_tuning import (
+    CPU_CHECK,
     FIRST_PROBE,
-    IDLE_CHECK,
     MAX_INTERVAL,
     MAX_INTERVAL_BELOW,
     MAX_SHAPES,
     PROBE_STEPS,
-    IdleWatch,
+    CpuWatch,
     ThreadTuner,
     free_cores,
 )
@@ -240,34 +240,70 @@ def test_the_shapes_remembered_are_bounded() -> None:
 
 
 class Cpus:
-    """Two CPUs' jiffies, moved on by each read as a clock would: ``used``
-    cores' worth of them busy (this runner's thread and any neighbour)."""
+    """A machine's CPU times as the runner reads them, each read a second on:
+    ``neighbours`` processes spinning beside the tuner's ``threads``, all
+    sharing ``len(cpus)`` CPUs alike."""
 
-    def __init__(self) -> None:
+    def __init__(self, tuner: ThreadTuner, cpus: int) -> None:
+        self.tuner, self.n = tuner, cpus
+        self.neighbours = 0
         self.idle = self.total = 0
-        self.used = 2.0
+        self.own = self.wall = 0.0
 
-    def read(self, cpus: frozenset[int]) -> tuple[int, int]:
-        self.total += 100 * len(cpus)
-        self.idle += round(100 * (len(cpus) - self.used))
+    def watch(self) -> CpuWatch:
+        return CpuWatch(frozenset(range(self.n)), self.read_idle, self.read_own)
+
+    def _shares(self) -> tuple[float, float]:
+        """CPUs' worth the runner's threads got, and that went unused."""
+        runnable = self.tuner.threads + self.neighbours
+        each = min(1.0, self.n / runnable)
+        return self.tuner.threads * each, max(0.0, self.n - runnable)
+
+    def read_idle(self, cpus: frozenset[int]) -> tuple[int, int]:
+        self.total += 100 * self.n
+        self.idle += round(100 * self._shares()[1])
         return self.idle, self.total
+
+    def read_own(self) -> tuple[float, float]:
+        self.wall += 1.0
+        self.own += self._shares()[0]
+        return self.own, self.wall
 
 
 def test_unused_cores_call_the_probe_up_as_soon_as_the_neighbour_leaves() -> None:
-    cpus = Cpus()
-    tuner = ThreadTuner(2, idle=IdleWatch(frozenset({0, 1}), cpus.read))
+    tuner = ThreadTuner(2)
+    cpus = Cpus(tuner, 2)
+    tuner.cpu = cpus.watch()
     busy = range(1_000, 3_000)
     counts = []
     for step in range(4_000):
         counts.append(tuner.threads)
-        cpus.used = 2.0 if step in busy else float(tuner.threads)  # a neighbour, or not
+        cpus.neighbours = int(step in busy)
         tuner.observe(1, 1, int((BUSY if step in busy else QUIET)[tuner.threads]))
     back = counts.index(2, busy.stop)
-    assert back - busy.stop <= 2 * IDLE_CHECK + 1  # not MAX_INTERVAL_BELOW
+    assert back - busy.stop <= 2 * CPU_CHECK + PROBE_STEPS + 1  # not MAX_INTERVAL_BELOW
     assert tuner.count == 2 and counts[-100:].count(2) >= 100 - PROBE_STEPS  # probes down aside
     # while the neighbour held its core, no extra probe: about one per MAX_INTERVAL_BELOW
     ups = sum(1 for i in range(busy.start + 100, busy.stop) if counts[i] == 2 > counts[i - 1])
     assert ups <= (busy.stop - busy.start) // MAX_INTERVAL_BELOW + 1
+
+
+def test_a_share_of_the_cores_taken_calls_the_probe_down_where_steps_cannot_tell() -> None:
+    """Every step drafts a length never seen before, so no step has a
+    settled time to be compared with: the CPU times alone see the neighbour."""
+    tuner = ThreadTuner(2)
+    cpus = Cpus(tuner, 2)
+    tuner.cpu = cpus.watch()
+    counts = []
+    for step in range(4_000):
+        counts.append(tuner.threads)
+        cpus.neighbours = int(step >= 3_000)
+        drafted = 0 if tuner.measuring else 1 + step % 500  # 500 shapes, 64 remembered
+        cost = (BUSY if cpus.neighbours else QUIET)[tuner.threads] * (1 + 0.1 * drafted)
+        tuner.observe(1, 1 + drafted, int(cost))
+    moved = counts.index(1, 3_000)
+    assert moved - 3_000 <= 2 * CPU_CHECK + PROBE_STEPS + 1
+    assert tuner.count == 1
 
 
 @pytest.mark.parametrize(
@@ -284,16 +320,17 @@ def test_free_cores(before, after, cpus, free) -> None:
 
 
 def test_idle_cpus_that_are_no_free_core_call_ever_fewer_probes() -> None:
-    """Four CPUs, two cores: the idle SMT sibling of the thread's own core
-    looks unused, but two threads are slower while a neighbour holds the
-    other core. The probes it calls back off as the interval's own do."""
-    cpus = Cpus()
-    cpus.used = 2.0  # the runner's thread and the neighbour: two of four CPUs idle
-    tuner = ThreadTuner(2, count=1, idle=IdleWatch(frozenset(range(4)), cpus.read))
+    """Four CPUs, two cores: the idle SMT siblings look unused, but two
+    threads are slower while a neighbour holds the other core. The probes
+    they call back off as the interval's own do."""
+    tuner = ThreadTuner(2, count=1)
+    cpus = Cpus(tuner, 4)
+    cpus.neighbours = 1
+    tuner.cpu = cpus.watch()
     counts = run(tuner, 6_000, lambda n, _: BUSY[n])
     assert tuner.count == 1
     ups = sum(1 for i in range(1, len(counts)) if counts[i] == 2 > counts[i - 1])
-    assert ups <= 6_000 // MAX_INTERVAL_BELOW + 8  # 32, 64, 128, then every 256 at most
+    assert ups <= 6_000 // MAX_INTERVAL_BELOW + 8  # 16, 32, ... then every 256 at most
     assert tuner.idle_wait == MAX_INTERVAL_BELOW
 
 
