@@ -86,29 +86,29 @@ class CpuWatch:
     read_idle: Callable[[frozenset[int]], Jiffies | None]
     read_own: Callable[[], Seconds]
     steps: int = 0
+    busy_ns: int = 0  # the window's steps' own time: a window spent mostly idle says nothing
     last_idle: Jiffies | None = None
     last_own: Seconds | None = None
 
-    def step(self, tuner: ThreadTuner) -> None:
+    def step(self, tuner: ThreadTuner, elapsed_ns: int) -> None:
         if tuner.measuring:
             self.last_idle = self.last_own = None  # windows start again after the probe
             return
         self.steps += 1
-        started = self.last_idle is not None or self.last_own is not None
-        if started and self.steps < CPU_CHECK:
+        self.busy_ns += max(0, elapsed_ns)
+        if self.last_own is not None and self.steps < CPU_CHECK:
             return
-        self.steps = 0
-        if tuner.count < tuner.maximum:
-            idle, self.last_own = self.read_idle(self.cpus), None
-            if idle is not None and self.last_idle is not None:
-                tuner.saw_free_cores(free_cores(self.last_idle, idle, len(self.cpus)))
-            self.last_idle = idle
-            return
-        own, self.last_idle = self.read_own(), None
-        if self.last_own is not None and own[1] > self.last_own[1]:
-            share = (own[0] - self.last_own[0]) / (own[1] - self.last_own[1]) / tuner.count
+        below = tuner.count < tuner.maximum
+        own, idle = self.read_own(), self.read_idle(self.cpus) if below else None
+        last_own, last_idle, busy = self.last_own, self.last_idle, self.busy_ns
+        self.last_own, self.last_idle, self.steps, self.busy_ns = own, idle, 0, 0
+        if last_own is None or own[1] <= last_own[1] or (own[1] - last_own[1]) * 1e9 > 2 * busy:
+            return  # no window yet, or the runner waited for work through most of it
+        if below and idle is not None and last_idle is not None:
+            tuner.saw_free_cores(free_cores(last_idle, idle, len(self.cpus)))
+        elif not below:
+            share = (own[0] - last_own[0]) / (own[1] - last_own[1]) / tuner.count
             tuner.saw_cpu_share(share)
-        self.last_own = own
 
 
 @dataclass
@@ -165,7 +165,7 @@ class ThreadTuner:
         self.until_probe -= 1
         self.since_probe += 1
         if self.cpu is not None:
-            self.cpu.step(self)
+            self.cpu.step(self, elapsed_ns)
         if self._slowed(shape, elapsed_ns) or self.until_probe <= 0:
             self._start_probe()
         return self.threads

@@ -240,34 +240,46 @@ def test_the_shapes_remembered_are_bounded() -> None:
 
 
 class Cpus:
-    """A machine's CPU times as the runner reads them, each read a second on:
-    ``neighbours`` processes spinning beside the tuner's ``threads``, all
-    sharing ``len(cpus)`` CPUs alike."""
+    """A machine's CPU times as the runner reads them: ``neighbours``
+    processes spinning beside the tuner's ``threads``, all sharing
+    ``len(cpus)`` CPUs alike; time moves as the steps run (``tick``) or as
+    the runner waits for work (``wait``)."""
 
     def __init__(self, tuner: ThreadTuner, cpus: int) -> None:
         self.tuner, self.n = tuner, cpus
         self.neighbours = 0
-        self.idle = self.total = 0
+        self.idle = self.total = 0.0
         self.own = self.wall = 0.0
 
     def watch(self) -> CpuWatch:
         return CpuWatch(frozenset(range(self.n)), self.read_idle, self.read_own)
 
-    def _shares(self) -> tuple[float, float]:
-        """CPUs' worth the runner's threads got, and that went unused."""
-        runnable = self.tuner.threads + self.neighbours
-        each = min(1.0, self.n / runnable)
-        return self.tuner.threads * each, max(0.0, self.n - runnable)
+    def tick(self, ns: float, running: bool = True) -> None:
+        threads = self.tuner.threads if running else 0
+        runnable = threads + self.neighbours
+        each = min(1.0, self.n / runnable) if runnable else 0.0
+        seconds = ns / 1e9
+        self.wall += seconds
+        self.own += threads * each * seconds
+        self.total += self.n * seconds
+        self.idle += max(0.0, self.n - runnable) * seconds
 
     def read_idle(self, cpus: frozenset[int]) -> tuple[int, int]:
-        self.total += 100 * self.n
-        self.idle += round(100 * self._shares()[1])
-        return self.idle, self.total
+        return round(100 * self.idle), round(100 * self.total)
 
     def read_own(self) -> tuple[float, float]:
-        self.wall += 1.0
-        self.own += self._shares()[0]
         return self.own, self.wall
+
+    def run(self, steps: int, times: Callable[[int, int], float], drafted=lambda step: 0):
+        """``run`` above, the CPUs' times moving with the steps."""
+        counts = []
+        for step in range(steps):
+            counts.append(self.tuner.threads)
+            extra = 0 if self.tuner.measuring else drafted(step)
+            cost = times(self.tuner.threads, step) * (1 + 0.1 * extra)
+            self.tick(cost)
+            self.tuner.observe(1, 1 + extra, int(cost))
+        return counts
 
 
 def test_unused_cores_call_the_probe_up_as_soon_as_the_neighbour_leaves() -> None:
@@ -275,11 +287,12 @@ def test_unused_cores_call_the_probe_up_as_soon_as_the_neighbour_leaves() -> Non
     cpus = Cpus(tuner, 2)
     tuner.cpu = cpus.watch()
     busy = range(1_000, 3_000)
-    counts = []
-    for step in range(4_000):
-        counts.append(tuner.threads)
+
+    def times(n: int, step: int) -> float:
         cpus.neighbours = int(step in busy)
-        tuner.observe(1, 1, int((BUSY if step in busy else QUIET)[tuner.threads]))
+        return (BUSY if step in busy else QUIET)[n]
+
+    counts = cpus.run(4_000, times)
     back = counts.index(2, busy.stop)
     assert back - busy.stop <= 2 * CPU_CHECK + PROBE_STEPS + 1  # not MAX_INTERVAL_BELOW
     assert tuner.count == 2 and counts[-100:].count(2) >= 100 - PROBE_STEPS  # probes down aside
@@ -294,16 +307,28 @@ def test_a_share_of_the_cores_taken_calls_the_probe_down_where_steps_cannot_tell
     tuner = ThreadTuner(2)
     cpus = Cpus(tuner, 2)
     tuner.cpu = cpus.watch()
-    counts = []
-    for step in range(4_000):
-        counts.append(tuner.threads)
+
+    def times(n: int, step: int) -> float:
         cpus.neighbours = int(step >= 3_000)
-        drafted = 0 if tuner.measuring else 1 + step % 500  # 500 shapes, 64 remembered
-        cost = (BUSY if cpus.neighbours else QUIET)[tuner.threads] * (1 + 0.1 * drafted)
-        tuner.observe(1, 1 + drafted, int(cost))
+        return (BUSY if cpus.neighbours else QUIET)[n]
+
+    counts = cpus.run(4_000, times, drafted=lambda step: 1 + step % 500)  # 64 shapes remembered
     moved = counts.index(1, 3_000)
     assert moved - 3_000 <= 2 * CPU_CHECK + PROBE_STEPS + 1
     assert tuner.count == 1
+
+
+def test_a_runner_that_waited_for_work_calls_no_probe() -> None:
+    """Between two requests the runner's threads used nothing while the wall
+    clock ran: that window says nothing of a neighbour."""
+    tuner = ThreadTuner(2)
+    cpus = Cpus(tuner, 2)
+    tuner.cpu = cpus.watch()
+    for _ in range(20):  # twenty requests of 40 steps, a minute apart, on a quiet machine
+        cpus.run(40, lambda n, _: QUIET[n])
+        cpus.tick(60e9, running=False)
+    assert tuner.idle_wait == CPU_CHECK  # no probe the CPU times called lost
+    assert tuner.count == 2
 
 
 @pytest.mark.parametrize(
@@ -327,7 +352,7 @@ def test_idle_cpus_that_are_no_free_core_call_ever_fewer_probes() -> None:
     cpus = Cpus(tuner, 4)
     cpus.neighbours = 1
     tuner.cpu = cpus.watch()
-    counts = run(tuner, 6_000, lambda n, _: BUSY[n])
+    counts = cpus.run(6_000, lambda n, _: BUSY[n])
     assert tuner.count == 1
     ups = sum(1 for i in range(1, len(counts)) if counts[i] == 2 > counts[i - 1])
     assert ups <= 6_000 // MAX_INTERVAL_BELOW + 8  # 16, 32, ... then every 256 at most
