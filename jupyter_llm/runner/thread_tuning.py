@@ -35,7 +35,9 @@ The rules, on the steps of generating sequences alone:
   show it late where drafts make steps of many shapes). Below the default, a
   neighbour that leaves does not show in the steps at all; where a core's
   worth (``FREE_CORE``) of the runner's CPUs went unused
-  (``cpu_threads.idle_jiffies``), the probe up is due at once. CPU time is
+  (``cpu_threads.idle_jiffies``), or the runner waited for work through
+  most of the window (the next request's first steps), the probe up is due
+  at once. CPU time is
   not always speed (an idle SMT sibling is no free core; a CPU quota):
   each probe they call that loses doubles the steps before the next (up to
   ``MAX_INTERVAL_BELOW``).
@@ -61,7 +63,7 @@ SAMPLES = 9  # recent steps each median is taken over
 MIN_SAMPLES = 3  # a shape's steps at the current count before it is compared
 CPU_CHECK = 16  # steps between two reads of the CPU times
 FREE_CORE = 0.6  # of a core unused meanwhile, below the default: the probe up is due
-SHARE = 0.75  # of its threads' cores' time the runner got, at the default: else probe down
+SHARE = 0.85  # of its threads' cores' time the runner got, at the default: else probe down
 MAX_SHAPES = 64  # shapes remembered (many streams drafting make many); the oldest go first
 MAX_PROBE_STEPS = 4 * PROBE_STEPS  # steps a probe's half may take to time its steps
 
@@ -102,8 +104,12 @@ class CpuWatch:
         own, idle = self.read_own(), self.read_idle(self.cpus) if below else None
         last_own, last_idle, busy = self.last_own, self.last_idle, self.busy_ns
         self.last_own, self.last_idle, self.steps, self.busy_ns = own, idle, 0, 0
-        if last_own is None or own[1] <= last_own[1] or (own[1] - last_own[1]) * 1e9 > 2 * busy:
-            return  # no window yet, or the runner waited for work through most of it
+        if last_own is None or own[1] <= last_own[1]:
+            return  # no window yet
+        if (own[1] - last_own[1]) * 1e9 > 2 * busy:  # the runner waited for work through most of it
+            if below:  # a neighbour may have left meanwhile: it is cheap to look
+                tuner.saw_free_cores(FREE_CORE)
+            return
         if below and idle is not None and last_idle is not None:
             tuner.saw_free_cores(free_cores(last_idle, idle, len(self.cpus)))
         elif not below:

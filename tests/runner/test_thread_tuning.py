@@ -386,3 +386,19 @@ def test_a_probe_measures_steps_without_drafts(demo_gguf: Path) -> None:
         assert done[0].draft_accepted > 0  # it drafted outside the probe
     finally:
         engine.close()
+
+
+def test_below_the_default_a_request_after_a_wait_probes_up_at_once() -> None:
+    """The neighbour left while the runner waited for work: the next
+    request's first CPU check calls the probe up."""
+    tuner = ThreadTuner(2)
+    cpus = Cpus(tuner, 2)
+    tuner.cpu = cpus.watch()
+    cpus.neighbours = 1
+    cpus.run(300, lambda n, _: BUSY[n])
+    assert tuner.count == 1
+    cpus.neighbours = 0
+    cpus.tick(60e9, running=False)
+    counts = cpus.run(100, lambda n, _: QUIET[n])
+    assert counts.index(2) <= CPU_CHECK + PROBE_STEPS + 1
+    assert tuner.count == 2
