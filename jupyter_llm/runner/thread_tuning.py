@@ -68,11 +68,7 @@ MAX_SHAPES = 64  # shapes remembered (many streams drafting make many); the olde
 MAX_PROBE_STEPS = 4 * PROBE_STEPS  # steps a probe's half may take to time its steps
 
 Shape = tuple[int, int]  # (sequences, tokens) of a step
-
-
 Jiffies = tuple[int, int]  # (idle, all) of some CPUs since boot
-
-
 Seconds = tuple[float, float]  # (this process's CPU time, wall time)
 
 
@@ -255,7 +251,7 @@ class ThreadTuner:
         self.until_probe = self.interval
 
 
-def free_cores(before: tuple[int, int], after: tuple[int, int], cpus: int) -> float:
+def free_cores(before: Jiffies, after: Jiffies, cpus: int) -> float:
     """The cores' worth of ``cpus`` CPUs that went unused between two reads
     of their (idle, all) jiffies."""
     idle, total = after[0] - before[0], after[1] - before[1]

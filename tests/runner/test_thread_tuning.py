@@ -37,17 +37,22 @@ def run(
     steps: int,
     times: Callable[[int, int], float],
     sequences: int = 1,
-    drafted: int = 0,
+    drafted: int | Callable[[int], int] = 0,
+    draft_cost: float = 0.5,
+    tick: Callable[[float], None] | None = None,
 ) -> list[int]:
     """The count each step ran at; ``times(count, step)`` is its time (a
-    step's ``drafted`` tokens cost half a step each; none while it measures,
-    as the engine drafts nothing then)."""
+    step's ``drafted`` tokens, a number or one per step, cost ``draft_cost``
+    of a step each; none while it measures, as the engine drafts nothing
+    then). ``tick`` is told each step's time before the tuner sees it."""
     counts = []
     for step in range(steps):
         running = tuner.threads
         counts.append(running)
-        extra = 0 if tuner.measuring else drafted
-        cost = times(running, step) * (1 + 0.5 * extra)
+        extra = 0 if tuner.measuring else drafted(step) if callable(drafted) else drafted
+        cost = times(running, step) * (1 + draft_cost * extra)
+        if tick is not None:
+            tick(cost)
         tuner.observe(sequences, sequences + extra, int(cost))
     return counts
 
@@ -270,16 +275,9 @@ class Cpus:
     def read_own(self) -> tuple[float, float]:
         return self.own, self.wall
 
-    def run(self, steps: int, times: Callable[[int, int], float], drafted=lambda step: 0):
-        """``run`` above, the CPUs' times moving with the steps."""
-        counts = []
-        for step in range(steps):
-            counts.append(self.tuner.threads)
-            extra = 0 if self.tuner.measuring else drafted(step)
-            cost = times(self.tuner.threads, step) * (1 + 0.1 * extra)
-            self.tick(cost)
-            self.tuner.observe(1, 1 + extra, int(cost))
-        return counts
+    def run(self, steps: int, times: Callable[[int, int], float], drafted=0) -> list[int]:
+        """``run``, the CPUs' times moving with the steps."""
+        return run(self.tuner, steps, times, drafted=drafted, draft_cost=0.1, tick=self.tick)
 
 
 def test_unused_cores_call_the_probe_up_as_soon_as_the_neighbour_leaves() -> None:
