@@ -252,3 +252,23 @@ def idle_jiffies(cpus: Iterable[int], root: Path = Path("/")) -> tuple[int, int]
         idle += sum(fields[3:5])
         total += sum(fields[:8])  # not guest time: it is in user time already
     return (idle, total) if total else None
+
+
+def run_queue_wait(root: Path = Path("/")) -> int | None:
+    """Nanoseconds this process's threads have spent runnable but waiting for
+    a CPU, summed over its threads (the second field of each
+    ``proc/self/task/*/schedstat``): two reads apart say how many cores'
+    worth of its threads other work kept waiting meanwhile
+    (``thread_tuning.CpuWatch``). None where the kernel keeps no such count."""
+    tasks = root / "proc" / "self" / "task"
+    try:
+        ids = os.listdir(tasks)
+    except OSError:
+        return None
+    total, seen = 0, False
+    for tid in ids:
+        text = read_text(tasks / tid / "schedstat")  # None: the thread ended meanwhile
+        fields = text.split() if text else []
+        if len(fields) >= 2 and fields[1].isdigit():
+            total, seen = total + int(fields[1]), True
+    return total if seen else None

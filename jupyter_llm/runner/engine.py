@@ -42,7 +42,12 @@ from jupyter_llm.runner.context_window import (
     swa_reusable,
     truncation,
 )
-from jupyter_llm.runner.cpu_threads import idle_jiffies, own_cpu_seconds, own_cpus
+from jupyter_llm.runner.cpu_threads import (
+    idle_jiffies,
+    own_cpu_seconds,
+    own_cpus,
+    run_queue_wait,
+)
 from jupyter_llm.runner.draft_model import close_draft, open_draft
 from jupyter_llm.runner.embedding_context import EmbeddingContext
 from jupyter_llm.runner.interrupt import ABORTED, StepInterrupt
@@ -104,7 +109,7 @@ def thread_tuner(params: LoadParams) -> ThreadTuner | None:
     if not params.adapt_threads or params.n_gpu_layers != 0 or params.n_threads < 2:
         return None
     cpus = own_cpus()
-    watch = CpuWatch(cpus, idle_jiffies, own_cpu_seconds) if cpus else None
+    watch = CpuWatch(cpus, idle_jiffies, own_cpu_seconds, run_queue_wait) if cpus else None
     return ThreadTuner(params.n_threads, cpu=watch)
 
 

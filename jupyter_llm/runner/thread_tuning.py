@@ -29,10 +29,12 @@ The rules, on the steps of generating sequences alone:
   the settled median of its shape: as many sequences and drafted tokens),
   the next probe is due at once;
 - the CPUs say more than the steps (``CpuWatch``, every ``CPU_CHECK``
-  steps). At the default count, a runner whose threads got less than
-  ``SHARE`` of their cores' time (``cpu_threads.own_cpu_seconds``) was
-  displaced by other work: the probe down is due at once (the steps alone
-  show it late where drafts make steps of many shapes). Below the default, a
+  steps). At the default count, a runner whose threads waited for a CPU
+  ``WAIT`` of a core's time or more (``cpu_threads.run_queue_wait``; where
+  the kernel does not count that, whose threads got less than ``SHARE`` of
+  their cores' time, ``cpu_threads.own_cpu_seconds``) was displaced by other
+  work: the probe down is due at once (the steps alone show it late where
+  drafts make steps of many shapes). Below the default, a
   neighbour that leaves does not show in the steps at all; where a core's
   worth (``FREE_CORE``) of the runner's CPUs went unused
   (``cpu_threads.idle_jiffies``), or the runner waited for work through
@@ -40,7 +42,15 @@ The rules, on the steps of generating sequences alone:
   at once. CPU time is
   not always speed (an idle SMT sibling is no free core; a CPU quota):
   each probe they call that loses doubles the steps before the next (up to
-  ``MAX_INTERVAL_BELOW``).
+  ``MAX_INTERVAL_BELOW``);
+- a probe the CPU times call takes ``CALLED_PROBE_STEPS`` steps a half and
+  compares the halves' mean step times, not their medians. Where other work
+  shares the cores, most steps at the default count take about as long as at
+  one thread fewer, and one in eight or so waits out a whole time slice of
+  the other work (24-30 ms against 130-200 ms, measured on Gemma beside a
+  spinning process): those steps are the cost, and a median of four missed
+  them. On a quiet machine a median is the better judge (a rare preempted
+  step is noise there), so probes on the schedule keep it.
 
 Pure rules over plain numbers: the engine feeds times and sets the count it
 is told (``llama_set_n_threads``). Runs in the runner process only.
@@ -63,9 +73,10 @@ SAMPLES = 9  # recent steps each median is taken over
 MIN_SAMPLES = 3  # a shape's steps at the current count before it is compared
 CPU_CHECK = 16  # steps between two reads of the CPU times
 FREE_CORE = 0.6  # of a core unused meanwhile, below the default: the probe up is due
-SHARE = 0.85  # of its threads' cores' time the runner got, at the default: else probe down
+WAIT = 0.25  # of a core the runner's threads waited for a CPU, at the default: probe down
+SHARE = 0.85  # where the kernel counts no waits: of its threads' cores' time the runner got
+CALLED_PROBE_STEPS = 12  # steps timed at each count of a probe the CPU times called
 MAX_SHAPES = 64  # shapes remembered (many streams drafting make many); the oldest go first
-MAX_PROBE_STEPS = 4 * PROBE_STEPS  # steps a probe's half may take to time its steps
 
 Shape = tuple[int, int]  # (sequences, tokens) of a step
 Jiffies = tuple[int, int]  # (idle, all) of some CPUs since boot
@@ -75,18 +86,22 @@ Seconds = tuple[float, float]  # (this process's CPU time, wall time)
 @dataclass
 class CpuWatch:
     """What the CPU times say, every ``CPU_CHECK`` steps outside probes: at
-    the default count, the share of its threads' cores this process got
-    (``read_own``: ``cpu_threads.own_cpu_seconds``); below it, the unused time
-    of the runner's ``cpus`` (``read_idle``: ``cpu_threads.idle_jiffies``).
-    Tests pass readers of their own."""
+    the default count, how long this process's threads waited for a CPU
+    (``read_wait``: ``cpu_threads.run_queue_wait``), or where that is not
+    counted the share of its threads' cores it got (``read_own``:
+    ``cpu_threads.own_cpu_seconds``, whose clock times every window); below
+    it, the unused time of the runner's ``cpus`` (``read_idle``:
+    ``cpu_threads.idle_jiffies``). Tests pass readers of their own."""
 
     cpus: frozenset[int]
     read_idle: Callable[[frozenset[int]], Jiffies | None]
     read_own: Callable[[], Seconds]
+    read_wait: Callable[[], int | None] = lambda: None
     steps: int = 0
     busy_ns: int = 0  # the window's steps' own time: a window spent mostly idle says nothing
     last_idle: Jiffies | None = None
     last_own: Seconds | None = None
+    last_wait: int | None = None
 
     def step(self, tuner: ThreadTuner, elapsed_ns: int) -> None:
         if tuner.measuring:
@@ -98,19 +113,27 @@ class CpuWatch:
             return
         below = tuner.count < tuner.maximum
         own, idle = self.read_own(), self.read_idle(self.cpus) if below else None
-        last_own, last_idle, busy = self.last_own, self.last_idle, self.busy_ns
-        self.last_own, self.last_idle, self.steps, self.busy_ns = own, idle, 0, 0
+        wait = None if below else self.read_wait()
+        last_own, last_idle, last_wait = self.last_own, self.last_idle, self.last_wait
+        busy = self.busy_ns
+        self.last_own, self.last_idle, self.last_wait = own, idle, wait
+        self.steps = self.busy_ns = 0
         if last_own is None or own[1] <= last_own[1]:
             return  # no window yet
-        if (own[1] - last_own[1]) * 1e9 > 2 * busy:  # the runner waited for work through most of it
+        wall = own[1] - last_own[1]
+        if wall * 1e9 > 2 * busy:  # the runner waited for work through most of it
             if below:  # a neighbour may have left meanwhile: it is cheap to look
                 tuner.saw_free_cores(FREE_CORE)
             return
         if below and idle is not None and last_idle is not None:
             tuner.saw_free_cores(free_cores(last_idle, idle, len(self.cpus)))
         elif not below:
-            share = (own[0] - last_own[0]) / (own[1] - last_own[1]) / tuner.count
-            tuner.saw_cpu_share(share)
+            if wait is not None and last_wait is not None and wait >= last_wait:
+                displaced = (wait - last_wait) / 1e9 / wall >= WAIT
+            else:  # no count of waits (or a thread that held some ended)
+                displaced = (own[0] - last_own[0]) / wall / tuner.count < SHARE
+            if displaced:
+                tuner.saw_displaced()
 
 
 @dataclass
@@ -179,11 +202,11 @@ class ThreadTuner:
         if below and waited and not self.phase and free >= FREE_CORE:
             self.up_next, self.until_probe, self.called = True, 0, True
 
-    def saw_cpu_share(self, share: float) -> None:
-        """This process got ``share`` of its threads' cores' time since the
-        last check: at the default count, under ``SHARE``, probe down now."""
+    def saw_displaced(self) -> None:
+        """Other work kept this runner's threads off their cores since the
+        last check (``CpuWatch``): at the default count, probe down now."""
         at_most, waited = self.count == self.maximum, self.since_probe >= self.idle_wait
-        if at_most and waited and not self.phase and share < SHARE:
+        if at_most and waited and not self.phase:
             self.up_next, self.until_probe, self.called = False, 0, True
 
     def _median(self, shape: Shape) -> float | None:
@@ -216,7 +239,8 @@ class ThreadTuner:
         if elapsed_ns > 0 and shape[0] == shape[1]:  # no draft (one made before the probe)
             self.timed[self.phase].setdefault(shape, []).append(elapsed_ns)
         steps = max((len(v) for v in self.timed[self.phase].values()), default=0)
-        if steps < PROBE_STEPS and self.probe_steps < MAX_PROBE_STEPS:
+        length = CALLED_PROBE_STEPS if self.called else PROBE_STEPS
+        if steps < length and self.probe_steps < 4 * length:  # 4x: the steps that drafted
             return
         if self.phase == 1:
             self.phase, self.probe_steps = 2, 0
@@ -230,7 +254,8 @@ class ThreadTuner:
         if not shared:
             return None
         shape = max(shared, key=lambda s: min(len(base[s]), len(probe[s])))
-        return statistics.median(probe[shape]) < (1 - MARGIN) * statistics.median(base[shape])
+        typical = statistics.fmean if self.called else statistics.median
+        return typical(probe[shape]) < (1 - MARGIN) * typical(base[shape])
 
     def _end_probe(self, won: bool | None) -> None:
         """``won`` None (the sequences changed between the halves): no

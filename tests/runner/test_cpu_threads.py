@@ -18,6 +18,7 @@ from jupyter_llm.runner.cpu_threads import (
     linux_threads,
     parse_cpu_list,
     physical_cores,
+    run_queue_wait,
 )
 
 CPU = "sys/devices/system/cpu"
@@ -211,6 +212,29 @@ def test_idle_jiffies(tmp_path, cpus, expected):
 def test_idle_jiffies_unreadable(tmp_path):
     assert idle_jiffies({0}, tmp_path) is None
     assert idle_jiffies({0}, build(tmp_path, {"proc/stat": "cpu0 1 x 3"})) is None
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        # the second field of each thread's schedstat: ns runnable but not running
+        ({"1/schedstat": "900 40 7", "2/schedstat": "500 2 3"}, 42),
+        ({"1/schedstat": "900 40 7", "2/stat": "x"}, 40),  # a thread that ended meanwhile
+        ({"1/schedstat": "900 x 7", "2/schedstat": "5"}, None),  # nothing readable
+        ({}, None),
+    ],
+)
+def test_run_queue_wait(tmp_path, files, expected):
+    tree = {f"proc/self/task/{name}": text for name, text in files.items()}
+    assert run_queue_wait(build(tmp_path, tree)) == expected
+
+
+def test_run_queue_wait_here():
+    """This process's own threads (Linux keeps the count where schedstat exists)."""
+    wait = run_queue_wait()
+    if Path("/proc/self/schedstat").exists():
+        assert wait is not None and wait >= 0
+    assert run_queue_wait(Path("/nonexistent")) is None
 
 
 def test_this_machine():
