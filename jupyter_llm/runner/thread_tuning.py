@@ -128,9 +128,10 @@ class CpuWatch:
         if below and idle is not None and last_idle is not None:
             tuner.saw_free_cores(free_cores(last_idle, idle, len(self.cpus)))
         elif not below:
-            if wait is not None and last_wait is not None and wait >= last_wait:
-                displaced = (wait - last_wait) / 1e9 / wall >= WAIT
-            else:  # no count of waits (or a thread that held some ended)
+            if wait is not None:  # no verdict on a window that has no start or lost a thread
+                known = last_wait is not None and wait >= last_wait
+                displaced = known and (wait - last_wait) / 1e9 / wall >= WAIT
+            else:  # the kernel counts no waits
                 displaced = (own[0] - last_own[0]) / wall / tuner.count < SHARE
             if displaced:
                 tuner.saw_displaced()
