@@ -102,6 +102,7 @@ def describe_loaded(loaded: Loaded, users: list[dict[str, Any]] | None = None) -
         "num_gpu_layers": loaded.placement.n_gpu_layers,
         "num_layers": loaded.placement.n_layers,
         "pid": loaded.runner.pid,
+        "threads": loaded.runner.threads.describe(),  # CPU threads: now, as loaded, tuned
         "parallel": loaded.parallel,
         "users": users or [],
         "vision": entry.vision,

@@ -26,6 +26,7 @@ from jupyter_llm.cluster.blobs import CHUNK, digest_of_name, file_digest, read_c
 from jupyter_llm.cluster.ray_cluster import Node, RayCluster
 from jupyter_llm.request.errors import LLMError, ModelLoadFailed, NodeLost, RunnerFailed
 from jupyter_llm.runner.protocol import Complete, Embed
+from jupyter_llm.runner_client.decode_threads import DecodeThreads
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class RayRunner:
         self.spec: LoadSpec | None = None
         self.info: dict[str, Any] = {}
         self.load_duration_ns = 0
+        self.threads = DecodeThreads()
         self._pid: int | None = None
         self._gone: LLMError | None = None
         self._stopped: RunnerFailed | None = None  # why the scheduler closed it, if said
@@ -133,6 +135,7 @@ class RayRunner:
                     report(float(item["progress"]))
                 else:
                     self.info = dict(item["info"])
+                    self.threads = DecodeThreads.from_load(self.info)
                     self._pid = item.get("pid")
                     self.load_duration_ns = int(item.get("load_duration_ns", 0))
         except RayError as e:
@@ -161,7 +164,9 @@ class RayRunner:
         finished = False
         try:
             async for ref in stream:
-                yield await ref
+                batch = await ref
+                self.threads.saw(batch)
+                yield batch
             finished = True
         except RayError as e:
             finished = True

@@ -332,9 +332,17 @@ class Engine:
             keep = swa_reusable(keep, pos_min, self.model.n_swa)
         return keep
 
+    @property
+    def decode_threads(self) -> int:
+        """The CPU threads decoding runs with: the tuner's settled count
+        where it tunes (a probe's steps aside), else the context's."""
+        if self.threads is not None:
+            return self.threads.count
+        return int(llama_cpp.llama_n_threads(self.ctx))
+
     def _finish_unstarted(self, seq: Sequence) -> None:
         seq.free()
-        _report(seq, lambda: seq.job.finish(seq.result("cancel", 0)))
+        _report(seq, lambda: seq.job.finish(seq.result("cancel", 0, self.decode_threads)))
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         """Free the slot at once (its cache stays for a later prefix match),
@@ -343,7 +351,7 @@ class Engine:
         slot.seq = None
         slot.last_used = time.monotonic()
         seq.free()
-        _report(seq, lambda: seq.job.finish(seq.result(reason, seq.fed)))
+        _report(seq, lambda: seq.job.finish(seq.result(reason, seq.fed, self.decode_threads)))
         self._assign()  # a waiting request takes the slot before the next step
 
     def _fail(self, seq: Sequence, error: Exception) -> None:

@@ -159,6 +159,7 @@ class Done:
     draft_tokens: int = 0  # output tokens drafted by prompt lookup (runner.speculative)
     draft_accepted: int = 0  # of those, the ones the model's own sampler confirmed
     thinking_tokens: int = 0  # output tokens whose text came out as thinking (runner.completion)
+    threads: int = 0  # CPU threads decoding ran with at the end (runner.thread_tuning); 0: unknown
 
 
 @dataclass(frozen=True)

@@ -217,9 +217,10 @@ class Sequence:
         self.next_token = token
         return True
 
-    def result(self, reason: str, evaluated: int) -> Done:
+    def result(self, reason: str, evaluated: int, threads: int = 0) -> Done:
         """The report, once finished; text still held back goes out unless a
-        stop string ended it. ``evaluated``: prompt tokens really decoded."""
+        stop string ended it. ``evaluated``: prompt tokens really decoded;
+        ``threads``: the engine's CPU threads now."""
         tail = self.stops.pending + self._decoder.decode(b"", final=True)
         if tail and reason != "stop":
             self.job.emit(tail)
@@ -228,6 +229,7 @@ class Sequence:
         done = self.prompt_done
         return Done(
             done_reason=reason,
+            threads=threads,
             stop_sequence=self.stops.hit,
             prompt_eval_count=len(prompt) if done else evaluated,
             prompt_cached=self.reused,

@@ -21,6 +21,7 @@ from typing import Any
 
 from jupyter_llm.request.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
 from jupyter_llm.runner.protocol import Complete, Embed, Health, ProtocolError, fields_of, read
+from jupyter_llm.runner_client.decode_threads import DecodeThreads
 from jupyter_llm.runner_client.launch import (
     LoadRequest,
     LoadSpec,
@@ -47,6 +48,7 @@ class RunnerProxy:
         self.info: dict[str, Any] = {}
         self.progress = 0.0
         self.load_duration_ns = 0
+        self.threads = DecodeThreads()
 
     @property
     def alive(self) -> bool:
@@ -90,6 +92,7 @@ class RunnerProxy:
                             report(self.progress)
                     else:
                         self.info = message
+                        self.threads = DecodeThreads.from_load(message)
         except TimeoutError:
             raise ModelLoadFailed(
                 f"timed out loading the model: no progress for {self.stall_timeout:.0f}s"
@@ -130,6 +133,7 @@ class RunnerProxy:
             stream = self.process.stream_batches("complete", **fields_of(request))
             try:
                 async for batch in stream:
+                    self.threads.saw(batch)
                     yield batch
             finally:
                 await stream.aclose()

@@ -14,6 +14,7 @@ from jupyter_llm.memory import Allocation, Placement
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import RunnerFailed
 from jupyter_llm.runner.protocol import Complete, Embed
+from jupyter_llm.runner_client.decode_threads import DecodeThreads
 from jupyter_llm.runner_client.launch import LoadRequest
 from jupyter_llm.scheduler.fair_queue import Waiter
 
@@ -22,6 +23,7 @@ class Runner(Protocol):
     """What the scheduler needs of a loaded runner (``runner_client.proxy.RunnerProxy``)."""
 
     load_duration_ns: int
+    threads: DecodeThreads  # the CPU threads it decodes with (``/api/ps``)
 
     @property
     def alive(self) -> bool: ...

@@ -302,3 +302,9 @@ class TestReachesTheRunner:
         [line] = [m for m in load_log if "loaded the model" in m]
         assert f"{want} CPU threads" in line
         assert ("fewer while other work holds the cores" in line) == adaptive
+        # /api/ps: as the request ended (a tuned runner may have moved), and as loaded
+        ps = json.loads((await jp_fetch("llm", "api", "ps")).body)
+        [shown] = ps["models"]
+        now = shown["threads"].pop("now")
+        assert shown["threads"] == {"loaded": want, "adaptive": adaptive}
+        assert 1 <= now <= want and (adaptive or now == want)

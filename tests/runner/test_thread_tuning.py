@@ -178,8 +178,9 @@ def test_which_engines_tune_their_threads(params, tuned) -> None:
     assert (thread_tuner(LoadParams(path="m.gguf", **params)) is not None) == tuned
 
 
-def greedy_with_threads(engine: Engine, tokens: int) -> tuple[str, list[int]]:
-    """A greedy answer without drafts, and the context's thread count at each step."""
+def greedy_with_threads(engine: Engine, tokens: int) -> tuple[str, list[int], Done]:
+    """A greedy answer without drafts, the context's thread count at each
+    step, and the request's ``done``."""
     text: list[str] = []
     done: list[Done] = []
     errors: list[Exception] = []
@@ -193,7 +194,7 @@ def greedy_with_threads(engine: Engine, tokens: int) -> tuple[str, list[int]]:
         if engine.threads is not None:
             assert counts[-1] == engine.threads.threads  # the tuner's count, every step
     assert not errors, errors
-    return "".join(text), counts
+    return "".join(text), counts, done[0]
 
 
 def test_an_engine_probes_fewer_threads_and_answers_the_same(demo_gguf: Path) -> None:
@@ -204,7 +205,10 @@ def test_an_engine_probes_fewer_threads_and_answers_the_same(demo_gguf: Path) ->
         params = LoadParams(path=str(demo_gguf), n_ctx=512, n_threads=2, adapt_threads=adapt)
         engine = Engine(params)
         try:
-            answers[adapt], counts = greedy_with_threads(engine, FIRST_PROBE + 3 * PROBE_STEPS)
+            answers[adapt], counts, done = greedy_with_threads(
+                engine, FIRST_PROBE + 3 * PROBE_STEPS
+            )
+            assert done.threads == engine.decode_threads == counts[-1]  # reported as it ended
         finally:
             engine.close()
         if adapt:
@@ -229,8 +233,9 @@ def test_a_count_that_wins_measures_what_drafts_cost_anew(demo_gguf: Path) -> No
         tuner.timed = {1: {(1, 1): [10_000 * MS] * (PROBE_STEPS - 1)}, 2: {}}
         engine.step_costs = StepCosts(engine.n_seq, engine.n_batch, pinned=0.25)
         before = engine.step_costs
-        _, counts = greedy_with_threads(engine, 2 + 2 * PROBE_STEPS)
+        _, counts, done = greedy_with_threads(engine, 2 + 2 * PROBE_STEPS)
         assert tuner.count == 1 and counts[-1] == 1
+        assert done.threads == 1  # the count it moved to, for /api/ps
         assert engine.step_costs is not before and engine.step_costs.pinned == 0.25
     finally:
         engine.close()

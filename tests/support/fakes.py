@@ -14,6 +14,7 @@ from typing import Any
 from jupyter_llm.memory import ModelInfo
 from jupyter_llm.request.errors import AllocationFailed, RunnerFailed
 from jupyter_llm.runner.protocol import Complete, Done, Embed, fields_of
+from jupyter_llm.runner_client.decode_threads import DecodeThreads
 from jupyter_llm.runner_client.launch import LoadRequest, LoadSpec, launch_spec
 
 _pids = itertools.count(100_000)
@@ -35,6 +36,7 @@ class FakeRunner:
         self.gpus = gpus or []
         self.measured = measured or {}
         self.kv_cache_fallback = ""  # the real runner's reason when llama.cpp refused the type
+        self.threads = DecodeThreads(spec.n_threads, False, spec.n_threads)
         self.latency = latency
         self.info_calls = 0
         self.close_reason: RunnerFailed | None = None  # what ``close`` was told
