@@ -72,6 +72,24 @@ export function processor(
   return `${100 - gpu}%/${gpu}% CPU/GPU`;
 }
 
+/**
+ * The CPU threads of a model with layers on the CPU: "2 threads", or "1 of 2
+ * threads" while other work holds cores (a runner at the default count moves
+ * between 1 and the count it loaded with). '' for a model wholly on GPUs, or
+ * where the server does not say.
+ */
+export function threadsText(
+  model: Pick<ILoadedModel, 'size' | 'size_vram' | 'num_layers' | 'num_gpu_layers' | 'threads'>
+): string {
+  const threads = model.threads;
+  if (!threads || !(threads.loaded > 0) || processor(model) === '100% GPU') {
+    return '';
+  }
+  const now = threads.now > 0 && threads.now < threads.loaded ? threads.now : threads.loaded;
+  const unit = threads.loaded === 1 ? 'thread' : 'threads';
+  return now < threads.loaded ? `${now} of ${threads.loaded} ${unit}` : `${now} ${unit}`;
+}
+
 /** Seconds left before a model unloads; Infinity when it is kept loaded. */
 export function secondsLeft(expiresAt: string, now: number): number {
   const then = Date.parse(expiresAt);

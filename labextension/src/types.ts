@@ -71,6 +71,18 @@ export interface ILoadedModel {
   num_layers?: number;
   allocations?: IAllocation[];
   users?: IModelUser[];
+  threads?: IThreads;
+}
+
+/**
+ * The CPU threads a model decodes with: as its last request ended, as it
+ * loaded, and whether it moves between 1 and that while other work holds
+ * the cores.
+ */
+export interface IThreads {
+  now: number;
+  loaded: number;
+  adaptive: boolean;
 }
 
 export interface IPsReply {

@@ -12,7 +12,8 @@ import {
   KIND_LABELS,
   memorySegments,
   processor,
-  segmentWidths
+  segmentWidths,
+  threadsText
 } from './format';
 import { CPU_DEVICE, IDevice, ILoadedModel, INode, INotice, ISnapshot } from './types';
 
@@ -434,7 +435,8 @@ export class SidebarView {
     const meta = [
       formatBytes(model.size),
       processor(model),
-      model.context_length ? `ctx ${model.context_length}` : ''
+      model.context_length ? `ctx ${model.context_length}` : '',
+      threadsText(model)
     ].filter(Boolean);
     const metaNode = node.querySelector('.jp-LLM-model-meta') as HTMLElement;
     if (metaNode.dataset.text !== meta.join('\n')) {

@@ -5,7 +5,8 @@ import {
   memorySegments,
   processor,
   secondsLeft,
-  segmentWidths
+  segmentWidths,
+  threadsText
 } from '../src/format';
 import { ILoadedModel, toSnapshot } from '../src/types';
 
@@ -48,6 +49,27 @@ describe('processor (Ollama ps PROCESSOR column)', () => {
     [1000, 960, 0, 0, '4%/96% CPU/GPU'] // no layer counts: the memory split
   ])('size %p, size_vram %p, %p layers with %p on GPUs is %p', (size, vram, n, gpu, text) => {
     expect(processor({ size, size_vram: vram, num_layers: n, num_gpu_layers: gpu })).toBe(text);
+  });
+});
+
+describe('threadsText (the CPU threads a model decodes with)', () => {
+  const cpu = { size: 1000, size_vram: 0 };
+  it.each([
+    [{ now: 2, loaded: 2, adaptive: true }, '2 threads'],
+    [{ now: 1, loaded: 2, adaptive: true }, '1 of 2 threads'], // other work holds a core
+    [{ now: 1, loaded: 1, adaptive: false }, '1 thread'],
+    [{ now: 0, loaded: 4, adaptive: false }, '4 threads'], // no request yet said
+    [{ now: 9, loaded: 4, adaptive: true }, '4 threads'], // more than loaded: not believed
+    [{ now: 2, loaded: 0, adaptive: false }, ''] // the runner did not say
+  ])('%p reads %p', (threads, text) => {
+    expect(threadsText({ ...cpu, threads })).toBe(text);
+  });
+
+  it('says nothing of a model wholly on GPUs, or of a server that does not say', () => {
+    const threads = { now: 1, loaded: 2, adaptive: true };
+    expect(threadsText({ size: 1000, size_vram: 1000, threads })).toBe('');
+    expect(threadsText({ size: 1000, size_vram: 520, threads })).toBe('1 of 2 threads');
+    expect(threadsText(cpu)).toBe('');
   });
 });
 

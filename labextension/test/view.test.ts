@@ -35,6 +35,7 @@ const tiny: ILoadedModel = {
   size_vram: 3 * GiB,
   expires_at: '2026-12-02T12:05:00Z',
   context_length: 4096,
+  threads: { now: 1, loaded: 2, adaptive: true },
   allocations: [
     { device: 'GPU-0', weights: 2 * GiB, kv_cache: 0.75 * GiB, graph: 0.25 * GiB },
     { device: 'cpu', weights: 1 * GiB, kv_cache: 0, graph: 0 }
@@ -104,7 +105,7 @@ describe('SidebarView', () => {
     expect(ram.querySelectorAll('.jp-LLM-segment-weights')).toHaveLength(1);
   });
 
-  it('lists loaded models with size, processor, context and countdown', () => {
+  it('lists loaded models with size, processor, context, threads and countdown', () => {
     const { view } = makeView();
     view.update({ kind: 'ready', snapshot: snapshot([tiny]) }, NOW);
     const row = q('.jp-LLM-model[data-model="tiny:latest"]');
@@ -113,7 +114,7 @@ describe('SidebarView', () => {
     const meta = Array.from(row.querySelectorAll('.jp-LLM-model-meta span')).map(
       s => s.textContent
     );
-    expect(meta).toEqual(['4.0 GiB', '25%/75% CPU/GPU', 'ctx 4096']);
+    expect(meta).toEqual(['4.0 GiB', '25%/75% CPU/GPU', 'ctx 4096', '1 of 2 threads']);
     const countdown = row.querySelector('.jp-LLM-countdown')!;
     expect(countdown.textContent).toBe('unloads in 5:00');
     view.tick(NOW + 61_000);
