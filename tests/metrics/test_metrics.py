@@ -114,6 +114,7 @@ async def test_requests_tokens_and_state_as_scraped(jp_fetch, openai_client, ins
     assert total(after, "jupyter_llm_slots", **on) >= 1
     assert total(after, "jupyter_llm_pending_requests") == 0
     assert total(after, "jupyter_llm_model_memory_bytes", **on) == ps[0]["size"] > 0
+    assert total(after, "jupyter_llm_cpu_threads", **on) == ps[0]["threads"]["now"] >= 1
     for a in ps[0]["allocations"]:
         for kind in ("weights", "kv_cache", "graph"):
             name = "jupyter_llm_model_memory_bytes"

@@ -42,6 +42,11 @@ async def test_gauges_follow_the_scheduler_at_each_scrape():
     async with s.use(e, LoadOptions(), None) as lease:
         assert value("jupyter_llm_busy_slots", model=name) == 1
         assert value("jupyter_llm_slots", model=name) == 1
+        runner_threads = lease.loaded.runner.threads
+        runner_threads.loaded, runner_threads.now = 4, 4
+        assert value("jupyter_llm_cpu_threads", model=name) == 4
+        runner_threads.saw([{"type": "done", "threads": 1}])  # other work took cores
+        assert value("jupyter_llm_cpu_threads", model=name) == 1
         memory = "jupyter_llm_model_memory_bytes"
         for a in lease.loaded.allocations:  # per device and kind, as the scheduler holds it
             for kind in ("weights", "kv_cache", "graph"):
