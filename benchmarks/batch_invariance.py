@@ -170,8 +170,8 @@ class Recorder:
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._seen)
 
     def _seen(self, pointer: int, ask: bool, _: int) -> bool:
-        if ask or not self.on:
-            return True  # ask: yes, call again with the computed tensor
+        if ask or not self.on:  # ask: call again with the computed tensor while recording;
+            return self.on  # a tensor observed ends its graph's part (and ggml's fusions)
         t = ctypes.cast(pointer, ctypes.POINTER(GgmlTensor)).contents
         ne = tuple(t.ne)
         values = None
@@ -189,20 +189,18 @@ class Recorder:
         return True
 
 
-def last_row(node: Node, n: int) -> np.ndarray | None:
-    """The last token's part of a batched tensor of ``n`` tokens, or the
-    whole of a one-token one (``n`` = 1); None where no dimension is the
-    tokens'."""
-    if node.values is None:
+def last_row(many: Node, one: Node, n: int) -> np.ndarray | None:
+    """The last token's part of ``many``, a tensor of ``n`` tokens, shaped as
+    ``one``, the same tensor of the last token alone: along the one
+    dimension that is ``n`` times as long (None where there is not one)."""
+    if many.values is None:
         return None
-    dims = [d for d in range(GGML_MAX_DIMS) if node.ne[d] % n == 0 and node.ne[d] >= n]
-    if n == 1:
-        return node.values
-    axis = GGML_MAX_DIMS - 1 - dims[-1] if dims else None
-    if axis is None:
+    dims = [d for d in range(GGML_MAX_DIMS) if many.ne[d] == n * one.ne[d] != one.ne[d]]
+    if len(dims) != 1:
         return None
-    per = node.ne[dims[-1]] // n
-    return np.take(node.values, range((n - 1) * per, n * per), axis=axis)
+    per = one.ne[dims[0]]
+    axis = GGML_MAX_DIMS - 1 - dims[0]  # numpy's order is ggml's reversed
+    return np.take(many.values, range((n - 1) * per, n * per), axis=axis)
 
 
 def first_variant(singles: list[Node], batched: list[Node], n: int) -> str:
@@ -211,7 +209,7 @@ def first_variant(singles: list[Node], batched: list[Node], n: int) -> str:
     for one, many in zip(singles, batched, strict=False):
         if one.name != many.name or one.values is None:
             continue
-        row = last_row(many, n)
+        row = last_row(many, one, n)
         if row is None or row.shape != one.values.shape:
             continue
         diff = float(np.max(np.abs(row - one.values)))
@@ -223,7 +221,9 @@ def first_variant(singles: list[Node], batched: list[Node], n: int) -> str:
 
 
 def trace(gemma: bool, n: int, repack: bool, cells: int, flash_attn: str) -> None:
-    """One row of ``--kernels``, in this process (see the module docstring)."""
+    """One row of ``--kernels``, in this process (see the module docstring):
+    the logits from decodes not observed (an observed tensor splits the graph,
+    which undoes ggml's fused ops), then the same decodes observed."""
     recorder = Recorder()
     with tempfile.TemporaryDirectory() as tmp:
         path = model_path(gemma, tmp)
@@ -239,21 +239,27 @@ def trace(gemma: bool, n: int, repack: bool, cells: int, flash_attn: str) -> Non
         ctx = llama_cpp.llama_init_from_model(model, cp)
         vocab = llama_cpp.llama_model_get_vocab(model)
         prompt = tokenize(vocab, WORKLOADS["rewrite"] * 4)[: cells - n]
-        logits, out = decode_ctx(ctx, vocab, prompt, 0, False)[0], []
-        for k in range(n):
-            out.append(int(np.argmax(logits)))
-            recorder.on, recorder.nodes = k == n - 1, []
-            logits = decode_ctx(ctx, vocab, [out[-1]], len(prompt) + k, False)[0]
-        singles, recorder.on = recorder.nodes, False
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, -1, -1)
-        decode_ctx(ctx, vocab, prompt, 0, False)
-        recorder.on, recorder.nodes = True, []
-        batched_logits = decode_ctx(ctx, vocab, out, len(prompt), False)[0]
-        recorder.on = False
+
+        def both_ways(observe: bool) -> tuple[float, list[Node], list[Node]]:
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, -1, -1)
+            logits, out = decode_ctx(ctx, vocab, prompt, 0, False)[0], []
+            for k in range(n):
+                out.append(int(np.argmax(logits)))
+                recorder.on, recorder.nodes = observe and k == n - 1, []
+                logits = decode_ctx(ctx, vocab, [out[-1]], len(prompt) + k, False)[0]
+            singles, recorder.on = recorder.nodes, False
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, -1, -1)
+            decode_ctx(ctx, vocab, prompt, 0, False)
+            recorder.on, recorder.nodes = observe, []
+            batched = decode_ctx(ctx, vocab, out, len(prompt), False)[0]
+            recorder.on = False
+            return float(np.max(np.abs(batched - logits))), singles, recorder.nodes
+
+        diff, _, _ = both_ways(observe=False)
+        _, singles, batched = both_ways(observe=True)
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
-    diff = float(np.max(np.abs(batched_logits - logits)))
-    print(f"{len(prompt) + n:5d} | {diff:24.3g} | {first_variant(singles, recorder.nodes, n)}")
+    print(f"{len(prompt) + n:5d} | {diff:24.3g} | {first_variant(singles, batched, n)}")
 
 
 def tokenize(vocab, text: str) -> list[int]:

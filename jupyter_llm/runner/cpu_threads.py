@@ -259,16 +259,19 @@ def run_queue_wait(root: Path = Path("/")) -> int | None:
     a CPU, summed over its threads (the second field of each
     ``proc/self/task/*/schedstat``): two reads apart say how many cores'
     worth of its threads other work kept waiting meanwhile
-    (``thread_tuning.CpuWatch``). None where the kernel keeps no such count."""
+    (``thread_tuning.CpuWatch``). None where the kernel keeps no such count
+    (no file, or one that reads zero time run: schedstats turned off). A
+    thread that ends takes its waits with it; the runner's threads live as
+    long as it does."""
     tasks = root / "proc" / "self" / "task"
     try:
         ids = os.listdir(tasks)
     except OSError:
         return None
-    total, seen = 0, False
+    ran = waited = 0
     for tid in ids:
         text = read_text(tasks / tid / "schedstat")  # None: the thread ended meanwhile
         fields = text.split() if text else []
-        if len(fields) >= 2 and fields[1].isdigit():
-            total, seen = total + int(fields[1]), True
-    return total if seen else None
+        if len(fields) >= 2 and fields[0].isdigit() and fields[1].isdigit():
+            ran, waited = ran + int(fields[0]), waited + int(fields[1])
+    return waited if ran else None

@@ -105,7 +105,7 @@ class CpuWatch:
 
     def step(self, tuner: ThreadTuner, elapsed_ns: int) -> None:
         if tuner.measuring:
-            self.last_idle = self.last_own = None  # windows start again after the probe
+            self.last_idle = self.last_own = self.last_wait = None  # windows start again after it
             return
         self.steps += 1
         self.busy_ns += max(0, elapsed_ns)

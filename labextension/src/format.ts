@@ -73,9 +73,9 @@ export function processor(
 }
 
 /**
- * The CPU threads of a model with layers on the CPU: "2 threads", or "1 of 2
- * threads" while other work holds cores (a runner at the default count moves
- * between 1 and the count it loaded with). '' for a model wholly on GPUs, or
+ * The CPU threads of a model with layers on the CPU as its last request
+ * ended: "2 threads", or "1 of 2 threads" when other work held cores then (a
+ * runner at the default count moves between 1 and the count it loaded with). '' for a model wholly on GPUs, or
  * where the server does not say.
  */
 export function threadsText(

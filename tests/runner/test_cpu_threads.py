@@ -221,6 +221,7 @@ def test_idle_jiffies_unreadable(tmp_path):
         ({"1/schedstat": "900 40 7", "2/schedstat": "500 2 3"}, 42),
         ({"1/schedstat": "900 40 7", "2/stat": "x"}, 40),  # a thread that ended meanwhile
         ({"1/schedstat": "900 x 7", "2/schedstat": "5"}, None),  # nothing readable
+        ({"1/schedstat": "0 0 0", "2/schedstat": "0 0 0"}, None),  # schedstats off: all zero
         ({}, None),
     ],
 )
