@@ -29,6 +29,23 @@ def processor_label(model: dict[str, Any]) -> str:
     return f"{100 - gpu}%/{gpu}% CPU/GPU"
 
 
+def threads_label(model: dict[str, Any]) -> str:
+    """The CPU threads of an ``/api/ps`` entry with layers on the CPU, as its
+    last request ended: "2 threads", or "1 of 2 threads" when other work held
+    cores then (``threads``: ``now``, ``loaded``). "" for a model wholly on
+    GPUs, or where the server does not say. The sidebar's ``threadsText``."""
+    threads = model.get("threads")
+    if not isinstance(threads, dict) or processor_label(model) == "100% GPU":
+        return ""
+    loaded, now = threads.get("loaded"), threads.get("now")
+    if type(loaded) is not int or loaded < 1:
+        return ""
+    unit = "thread" if loaded == 1 else "threads"
+    if type(now) is int and 1 <= now < loaded:
+        return f"{now} of {loaded} {unit}"
+    return f"{loaded} {unit}"
+
+
 def human_size(n: float) -> str:
     """Decimal units, as Ollama's ``list`` shows them."""
     for unit in ("B", "KB", "MB", "GB", "TB"):

@@ -19,7 +19,7 @@ from typing import Any
 import ipywidgets as w
 
 from jupyter_llm.connect import LLMClientError, ServerEndpoint
-from jupyter_llm.connect.labels import processor_label
+from jupyter_llm.connect.labels import processor_label, threads_label
 
 PALETTE = ["#1e88e5", "#8e24aa", "#43a047", "#f4511e", "#00897b", "#6d4c41"]
 SHADES = {"weights": 1.0, "kv_cache": 0.7, "graph": 0.45}
@@ -175,12 +175,14 @@ class DeviceDashboard(w.VBox):
 
     def _model_row(self, model: dict[str, Any]) -> w.Widget:
         name = model["name"]
-        info = w.HTML(
-            f"<b>{html.escape(str(name))}</b> {_gib(model['size'])} · "
-            f"{html.escape(processor_label(model))} · "
-            f"ctx {html.escape(str(model.get('context_length', '')))} · "
-            f"{html.escape(countdown(model.get('expires_at', '')))}"
-        )
+        parts = [
+            f"<b>{html.escape(str(name))}</b> {_gib(model['size'])}",
+            html.escape(processor_label(model)),
+            f"ctx {html.escape(str(model.get('context_length', '')))}",
+            html.escape(threads_label(model)),
+            html.escape(countdown(model.get("expires_at", ""))),
+        ]
+        info = w.HTML(" · ".join(p for p in parts if p))
         button = w.Button(
             description="Unload", button_style="warning", layout=w.Layout(width="90px")
         )

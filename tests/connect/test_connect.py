@@ -15,7 +15,7 @@ import pytest
 
 import jupyter_llm
 from jupyter_llm.connect import discovery
-from jupyter_llm.connect.labels import ago, human_size, processor_label, until
+from jupyter_llm.connect.labels import ago, human_size, processor_label, threads_label, until
 from jupyter_llm.connect.views import loaded_table, table
 
 
@@ -47,6 +47,26 @@ def test_processor_label(size: int, vram: int, shown: str) -> None:
 def test_processor_label_with_layers(vram: int, layers: int, on_gpu: int, shown: str) -> None:
     model = {"size": 1000, "size_vram": vram, "num_layers": layers, "num_gpu_layers": on_gpu}
     assert processor_label(model) == shown
+
+
+@pytest.mark.parametrize(
+    ("threads", "vram", "shown"),
+    [
+        ({"now": 2, "loaded": 2, "adaptive": True}, 0, "2 threads"),
+        ({"now": 1, "loaded": 2, "adaptive": True}, 0, "1 of 2 threads"),  # a core was held
+        ({"now": 1, "loaded": 1, "adaptive": False}, 0, "1 thread"),
+        ({"now": 0, "loaded": 4, "adaptive": False}, 0, "4 threads"),  # no request yet said
+        ({"now": 9, "loaded": 4, "adaptive": True}, 0, "4 threads"),  # past loaded: not believed
+        ({"now": 2, "loaded": 0, "adaptive": False}, 0, ""),  # the runner did not say
+        ({"now": 1, "loaded": 2, "adaptive": True}, 1000, ""),  # wholly on GPUs
+        ({"now": 1, "loaded": 2, "adaptive": True}, 520, "1 of 2 threads"),
+        (None, 0, ""),  # an older server
+        ({"now": True, "loaded": "2"}, 0, ""),
+    ],
+)
+def test_threads_label(threads, vram: int, shown: str) -> None:
+    model = {"size": 1000, "size_vram": vram, **({"threads": threads} if threads else {})}
+    assert threads_label(model) == shown
 
 
 @pytest.mark.parametrize(

@@ -320,6 +320,21 @@ def test_dashboard_shows_simulated_devices_and_unloads(live, shell):
     dash.close()
 
 
+def test_a_model_on_the_cpu_shows_its_threads_in_its_row():
+    """As the sidebar: the count as its last request ended (threads_label)."""
+    dash = DeviceDashboard(ServerEndpoint("http://127.0.0.1:9", "t", "env"), start=False)
+    model = {"name": "tiny:latest", "size": 2**20, "size_vram": 0, "context_length": 2048}
+    model["expires_at"] = "2318-01-01T00:00:00Z"  # Ollama's "kept loaded"
+    for threads, shown in (({"now": 1, "loaded": 2, "adaptive": True}, "1 of 2 threads"), (
+        {"now": 2, "loaded": 2, "adaptive": True}, "2 threads"
+    )):  # fmt: skip
+        _, info = dash._model_row({**model, "threads": threads}).children
+        assert info.value.endswith(f"100% CPU · ctx 2048 · {shown} · kept loaded")
+    _, info = dash._model_row(model).children  # an older server: no threads
+    assert info.value.endswith("100% CPU · ctx 2048 · kept loaded")
+    dash.close()
+
+
 def test_dashboard_thread_stops_when_closed(live):
     dash = DeviceDashboard(ServerEndpoint(live.url, live.token, "env"), interval=0.05)
     assert dash._thread.is_alive()
