@@ -217,7 +217,7 @@ class Sequence:
         self.next_token = token
         return True
 
-    def result(self, reason: str, evaluated: int, threads: int = 0) -> Done:
+    def result(self, reason: str, evaluated: int, threads: int) -> Done:
         """The report, once finished; text still held back goes out unless a
         stop string ended it. ``evaluated``: prompt tokens really decoded;
         ``threads``: the engine's CPU threads now."""

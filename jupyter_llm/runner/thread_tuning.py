@@ -199,16 +199,20 @@ class ThreadTuner:
     def saw_free_cores(self, free: float) -> None:
         """``free`` cores' worth of this runner's CPUs went unused since the
         last check (``free_cores``): below the default, probe up now."""
-        below, waited = self.count < self.maximum, self.since_probe >= self.idle_wait
-        if below and waited and not self.phase and free >= FREE_CORE:
-            self.up_next, self.until_probe, self.called = True, 0, True
+        if self.count < self.maximum and free >= FREE_CORE:
+            self._call_probe(up=True)
 
     def saw_displaced(self) -> None:
         """Other work kept this runner's threads off their cores since the
         last check (``CpuWatch``): at the default count, probe down now."""
-        at_most, waited = self.count == self.maximum, self.since_probe >= self.idle_wait
-        if at_most and waited and not self.phase:
-            self.up_next, self.until_probe, self.called = False, 0, True
+        if self.count == self.maximum:
+            self._call_probe(up=False)
+
+    def _call_probe(self, up: bool) -> None:
+        """The CPU times call the next probe now (``up`` or down), unless one
+        runs or the last ended fewer than ``idle_wait`` steps ago."""
+        if self.since_probe >= self.idle_wait and not self.phase:
+            self.up_next, self.until_probe, self.called = up, 0, True
 
     def _median(self, shape: Shape) -> float | None:
         times = self.times.get(shape)

@@ -75,7 +75,7 @@ class RunnerProxy:
     @property
     def n_threads(self) -> int:
         """The CPU threads the runner decodes with (its default unless the spec set one)."""
-        return int(self.info.get("n_threads", self.spec.n_threads))
+        return self.threads.loaded or self.spec.n_threads
 
     async def load(self, report: Callable[[float], None] | None = None) -> None:
         """Load the model; the stall timer restarts whenever load progress
@@ -112,8 +112,8 @@ class RunnerProxy:
             "runner %s loaded the model in %.1fs: %s CPU threads%s, n_ctx %d",
             self.pid,
             self.load_duration_ns / 1e9,
-            self.info.get("n_threads", "?"),
-            adaptive if self.info.get("adaptive_threads") else "",
+            self.threads.loaded or "?",
+            adaptive if self.threads.adaptive else "",
             self.n_ctx,
         )
 

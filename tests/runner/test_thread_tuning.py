@@ -275,7 +275,7 @@ class Cpus:
         seconds = ns / 1e9
         self.wall += seconds
         self.own += threads * each * self.filled * seconds
-        self.waited += threads * (1 - each) * seconds if runnable else 0.0
+        self.waited += threads * (1 - each) * seconds
         self.total += self.n * seconds
         self.idle += max(0.0, self.n - runnable) * seconds
 
