@@ -43,6 +43,7 @@ SETTINGS_TRAITS = (
     "stream_interval",
     "flash_attention",
     "kv_cache_type",
+    "batch_invariant",
     "prompt_disk_cache",
     "prompt_disk_expiry",
     "prompt_disk_dir",
@@ -87,6 +88,9 @@ class LLMExtension(ExtensionApp):
     )
     kv_cache_type = Unicode(
         None, allow_none=True, config=True, help="KV cache type: f16, q8_0 or q4_0."
+    )
+    batch_invariant = Bool(
+        None, allow_none=True, config=True, help="Logits independent of batching (slower prompts)."
     )
     prompt_disk_cache = Int(
         None, allow_none=True, config=True, help="Bytes of prompt caches on disk; 0: off."

@@ -38,6 +38,9 @@ class Settings:
     stream_interval: float = 0.1  # seconds a fast model's tokens are grouped for streaming
     flash_attention: str = "auto"  # "auto" (llama.cpp's choice per backend), "on" or "off"
     kv_cache_type: str = "f16"  # "f16", "q8_0" or "q4_0" (quantized needs flash attention)
+    # a token's logits independent of what else its decode holds (memory/kv_cache.py):
+    # greedy output equal with and without drafts, for some prompt speed
+    batch_invariant: bool = False
     # long prompt prefixes' KV state on disk (runner/prompt_disk.py): a byte budget for
     # the whole directory (0: off), how long an unused file is kept, and where ("": beside
     # the models, <models_dir>/prompt-cache)

@@ -56,6 +56,8 @@ def plan_body(model: str, plan: LoadPlan) -> dict[str, Any]:
         "num_batch": plan.wanted.num_batch,
         "kv_cache_type": plan.wanted.kv_cache_type,
         "kv_cache_fallback": plan.wanted.kv_cache_fallback,
+        "batch_invariant": plan.wanted.batch_invariant,
+        "batch_invariant_fallback": plan.wanted.batch_invariant_fallback,
         "parallel": plan.parallel,
         "node": plan.node,
         "num_gpu_layers": placement.n_gpu_layers if placement else 0,

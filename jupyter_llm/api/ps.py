@@ -99,6 +99,8 @@ def describe_loaded(loaded: Loaded, users: list[dict[str, Any]] | None = None) -
         "context_length": loaded.wanted.num_ctx,
         "kv_cache_type": loaded.wanted.kv_cache_type,  # the type used (f16 on a fallback)
         "kv_cache_fallback": loaded.wanted.kv_cache_fallback,  # why, "" when none
+        "batch_invariant": loaded.wanted.batch_invariant,  # logits independent of batching
+        "batch_invariant_fallback": loaded.wanted.batch_invariant_fallback,  # why not
         "num_gpu_layers": loaded.placement.n_gpu_layers,
         "num_layers": loaded.placement.n_layers,
         "pid": loaded.runner.pid,

@@ -63,6 +63,7 @@ class EstimateOptions:
     num_ctx: int = 4096  # KV cells, shared by all of a runner's sequences
     num_batch: int = 512
     kv_type: str = "f16"
+    kv_type_k: str = ""  # the keys' type where it is not kv_type (memory.kv_cache.key_type)
     num_parallel: int = 4  # sequences sharing the unified cache
     swa_full: bool = False
     # the largest tensor the GPUs' backend takes (ggml-vulkan: the device's
@@ -135,13 +136,17 @@ def estimate(
 ) -> Estimate:
     """``model``'s memory with ``opts``; with a ``projector``, and a ``draft``
     model, whose context has the same options (memory.draft)."""
-    if opts.kv_type not in KV_BYTES:
-        raise ValueError(f"unknown kv cache type {opts.kv_type!r}")
+    type_k = opts.kv_type_k or opts.kv_type
+    for kv_type in (opts.kv_type, type_k):
+        if kv_type not in KV_BYTES:
+            raise ValueError(f"unknown kv cache type {kv_type!r}")
     # one unified KV cache, whatever the number of sequences, of num_ctx cells
     # rounded up as llama.cpp does
     context = -(-opts.num_ctx // KV_PAD) * KV_PAD
     batch = min(opts.num_batch, context)
-    per_cell = (model.head_dim_k + model.head_dim_v) * model.n_head_kv * KV_BYTES[opts.kv_type]
+    per_cell = model.n_head_kv * (
+        model.head_dim_k * KV_BYTES[type_k] + model.head_dim_v * KV_BYTES[opts.kv_type]
+    )
     windowed = swa_layers(model.architecture, model.n_layer, model.n_swa, model.swa_pattern)
     cells_swa = (
         context

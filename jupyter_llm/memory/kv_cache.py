@@ -5,6 +5,16 @@ A quantized V cache needs flash attention in llama.cpp, so, as Ollama does,
 ``/api/ps``) where flash attention is off or the model cannot use it. Decided
 on the server, before the load, so the memory estimate, the placement and the
 runner all use the same type.
+
+The ``batch_invariant`` setting asks that a token's logits not depend on what
+else its decode holds (drafts being verified, other requests), so that greedy
+output is the same with and without speculation. On llama.cpp's CPU backend
+one query's flash attention splits the cells across threads and adds the
+parts in another order than a batch's rows do, wherever K and V are one
+f16/f32 type and the cache view reaches 512 cells; a batch-invariant load
+therefore keeps q8_0 keys beside f16 values (``key_type``), which takes every
+query count down the same per-row path. The rest of the mode lives in the
+runner (no repacked weights) and its launch (no tiled matmul).
 """
 
 from __future__ import annotations
@@ -45,3 +55,31 @@ def choose_kv_type(requested: str, flash_attn: str, info: ModelInfo) -> CacheCho
     if info.architecture in NO_QUANTIZED_CACHE:
         return CacheChoice("f16", f"{info.architecture} does not support a quantized cache")
     return CacheChoice(requested)
+
+
+INVARIANT_KEY = "q8_0"  # the keys' type of a batch-invariant load whose setting is f16
+
+
+def key_type(kv_type: str, batch_invariant: bool) -> str:
+    """The K cache's type: ``kv_type`` (the V cache's), except that a
+    batch-invariant load quantizes f16 keys (see the module docstring; a
+    quantized V already keeps attention on the per-row path)."""
+    return INVARIANT_KEY if batch_invariant and kv_type == "f16" else kv_type
+
+
+def choose_batch_invariant(
+    requested: bool, cache: CacheChoice, flash_attn: str, info: ModelInfo
+) -> tuple[bool, str]:
+    """Whether this load can be batch-invariant with ``cache``, and why not:
+    the per-row attention path is flash attention's, and its q8_0 keys need
+    what a quantized cache needs."""
+    if not requested:
+        return False, ""
+    if flash_attn == "off":
+        return False, "batch invariance needs flash attention, which is off"
+    if cache.kv_type != "f16":
+        return True, ""  # a quantized cache: the keys are quantized already
+    keys = choose_kv_type(INVARIANT_KEY, flash_attn, info)
+    if keys.fallback:
+        return False, f"batch invariance needs a q8_0 key cache: {keys.fallback}"
+    return True, ""

@@ -32,7 +32,7 @@ import llama_cpp
 import numpy as np
 
 from jupyter_llm.runner.context_window import common_prefix, swa_reusable
-from jupyter_llm.runner.kv_cache import cache_type
+from jupyter_llm.runner.kv_cache import cache_types
 from jupyter_llm.runner.model import model_params
 from jupyter_llm.runner.protocol import EngineError, LoadParams
 
@@ -130,8 +130,8 @@ class DraftModel:
         cp.kv_unified = True
         cp.swa_full = False
         cp.flash_attn_type = FLASH_ATTN_TYPES[params.flash_attn]
-        f16 = replace(params, kv_cache_type="f16")
-        cp.type_k = cp.type_v = cache_type(f16 if engine.kv_fallback else params)
+        f16 = replace(params, kv_cache_type="f16", batch_invariant=False)
+        cp.type_k, cp.type_v = cache_types(f16 if engine.kv_fallback else params)
         if params.n_threads > 0:
             cp.n_threads = cp.n_threads_batch = params.n_threads
         return cp

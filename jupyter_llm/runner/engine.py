@@ -51,7 +51,7 @@ from jupyter_llm.runner.cpu_threads import (
 from jupyter_llm.runner.draft_model import close_draft, open_draft
 from jupyter_llm.runner.embedding_context import EmbeddingContext
 from jupyter_llm.runner.interrupt import ABORTED, StepInterrupt
-from jupyter_llm.runner.kv_cache import cache_type, open_context
+from jupyter_llm.runner.kv_cache import cache_types, open_context
 from jupyter_llm.runner.logprobs import Logprobs
 from jupyter_llm.runner.model import Model
 from jupyter_llm.runner.pausing import Pauses, prompt_order
@@ -95,7 +95,7 @@ def context_params(params: LoadParams, n_ctx_train: int) -> Any:
     # llama.cpp's default (auto: on where the backend has it), as
     # llama-server; about 5 % more tokens/s with 4 streams on the CPU
     cp.flash_attn_type = FLASH_ATTN_TYPES[params.flash_attn]
-    cp.type_k = cp.type_v = cache_type(params)  # f16, q8_0 or q4_0 (runner/kv_cache.py)
+    cp.type_k, cp.type_v = cache_types(params)  # f16, q8_0 or q4_0 (runner/kv_cache.py)
     if params.n_threads > 0:
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads

@@ -16,6 +16,7 @@ from typing import Any
 
 import llama_cpp
 
+from jupyter_llm.memory.kv_cache import key_type
 from jupyter_llm.runner.protocol import LoadParams
 
 log = logging.getLogger(__name__)
@@ -27,12 +28,15 @@ GGML_TYPES = {
 }
 
 
-def cache_type(params: LoadParams) -> int:
-    """The ggml type of both K and V."""
-    if params.kv_cache_type != "f16" and params.flash_attn == "off":
-        log.warning("KV cache f16 instead of %s: flash attention is off", params.kv_cache_type)
-        return GGML_TYPES["f16"]
-    return GGML_TYPES[params.kv_cache_type]
+def cache_types(params: LoadParams) -> tuple[int, int]:
+    """The ggml types of K and V: the setting's, with q8_0 keys where the load
+    is batch-invariant (memory.kv_cache.key_type)."""
+    if params.flash_attn == "off":
+        if params.kv_cache_type != "f16" or params.batch_invariant:
+            log.warning("KV cache f16 instead of %s: flash attention is off", params.kv_cache_type)
+        return GGML_TYPES["f16"], GGML_TYPES["f16"]
+    keys = key_type(params.kv_cache_type, params.batch_invariant)
+    return GGML_TYPES[keys], GGML_TYPES[params.kv_cache_type]
 
 
 def open_context(llama_model: Any, cp: Any, params: LoadParams) -> tuple[Any, str]:
@@ -41,9 +45,12 @@ def open_context(llama_model: Any, cp: Any, params: LoadParams) -> tuple[Any, st
     refuses becomes f16; a null context then (or on f16) is the caller's
     failure."""
     ctx = llama_cpp.llama_init_from_model(llama_model, cp)
-    if ctx or cp.type_k == GGML_TYPES["f16"]:
+    if ctx or cp.type_k == cp.type_v == GGML_TYPES["f16"]:
         return ctx, ""
-    reason = f"llama.cpp refused a {params.kv_cache_type} cache for this model"
+    asked = key_type(params.kv_cache_type, params.batch_invariant)
+    if asked != params.kv_cache_type:
+        asked = f"{asked} key"
+    reason = f"llama.cpp refused a {asked} cache for this model"
     log.warning("KV cache f16 instead of %s: %s", params.kv_cache_type, reason)
     cp.type_k = cp.type_v = GGML_TYPES["f16"]
     return llama_cpp.llama_init_from_model(llama_model, cp), reason

@@ -52,10 +52,12 @@ def model_params(
         keep.append(callback)
         mp.progress_callback = callback
     mp.n_gpu_layers = params.n_gpu_layers
-    if cpu_has_amx():
+    if cpu_has_amx() or params.batch_invariant:
         # llama.cpp's AMX kernels crash on real quantized models on some
-        # Sapphire Rapids machines (ggml-org/llama.cpp#20824, unfixed): the
-        # weights stay in plain CPU buffers there
+        # Sapphire Rapids machines (ggml-org/llama.cpp#20824, unfixed); and
+        # the repacked weights' product takes rows 4 at a time through
+        # another kernel than the rest, which a batch-invariant load cannot
+        # have: the weights stay in plain CPU buffers there
         mp.use_extra_bufts = False
     mp.main_gpu = params.main_gpu
     mp.use_mmap = params.use_mmap

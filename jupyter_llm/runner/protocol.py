@@ -103,6 +103,7 @@ class LoadParams:
     projector: str = ""  # the image projector (mmproj GGUF) to load beside the model
     draft: str = ""  # a draft model's GGUF (same vocabulary) for speculation; "": prompt lookup
     kv_cache_type: str = "f16"  # "f16", "q8_0" or "q4_0" (runner/kv_cache.py)
+    batch_invariant: bool = False  # q8_0 keys, no repacked weights (memory/kv_cache.py)
     prompt_disk: dict[str, Any] = field(default_factory=dict)  # runner/prompt_disk.py; {}: off
     prompt_ram: dict[str, Any] = field(default_factory=dict)  # runner/prompt_ram.py; {}: off
 

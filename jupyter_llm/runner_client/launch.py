@@ -17,6 +17,7 @@ from typing import Any
 
 from jupyter_llm.devices import DeviceInfo
 from jupyter_llm.memory import Placement
+from jupyter_llm.memory.kv_cache import key_type
 from jupyter_llm.runner.protocol import LoadParams
 
 VISIBILITY_ENV = {
@@ -24,6 +25,11 @@ VISIBILITY_ENV = {
     "ROCm": "HIP_VISIBLE_DEVICES",
     "Vulkan": "GGML_VK_VISIBLE_DEVICES",
 }
+
+
+# a batch-invariant runner's ggml: no tiled K-quant matmul, which ggml takes
+# from 8 rows and which adds in another order than the per-row product
+INVARIANT_ENV = (("GGML_CPU_TILED_MM", "0"),)
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class LoadRequest:
     node: str = ""  # the cluster node it loads on ("": this machine)
     flash_attn: str = "auto"  # "auto", "on" or "off" (``Settings.flash_attention``)
     kv_cache_type: str = "f16"  # the type chosen for this load (memory.kv_cache)
+    batch_invariant: bool = False  # memory.kv_cache.choose_batch_invariant
 
 
 @dataclass(frozen=True)
@@ -78,12 +85,14 @@ def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
         draft=request.draft,
         flash_attn=request.flash_attn,
         kv_cache_type=request.kv_cache_type,
+        batch_invariant=request.batch_invariant,
+        env=INVARIANT_ENV if request.batch_invariant else (),
     )
     placement = request.placement
     if request.simulated:
         return base
     if not placement.gpus:
-        return replace(base, env=hidden_gpus_env(request.gpus))
+        return replace(base, env=base.env + hidden_gpus_env(request.gpus))
     index = {d.id: i for i, d in enumerate(request.gpus)}
     used = [index[g] for g in placement.gpus]
     return replace(
@@ -91,7 +100,7 @@ def launch_spec(request: LoadRequest, environ: Mapping[str, str]) -> LoadSpec:
         n_gpu_layers=placement.n_gpu_layers,
         tensor_split=tuple(placement.tensor_split) if len(used) > 1 else (),
         main_gpu=0,
-        env=visibility_env(gpu_library(request), used, environ),
+        env=base.env + visibility_env(gpu_library(request), used, environ),
     )
 
 
@@ -115,7 +124,10 @@ def prompt_disk_spec(request: LoadRequest, disk: PromptDisk | None) -> dict[str,
     blob = BLOB_NAME.fullmatch(Path(request.path).name)
     if disk is None or disk.max_bytes <= 0 or blob is None:
         return {}
-    model = f"sha256:{blob.group(1)}|{request.kv_cache_type}|fa-{request.flash_attn}"
+    kv = request.kv_cache_type
+    if (keys := key_type(kv, request.batch_invariant)) != kv:
+        kv = f"{keys}-{kv}"  # the keys' type, then the values'
+    model = f"sha256:{blob.group(1)}|{kv}|fa-{request.flash_attn}"
     return {"dir": disk.dir, "model": model, "max_bytes": disk.max_bytes, "expiry": disk.expiry}
 
 

@@ -22,6 +22,7 @@ from jupyter_llm.memory import (
     Placement,
     estimate,
 )
+from jupyter_llm.memory.kv_cache import key_type
 from jupyter_llm.memory.projector import ProjectorInfo
 from jupyter_llm.scheduler import policy
 from jupyter_llm.scheduler.types import Loaded, Wanted
@@ -57,6 +58,7 @@ def estimate_on(
         num_ctx=wanted.num_ctx,
         num_batch=wanted.num_batch,
         kv_type=wanted.kv_cache_type,
+        kv_type_k=key_type(wanted.kv_cache_type, wanted.batch_invariant),
         gpu_max_tensor=limit,
     )
     return estimate(info, opts, projector, draft)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, node_devices, nodes_by_free, on_node, serving_gpus
@@ -20,7 +21,7 @@ from jupyter_llm.memory import (
     Placement,
     plan_layout,
 )
-from jupyter_llm.memory.kv_cache import choose_kv_type
+from jupyter_llm.memory.kv_cache import choose_batch_invariant, choose_kv_type
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.runner_client.launch import LoadRequest
 from jupyter_llm.scheduler.types import Loaded, LoadOptions, Wanted
@@ -88,13 +89,25 @@ def wanted(options: LoadOptions, info: ModelInfo, settings: Settings) -> Wanted:
     )
 
 
-def kv_cache_fields(settings: Settings, info: ModelInfo) -> dict[str, str]:
-    """The cache type this model gets; a fallback to f16 is logged once per model."""
+def kv_cache_fields(settings: Settings, info: ModelInfo) -> dict[str, Any]:
+    """The cache type this model gets, and whether it is batch-invariant; a
+    fallback is logged once per model."""
     choice = choose_kv_type(settings.kv_cache_type, settings.flash_attention, info)
     if choice.fallback and (info.architecture, choice.fallback) not in _WARNED:
         _WARNED.add((info.architecture, choice.fallback))
         log.warning("KV cache f16 instead of %s: %s", settings.kv_cache_type, choice.fallback)
-    return {"kv_cache_type": choice.kv_type, "kv_cache_fallback": choice.fallback}
+    invariant, why_not = choose_batch_invariant(
+        settings.batch_invariant, choice, settings.flash_attention, info
+    )
+    if why_not and (info.architecture, why_not) not in _WARNED:
+        _WARNED.add((info.architecture, why_not))
+        log.warning("not batch-invariant: %s", why_not)
+    return {
+        "kv_cache_type": choice.kv_type,
+        "kv_cache_fallback": choice.fallback,
+        "batch_invariant": invariant,
+        "batch_invariant_fallback": why_not,
+    }
 
 
 _WARNED: set[tuple[str, str]] = set()  # (architecture, reason) already logged
@@ -220,6 +233,7 @@ def load_request(
         node=node,
         flash_attn=wanted.flash_attn,
         kv_cache_type=wanted.kv_cache_type,
+        batch_invariant=wanted.batch_invariant,
     )
 
 

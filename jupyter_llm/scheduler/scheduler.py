@@ -422,13 +422,20 @@ class Scheduler:
             names = backend_names(gpu_library(request) or "GPU", placement.gpus)
             if real := measured_allocations(placement, runner.measured, names):
                 allocations, measured = real, True
-        if (refused := runner.kv_cache_fallback) and wanted.kv_cache_type != "f16":
-            # llama.cpp refused the type: the runner made the cache f16
+        quantized = wanted.kv_cache_type != "f16" or wanted.batch_invariant
+        if (refused := runner.kv_cache_fallback) and quantized:
+            # llama.cpp refused the type: the runner made the cache f16 (keys too)
             log.warning(
                 "%s: KV cache f16 instead of %s: %s",
                 entry.name.display, wanted.kv_cache_type, refused,
             )  # fmt: skip
-            wanted = replace(wanted, kv_cache_type="f16", kv_cache_fallback=refused)
+            wanted = replace(
+                wanted,
+                kv_cache_type="f16",
+                kv_cache_fallback=refused if wanted.kv_cache_type != "f16" else "",
+                batch_invariant=False,
+                batch_invariant_fallback=refused if wanted.batch_invariant else "",
+            )
         return Loaded(
             entry=entry,
             runner=runner,

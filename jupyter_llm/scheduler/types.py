@@ -80,6 +80,8 @@ class Wanted:
     flash_attn: str = "auto"  # the server's setting (``Settings.flash_attention``)
     kv_cache_type: str = "f16"  # the type this load gets (memory.kv_cache.choose_kv_type)
     kv_cache_fallback: str = ""  # why it is f16 though the setting asks for another
+    batch_invariant: bool = False  # memory.kv_cache.choose_batch_invariant
+    batch_invariant_fallback: str = ""  # why not, though the setting asks for it
 
 
 @dataclass
