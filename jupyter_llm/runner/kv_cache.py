@@ -32,7 +32,7 @@ def cache_types(params: LoadParams) -> tuple[int, int]:
     """The ggml types of K and V: the setting's, with q8_0 keys where the load
     is batch-invariant (memory.kv_cache.key_type)."""
     if params.flash_attn == "off":
-        if params.kv_cache_type != "f16" or params.batch_invariant:
+        if params.kv_cache_type != "f16":
             log.warning("KV cache f16 instead of %s: flash attention is off", params.kv_cache_type)
         return GGML_TYPES["f16"], GGML_TYPES["f16"]
     keys = key_type(params.kv_cache_type, params.batch_invariant)

@@ -113,6 +113,16 @@ def kv_cache_fields(settings: Settings, info: ModelInfo) -> dict[str, Any]:
 _WARNED: set[tuple[str, str]] = set()  # (architecture, reason) already logged
 
 
+def invariant_where_placed(wanted: Wanted, placement: Placement, simulated: bool) -> Wanted:
+    """``wanted`` as /api/ps reports it once placed: the batch-invariant
+    loading holds for llama.cpp's CPU kernels; a GPU backend's own kernels
+    (layers on real GPUs) are not known to be invariant."""
+    if not wanted.batch_invariant or simulated or not placement.n_gpu_layers:
+        return wanted
+    why = f"{placement.n_gpu_layers} layers on GPUs, whose kernels it does not cover"
+    return replace(wanted, batch_invariant=False, batch_invariant_fallback=why)
+
+
 def parallel_slots(info: ModelInfo, settings: Settings) -> int:
     """Requests a runner serves at once: an embedding model one."""
     return 1 if info.embedding_only else settings.num_parallel

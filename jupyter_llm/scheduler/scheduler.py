@@ -436,6 +436,7 @@ class Scheduler:
                 batch_invariant=False,
                 batch_invariant_fallback=refused if wanted.batch_invariant else "",
             )
+        wanted = policy.invariant_where_placed(wanted, placement, request.simulated)
         return Loaded(
             entry=entry,
             runner=runner,

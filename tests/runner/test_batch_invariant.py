@@ -18,7 +18,7 @@ from scheduler_env import ONE_GPU, entry, make, use
 from jupyter_llm.api.ps import describe_loaded
 from jupyter_llm.config import Settings
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.memory import EstimateOptions, estimate, plan_layout
+from jupyter_llm.memory import EstimateOptions, Placement, estimate, plan_layout
 from jupyter_llm.memory.kv_cache import CacheChoice, choose_batch_invariant, key_type
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.request.errors import ConfigError
@@ -34,6 +34,7 @@ from jupyter_llm.runner_client.launch import (
 from jupyter_llm.runner_client.proxy import RunnerProxy, start_runner_with
 from jupyter_llm.scheduler import LoadOptions, policy
 from jupyter_llm.scheduler.fit import estimate_on
+from jupyter_llm.scheduler.types import Wanted
 
 MiB = 1 << 20
 LOG_PRECISION = MiB // 200 + 1  # llama.cpp prints each KV buffer in MiB with 2 decimals
@@ -107,6 +108,28 @@ def test_the_launch_turns_the_tiled_matmul_off_and_keys_the_prompt_cache():
     assert "|q8_0-f16|" in prompt_disk_spec(request, disk)["model"]
     plain = prompt_disk_spec(replace(request, batch_invariant=False), disk)["model"]
     assert "|f16|" in plain  # another layout: states never cross between the two
+
+
+WANTED = Wanted(num_ctx=4096, num_batch=512, num_thread=0, use_mmap=True, num_gpu=-1, main_gpu=0)
+GPU_REASON = "layers on GPUs, whose kernels it does not cover"
+
+
+@pytest.mark.parametrize(
+    ("asked", "gpu_layers", "simulated", "invariant", "reason"),
+    [
+        (True, 0, False, True, ""),
+        (True, 13, False, False, f"13 {GPU_REASON}"),
+        (True, 13, True, True, ""),  # simulated GPUs: the runner computes on the CPU
+        (False, 13, False, False, ""),
+    ],
+)
+def test_where_a_load_is_placed_decides_what_ps_says(
+    asked, gpu_layers, simulated, invariant, reason
+):
+    placement = Placement(gpu_layers=(), allocations=(), n_gpu_layers=gpu_layers, n_layers=33)
+    wanted = replace(WANTED, batch_invariant=asked)
+    placed = policy.invariant_where_placed(wanted, placement, simulated)
+    assert (placed.batch_invariant, placed.batch_invariant_fallback) == (invariant, reason)
 
 
 async def test_ps_shows_the_load_batch_invariant():
