@@ -303,4 +303,7 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     n_rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 5
     invariant = "--batch-invariant" in args
+    if invariant and "--gemma" not in args:
+        # the generated model's f32 matrices take other kernels by several rows
+        sys.exit("--batch-invariant needs --gemma: the setting does not cover f32 weights")
     sys.exit(asyncio.run(main(gemma="--gemma" in args, rounds=n_rounds, invariant=invariant)))

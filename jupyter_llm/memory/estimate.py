@@ -5,7 +5,7 @@ Everything is bytes; nothing here does I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jupyter_llm.memory.draft import DraftMemory, draft_memory
 from jupyter_llm.memory.model_info import ModelInfo
@@ -193,7 +193,8 @@ def estimate(
         host_graph_full=gpu.host_full,
         host_graph_partial=gpu.host_partial,
         output_on_cpu=not output_placement(model, batch, opts.gpu_max_tensor).weights_on_gpu,
-        draft=draft_memory(estimate(draft, opts)) if draft is not None else None,
+        # the draft's context has the model's options but never batch-invariant keys
+        draft=draft_memory(estimate(draft, replace(opts, kv_type_k=""))) if draft else None,
     )
 
 

@@ -77,6 +77,9 @@ def choose_batch_invariant(
         return False, ""
     if flash_attn == "off":
         return False, "batch invariance needs flash attention, which is off"
+    if info.float_matrices:
+        # llama.cpp's sgemm takes their products from 2 rows, its vector product one
+        return False, "batch invariance does not cover f16/f32 weight matrices"
     if cache.kv_type != "f16":
         return True, ""  # a quantized cache: the keys are quantized already
     keys = choose_kv_type(INVARIANT_KEY, flash_attn, info)

@@ -23,6 +23,7 @@ MAX_HEADS = 1 << 14
 MAX_HEAD_DIM = 1 << 16
 MAX_VOCAB = 1 << 24
 MAX_CONTEXT = 1 << 32
+FLOAT_TYPES = (0, 1, 30)  # ggml's F32, F16 and BF16
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class ModelInfo:
     tied_embeddings: bool = False  # no output tensor: token_embd is also the output layer
     n_swa: int = 0  # sliding window (0: none)
     swa_pattern: int | None = None  # from the GGUF's sliding_window_pattern, if present
+    # a matrix (2 dimensions or more) in f32, f16 or bf16: llama.cpp multiplies
+    # it by several rows with other kernels than by one (memory.kv_cache)
+    float_matrices: bool = False
 
     @property
     def weights_bytes(self) -> int:
@@ -70,8 +74,10 @@ def read_model_info(path: Path) -> ModelInfo:
 
     layers = [0] * n_layer
     output = output_norm = token_embd = 0
+    float_matrices = False
     for t in header.tensors:
         size = t.n_bytes
+        float_matrices |= t.ggml_type in FLOAT_TYPES and len(t.dims) > 1 and t.dims[1] > 1
         if m := _BLOCK.match(t.name):
             i = int(m.group(1))
             if i < n_layer:
@@ -98,6 +104,7 @@ def read_model_info(path: Path) -> ModelInfo:
         embedding_only=bool(value(f"{arch}.pooling_type", 0, 1 << 31)) and not output,
         n_ff=value(f"{arch}.feed_forward_length", 0, MAX_EMBEDDING),
         tied_embeddings=not output and bool(token_embd),
+        float_matrices=float_matrices,
         n_swa=value(f"{arch}.attention.sliding_window", 0, MAX_CONTEXT),
         swa_pattern=_pattern(meta.get(f"{arch}.attention.sliding_window_pattern")),
     )

@@ -130,8 +130,12 @@ class DraftModel:
         cp.kv_unified = True
         cp.swa_full = False
         cp.flash_attn_type = FLASH_ATTN_TYPES[params.flash_attn]
-        f16 = replace(params, kv_cache_type="f16", batch_invariant=False)
-        cp.type_k, cp.type_v = cache_types(f16 if engine.kv_fallback else params)
+        # the setting's types, without the batch-invariant q8_0 keys: the
+        # drafts' logits never reach an answer (memory.estimate counts it so)
+        own = replace(params, batch_invariant=False)
+        if engine.kv_fallback:
+            own = replace(own, kv_cache_type="f16")
+        cp.type_k, cp.type_v = cache_types(own)
         if params.n_threads > 0:
             cp.n_threads = cp.n_threads_batch = params.n_threads
         return cp

@@ -95,6 +95,10 @@ def context_params(params: LoadParams, n_ctx_train: int) -> Any:
     # llama.cpp's default (auto: on where the backend has it), as
     # llama-server; about 5 % more tokens/s with 4 streams on the CPU
     cp.flash_attn_type = FLASH_ATTN_TYPES[params.flash_attn]
+    if params.batch_invariant and params.flash_attn == "auto":
+        # the per-row path is flash attention's, and llama.cpp's auto turns it
+        # on for a quantized V cache only, not for q8_0 keys
+        cp.flash_attn_type = FLASH_ATTN_TYPES["on"]
     cp.type_k, cp.type_v = cache_types(params)  # f16, q8_0 or q4_0 (runner/kv_cache.py)
     if params.n_threads > 0:
         cp.n_threads = params.n_threads

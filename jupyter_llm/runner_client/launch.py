@@ -57,7 +57,8 @@ class LoadRequest:
 class LoadSpec(LoadParams):
     """A runner's launch: its ``load`` message and the environment it starts in."""
 
-    env: tuple[tuple[str, str], ...] = field(default=())  # device visibility for the runner
+    # the runner's environment: device visibility, the batch-invariant ggml switch
+    env: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def load_params(self) -> LoadParams:
@@ -128,6 +129,8 @@ def prompt_disk_spec(request: LoadRequest, disk: PromptDisk | None) -> dict[str,
     if (keys := key_type(kv, request.batch_invariant)) != kv:
         kv = f"{keys}-{kv}"  # the keys' type, then the values'
     model = f"sha256:{blob.group(1)}|{kv}|fa-{request.flash_attn}"
+    if request.batch_invariant:  # other kernels wrote the states: never mixed
+        model += "|batch-invariant"
     return {"dir": disk.dir, "model": model, "max_bytes": disk.max_bytes, "expiry": disk.expiry}
 
 

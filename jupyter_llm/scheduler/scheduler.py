@@ -26,6 +26,7 @@ from pathlib import Path
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw, node_devices, on_node
 from jupyter_llm.memory import LayoutFailure, ModelInfo
+from jupyter_llm.memory.kv_cache import key_type
 from jupyter_llm.memory.measured import backend_names, measured_allocations
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.memory.projector import ProjectorInfo, read_projector_info
@@ -225,7 +226,11 @@ class Scheduler:
         draft = await self._facts.draft(entry.draft_path)
         est = fit.estimate_on(info, wanted, devices, projector, draft)
         parallel = policy.parallel_slots(info, self.settings)
-        return fit.plan_load(est, wanted, parallel, devices, loaded, self.settings, current)
+        plan = fit.plan_load(est, wanted, parallel, devices, loaded, self.settings, current)
+        if plan.placement is None:
+            return plan
+        placed = policy.invariant_where_placed(wanted, plan.placement, self.devices.simulated)
+        return replace(plan, wanted=placed)  # as /api/ps will say once it is loaded
 
     # -- unloading -----------------------------------------------------------------
     async def unload(self, name: str, requester: Requester = LOCAL) -> bool:
@@ -425,9 +430,10 @@ class Scheduler:
         quantized = wanted.kv_cache_type != "f16" or wanted.batch_invariant
         if (refused := runner.kv_cache_fallback) and quantized:
             # llama.cpp refused the type: the runner made the cache f16 (keys too)
+            asked = key_type(wanted.kv_cache_type, wanted.batch_invariant)
+            asked = asked if asked == wanted.kv_cache_type else f"{asked} keys"
             log.warning(
-                "%s: KV cache f16 instead of %s: %s",
-                entry.name.display, wanted.kv_cache_type, refused,
+                "%s: KV cache f16 instead of %s: %s", entry.name.display, asked, refused
             )  # fmt: skip
             wanted = replace(
                 wanted,

@@ -9,8 +9,11 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
+import llama_cpp
 import pytest
 from cores import cores
+from engine_run import EngineRun as Run
+from engine_run import finish
 from fakes import FakeRunnerFactory, synthetic_model
 from rewrite_prompt import QUOTE_PROMPT
 from scheduler_env import ONE_GPU, entry, make, use
@@ -18,11 +21,15 @@ from scheduler_env import ONE_GPU, entry, make, use
 from jupyter_llm.api.ps import describe_loaded
 from jupyter_llm.config import Settings
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.devices import DeviceInfo
 from jupyter_llm.memory import EstimateOptions, Placement, estimate, plan_layout
 from jupyter_llm.memory.kv_cache import CacheChoice, choose_batch_invariant, key_type
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.request.errors import ConfigError
-from jupyter_llm.runner.protocol import Complete
+from jupyter_llm.runner.engine import FLASH_ATTN_TYPES, Engine, context_params
+from jupyter_llm.runner.kv_cache import cache_types
+from jupyter_llm.runner.model import cpu_has_amx, model_params
+from jupyter_llm.runner.protocol import Complete, LoadParams
 from jupyter_llm.runner_client.launch import (
     INVARIANT_ENV,
     LoadRequest,
@@ -52,6 +59,7 @@ F16, Q8 = CacheChoice("f16"), CacheChoice("q8_0")
         (True, F16, "auto", replace(LLAMA, head_dim_k=80, head_dim_v=80), False, "of 32"),
         (True, F16, "auto", replace(LLAMA, head_dim_v=64), False, "no flash attention"),
         (True, F16, "auto", replace(LLAMA, architecture="gptoss"), False, "gptoss does not"),
+        (True, Q8, "auto", replace(LLAMA, float_matrices=True), False, "f16/f32 weight"),
     ],
 )
 def test_whether_a_load_can_be_batch_invariant(requested, cache, flash, model, invariant, reason):
@@ -104,10 +112,19 @@ def test_the_launch_turns_the_tiled_matmul_off_and_keys_the_prompt_cache():
     assert spec.batch_invariant and spec.env == INVARIANT_ENV
     assert spec.load_params.batch_invariant
     assert launch_spec(replace(request, batch_invariant=False), {}).env == ()
+    assert launch_spec(replace(request, simulated=True), {}).env == INVARIANT_ENV
+    gpu = DeviceInfo(id="GPU-0", library="CUDA", name="gpu", total_memory=24 << 30)
+    layers = replace(request.placement, gpu_layers=(("GPU-0", 33),), n_gpu_layers=33)
+    on_gpu = replace(request, gpus=(gpu,), placement=layers)
+    env = dict(launch_spec(on_gpu, {}).env)
+    assert env["GGML_CPU_TILED_MM"] == "0" and env["CUDA_VISIBLE_DEVICES"] == "0"
     disk = PromptDisk("/cache", 1 << 30, 3600.0)
     assert "|q8_0-f16|" in prompt_disk_spec(request, disk)["model"]
     plain = prompt_disk_spec(replace(request, batch_invariant=False), disk)["model"]
     assert "|f16|" in plain  # another layout: states never cross between the two
+    q8 = replace(request, kv_cache_type="q8_0")  # the same layout, written by other kernels
+    keys = {prompt_disk_spec(replace(q8, batch_invariant=b), disk)["model"] for b in (True, False)}
+    assert len(keys) == 2
 
 
 WANTED = Wanted(num_ctx=4096, num_batch=512, num_thread=0, use_mmap=True, num_gpu=-1, main_gpu=0)
@@ -130,6 +147,55 @@ def test_where_a_load_is_placed_decides_what_ps_says(
     wanted = replace(WANTED, batch_invariant=asked)
     placed = policy.invariant_where_placed(wanted, placement, simulated)
     assert (placed.batch_invariant, placed.batch_invariant_fallback) == (invariant, reason)
+
+
+def test_the_runners_context_and_weights():
+    """q8_0 keys beside f16 values, flash attention asked for (llama.cpp's
+    auto would not turn it on for quantized keys alone), no repacked weights;
+    with flash attention off both stay f16 (the server never sends that)."""
+    params = LoadParams(path="/m", batch_invariant=True)
+    cp = context_params(params, 4096)
+    assert (cp.type_k, cp.type_v) == (llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_F16)
+    assert cp.flash_attn_type == FLASH_ATTN_TYPES["on"]
+    plain = context_params(LoadParams(path="/m"), 4096)
+    assert (plain.type_k, plain.flash_attn_type) == (
+        llama_cpp.GGML_TYPE_F16,
+        FLASH_ATTN_TYPES["auto"],
+    )
+    assert cache_types(replace(params, flash_attn="off")) == (llama_cpp.GGML_TYPE_F16,) * 2
+    assert cache_types(replace(params, kv_cache_type="q4_0")) == (llama_cpp.GGML_TYPE_Q4_0,) * 2
+    assert model_params(params, None)[0].use_extra_bufts is False
+    assert model_params(LoadParams(path="/m"), None)[0].use_extra_bufts is not cpu_has_amx()
+
+
+def test_float_weight_matrices_are_seen_in_the_gguf(tmp_path):
+    assert read_model_info(write_demo_model(tmp_path / "f32.gguf")).float_matrices  # all f32
+
+
+def test_gemma_has_no_float_weight_matrices(gemma_gguf: Path):
+    assert not read_model_info(gemma_gguf).float_matrices  # its f32 tensors are norms
+
+
+def test_the_draft_model_keeps_the_settings_keys(tmp_path):
+    """A draft's logits never reach an answer: its context and its estimate
+    keep the setting's types, so a draft whose heads cannot have q8_0 keys
+    (16 wide) still loads beside a batch-invariant model."""
+    target = write_demo_model(tmp_path / "t.gguf", DemoModelSpec(n_embd=128, n_head=4, n_head_kv=2))
+    draft = write_demo_model(tmp_path / "d.gguf", DemoModelSpec())
+    params = LoadParams(path=str(target), draft=str(draft), n_ctx=256, n_threads=cores())
+    engine = Engine(replace(params, batch_invariant=True))
+    try:
+        assert engine.kv_fallback == "" and engine.drafter is not None
+        run = Run(engine, "hello world hello world hello", num_predict=12)
+        finish(engine, run)
+        assert run.done.eval_count == 12
+    finally:
+        engine.close()
+    opts = EstimateOptions(256, kv_type="f16", kv_type_k="q8_0")
+    small = read_model_info(draft)
+    est = estimate(read_model_info(target), opts, draft=small)
+    plain = estimate(small, EstimateOptions(256, kv_type="f16"))
+    assert est.draft is not None and est.draft.kv == plain.kv_total
 
 
 async def test_ps_shows_the_load_batch_invariant():
