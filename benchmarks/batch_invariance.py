@@ -26,8 +26,9 @@ pads it by 256, so from 257 cells used: one query takes ggml's split-KV
 path, several the one-chunk path, which accumulates V in f16), and without
 flash attention the f16 KQ matmul at any length. With the two matmuls
 off and under 257 cells, batched logits equal the one-at-a-time ones to the
-bit; past that no public setting of this llama.cpp makes them equal (ggml's
-``use_ref`` would, but llama.cpp does not expose its CPU backend). Each
+bit. Past that, ggml splits one query's cells only where K and V are one
+f16/f32 type: with q8_0 keys (the ``batch_invariant`` setting's cache,
+memory/kv_cache.py) they agree to the bit at 300 and 1,200 cells too. Each
 kernel's own difference is in the last bits (a relative 1e-7); Gemma's
 quantized weights take activations quantized to 8 bits, where such a
 difference can round a value to the next step, and 18 layers grow it to
@@ -220,7 +221,7 @@ def first_variant(singles: list[Node], batched: list[Node], n: int) -> str:
     return "none"
 
 
-def trace(gemma: bool, n: int, repack: bool, cells: int, flash_attn: str) -> None:
+def trace(gemma: bool, n: int, repack: bool, cells: int, flash_attn: str, keys: str) -> None:
     """One row of ``--kernels``, in this process (see the module docstring):
     the logits from decodes not observed (an observed tensor splits the graph,
     which undoes ggml's fused ops), then the same decodes observed."""
@@ -235,6 +236,7 @@ def trace(gemma: bool, n: int, repack: bool, cells: int, flash_attn: str) -> Non
             path=str(path), n_ctx=4096, n_seq=1, n_batch=2048, flash_attn=flash_attn
         )
         cp = context_params(params, llama_cpp.llama_model_n_ctx_train(model))
+        cp.type_k = KEY_TYPES[keys]
         cp.cb_eval = recorder.callback
         ctx = llama_cpp.llama_init_from_model(model, cp)
         vocab = llama_cpp.llama_model_get_vocab(model)
@@ -269,23 +271,27 @@ def tokenize(vocab, text: str) -> list[int]:
     return list(tokens[:count])
 
 
-KERNEL_SETTINGS = [  # label, repacked weights, GGML_CPU_TILED_MM, cells, flash attention
-    ("defaults", True, "1", 200, "auto"),
-    ("repacked weights off", False, "1", 200, "auto"),
-    ("tiled matmul off", True, "0", 200, "auto"),
-    ("both off", False, "0", 200, "auto"),
-    ("both off, 300 cells", False, "0", 300, "auto"),
-    ("both off, no FA", False, "0", 200, "off"),
-    ("both off, 300 cells, no FA", False, "0", 300, "off"),
-    ("both off, 1200 cells, no FA", False, "0", 1200, "off"),
+KEY_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+# label, repacked weights, GGML_CPU_TILED_MM, cells, flash attention, the keys' type
+KERNEL_SETTINGS = [
+    ("defaults", True, "1", 200, "auto", "f16"),
+    ("repacked weights off", False, "1", 200, "auto", "f16"),
+    ("tiled matmul off", True, "0", 200, "auto", "f16"),
+    ("both off", False, "0", 200, "auto", "f16"),
+    ("both off, 300 cells", False, "0", 300, "auto", "f16"),
+    ("both off, no FA", False, "0", 200, "off", "f16"),
+    ("both off, 300 cells, no FA", False, "0", 300, "off", "f16"),
+    ("both off, 1200 cells, no FA", False, "0", 1200, "off", "f16"),
+    ("both off, q8_0 keys, 300", False, "0", 300, "auto", "q8_0"),
+    ("both off, q8_0 keys, 1200", False, "0", 1200, "auto", "q8_0"),
 ]
 
 
 def kernels(gemma: bool, n: int) -> None:
     print(f"{n} tokens one at a time and in one batch; the first tensor whose last row differs")
     print(f"{'setting':28s} | cells | largest logit difference | first tensor that differs")
-    for label, repack, tiled, cells, flash_attn in KERNEL_SETTINGS:
-        argv = [sys.executable, __file__, "--trace", str(int(repack)), str(cells), flash_attn]
+    for label, repack, tiled, cells, flash_attn, keys in KERNEL_SETTINGS:
+        argv = [sys.executable, __file__, "--trace", str(int(repack)), str(cells), flash_attn, keys]
         argv += ["--tokens", str(n)] + (["--gemma"] if gemma else [])
         env = dict(os.environ, GGML_CPU_TILED_MM=tiled)
         done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
@@ -300,7 +306,7 @@ if __name__ == "__main__":
         at = args.index("--trace")
         tokens = int(args[args.index("--tokens") + 1])
         repack, cells, flash_attn = args[at + 1] == "1", int(args[at + 2]), args[at + 3]
-        trace(gemma, tokens, repack, cells, flash_attn)
+        trace(gemma, tokens, repack, cells, flash_attn, args[at + 4])
     elif "--kernels" in args:
         kernels(gemma, int(args[args.index("--tokens") + 1]) if "--tokens" in args else 8)
     else:
