@@ -14,7 +14,11 @@ from jupyter_llm.runner.utf8 import BOUNDARY, advance
 
 
 def python_reads(data: bytes) -> str:
-    """'whole', 'prefix' (valid so far, a character unfinished) or 'broken'."""
+    """'whole', 'prefix' (valid so far: some bytes finish the character) or
+    'broken'. CPython's incremental decoder waits for a surrogate's third
+    byte (ED A0 passes, though nothing can follow it), so a prefix is one
+    that some continuation byte, then 80s, makes whole: only the byte after
+    a lead byte has a narrower range (after E0, ED, F0, F4)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     try:
         decoder.decode(data)
@@ -23,8 +27,19 @@ def python_reads(data: bytes) -> str:
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        return "prefix"
+        return "prefix" if _can_finish(data) else "broken"
     return "whole"
+
+
+def _can_finish(data: bytes) -> bool:
+    for owed in (1, 2, 3):
+        for byte in range(0x80, 0xC0):
+            try:
+                (data + bytes([byte]) + b"\x80" * (owed - 1)).decode()
+                return True
+            except UnicodeDecodeError:
+                continue
+    return False
 
 
 def ours(data: bytes) -> str:
@@ -46,6 +61,7 @@ def ours(data: bytes) -> str:
         (b"\xe0\x80\xa2", "broken"),  # overlong three-byte form
         (b"\xf0\x80\x80\xa2", "broken"),  # overlong four-byte form
         (b"\xed\xa0\x80", "broken"),  # a surrogate, U+D800
+        (b"\xed\xa0", "broken"),  # its start: no byte can finish it
         (b"\xed\x9f\xbf", "whole"),  # U+D7FF, just below
         (b"\xf4\x90\x80\x80", "broken"),  # past U+10FFFF
         (b"\xf4\x8f\xbf\xbf", "whole"),  # U+10FFFF itself
