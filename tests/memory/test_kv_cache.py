@@ -9,22 +9,19 @@ from pathlib import Path
 import pytest
 from cores import cores
 from fakes import FakeRunnerFactory, synthetic_model
+from kv_buffers import LOG_PRECISION, estimated_kv, kv_bytes, measured_kv
 from scheduler_env import ONE_GPU, entry, make, use
 
 from jupyter_llm.api.ps import describe_loaded
 from jupyter_llm.config import Settings
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.memory import EstimateOptions, estimate, plan_layout
 from jupyter_llm.memory.kv_cache import choose_kv_type
-from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.runner.protocol import Complete, LoadParams, ProtocolError
 from jupyter_llm.runner_client.launch import LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 from jupyter_llm.scheduler import LoadOptions, policy
 from jupyter_llm.scheduler.fit import estimate_on
 
-MiB = 1 << 20
-LOG_PRECISION = MiB // 200 + 1  # llama.cpp prints each KV buffer in MiB with 2 decimals
 LLAMA = synthetic_model(n_embd=4096, n_head=32)  # heads 128 wide
 
 
@@ -65,19 +62,6 @@ def test_load_params_refuse_an_unknown_type():
         LoadParams(path="/m", kv_cache_type="q5_1")
 
 
-async def measured_kv(spec: LoadSpec) -> int:
-    runner = await start_runner_with(spec, load_timeout=120)
-    try:
-        return sum(d.get("kv_cache", 0) for d in runner.measured.values())
-    finally:
-        await runner.close()
-
-
-def estimated_kv(path: Path, num_ctx: int, kv_type: str) -> int:
-    est = estimate(read_model_info(path), EstimateOptions(num_ctx, kv_type=kv_type, num_parallel=4))
-    return plan_layout(est, [], system_free=1 << 50).allocations[-1].kv_cache
-
-
 @pytest.fixture(scope="module")
 def wide_heads(tmp_path_factory) -> Path:
     """The demo model with 32-wide heads: a q8_0/q4_0 block divides them."""
@@ -90,13 +74,13 @@ async def test_estimate_is_llama_cpps_kv_buffer(wide_heads, kv_type):
     spec = LoadSpec(
         path=str(wide_heads), n_ctx=2048, n_threads=cores(), n_seq=4, kv_cache_type=kv_type
     )
-    measured = await measured_kv(spec)
+    measured, _ = await measured_kv(spec)
     assert abs(estimated_kv(wide_heads, 2048, kv_type) - measured) <= LOG_PRECISION
 
 
 async def test_the_runner_keeps_f16_with_flash_attention_off(wide_heads):
     spec = LoadSpec(path=str(wide_heads), n_ctx=2048, n_threads=cores(), kv_cache_type="q8_0")
-    measured = await measured_kv(replace(spec, flash_attn="off"))  # llama.cpp would refuse q8_0
+    measured, _ = await measured_kv(replace(spec, flash_attn="off"))  # llama.cpp would refuse q8_0
     assert abs(estimated_kv(wide_heads, 2048, "f16") - measured) <= LOG_PRECISION
 
 
@@ -106,7 +90,7 @@ async def test_gemma_at_32k(gemma_gguf):
     measured = {}
     for kv_type in ("f16", "q8_0", "q4_0"):
         spec = LoadSpec(path=str(gemma_gguf), n_ctx=32768, n_threads=cores(), n_seq=4)
-        measured[kv_type] = await measured_kv(replace(spec, kv_cache_type=kv_type))
+        measured[kv_type], _ = await measured_kv(replace(spec, kv_cache_type=kv_type))
         estimated = estimated_kv(gemma_gguf, 32768, kv_type)
         assert abs(estimated - measured[kv_type]) <= 2 * LOG_PRECISION
     assert measured["q8_0"] <= 0.55 * measured["f16"]
@@ -130,7 +114,7 @@ async def test_the_runner_falls_back_to_f16_where_llama_cpp_refuses(narrow_heads
     try:
         refused = "" if kv_type == "f16" else f"llama.cpp refused a {kv_type} cache for this model"
         assert runner.kv_cache_fallback == refused
-        measured = sum(d.get("kv_cache", 0) for d in runner.measured.values())
+        measured = kv_bytes(runner)
         assert abs(estimated_kv(narrow_heads, 2048, "f16") - measured) <= LOG_PRECISION
         request = Complete(prompt="hi", options={"num_predict": 4, "temperature": 0})
         replies = [m async for batch in runner.complete(request) for m in batch]

@@ -15,6 +15,7 @@ from cores import cores
 from engine_run import EngineRun as Run
 from engine_run import finish
 from fakes import FakeRunnerFactory, synthetic_model
+from kv_buffers import LOG_PRECISION, estimated_kv, measured_kv
 from rewrite_prompt import QUOTE_PROMPT
 from scheduler_env import ONE_GPU, entry, make, use
 
@@ -43,8 +44,6 @@ from jupyter_llm.scheduler import LoadOptions, policy
 from jupyter_llm.scheduler.fit import estimate_on
 from jupyter_llm.scheduler.types import Wanted
 
-MiB = 1 << 20
-LOG_PRECISION = MiB // 200 + 1  # llama.cpp prints each KV buffer in MiB with 2 decimals
 LLAMA = synthetic_model(n_embd=4096, n_head=32)  # heads 128 wide
 F16, Q8 = CacheChoice("f16"), CacheChoice("q8_0")
 
@@ -219,20 +218,6 @@ async def test_a_refused_key_cache_shows_in_ps_and_the_load_is_reused(caplog):
 
 
 # -- real runners ----------------------------------------------------------------------------
-
-
-async def measured_kv(spec: LoadSpec) -> tuple[int, str]:
-    runner = await start_runner_with(spec, load_timeout=120)
-    try:
-        return sum(d.get("kv_cache", 0) for d in runner.measured.values()), runner.kv_cache_fallback
-    finally:
-        await runner.close()
-
-
-def estimated_kv(path: Path, num_ctx: int, kv_type: str, keys: str) -> int:
-    opts = EstimateOptions(num_ctx, kv_type=kv_type, kv_type_k=keys, num_parallel=4)
-    layout = plan_layout(estimate(read_model_info(path), opts), [], system_free=1 << 50)
-    return layout.allocations[-1].kv_cache
 
 
 async def test_the_estimate_is_llama_cpps_kv_buffer_with_q8_0_keys(tmp_path):
