@@ -67,6 +67,13 @@ def key_type(kv_type: str, batch_invariant: bool) -> str:
     return INVARIANT_KEY if batch_invariant and kv_type == "f16" else kv_type
 
 
+def asked_cache(kv_type: str, batch_invariant: bool) -> str:
+    """The cache a load asked llama.cpp for, as its refusal names it: the
+    type ("q8_0"), or the keys' ("q8_0 key") where only they are quantized."""
+    keys = key_type(kv_type, batch_invariant)
+    return kv_type if keys == kv_type else f"{keys} key"
+
+
 def choose_batch_invariant(
     requested: bool, cache: CacheChoice, flash_attn: str, info: ModelInfo
 ) -> tuple[bool, str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import llama_cpp
 
-from jupyter_llm.memory.kv_cache import key_type
+from jupyter_llm.memory.kv_cache import asked_cache, key_type
 from jupyter_llm.runner.protocol import LoadParams
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,8 @@ def open_context(llama_model: Any, cp: Any, params: LoadParams) -> tuple[Any, st
     ctx = llama_cpp.llama_init_from_model(llama_model, cp)
     if ctx or cp.type_k == cp.type_v == GGML_TYPES["f16"]:
         return ctx, ""
-    asked = key_type(params.kv_cache_type, params.batch_invariant)
-    if asked != params.kv_cache_type:
-        asked = f"{asked} key"
+    asked = asked_cache(params.kv_cache_type, params.batch_invariant)
     reason = f"llama.cpp refused a {asked} cache for this model"
-    log.warning("KV cache f16 instead of %s: %s", params.kv_cache_type, reason)
+    log.warning("KV cache f16 instead of %s: %s", asked, reason)
     cp.type_k = cp.type_v = GGML_TYPES["f16"]
     return llama_cpp.llama_init_from_model(llama_model, cp), reason

@@ -26,7 +26,7 @@ from pathlib import Path
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, DeviceSource, device_from_raw, node_devices, on_node
 from jupyter_llm.memory import LayoutFailure, ModelInfo
-from jupyter_llm.memory.kv_cache import key_type
+from jupyter_llm.memory.kv_cache import asked_cache
 from jupyter_llm.memory.measured import backend_names, measured_allocations
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.memory.projector import ProjectorInfo, read_projector_info
@@ -430,8 +430,7 @@ class Scheduler:
         quantized = wanted.kv_cache_type != "f16" or wanted.batch_invariant
         if (refused := runner.kv_cache_fallback) and quantized:
             # llama.cpp refused the type: the runner made the cache f16 (keys too)
-            asked = key_type(wanted.kv_cache_type, wanted.batch_invariant)
-            asked = asked if asked == wanted.kv_cache_type else f"{asked} keys"
+            asked = asked_cache(wanted.kv_cache_type, wanted.batch_invariant)
             log.warning(
                 "%s: KV cache f16 instead of %s: %s", entry.name.display, asked, refused
             )  # fmt: skip

@@ -24,7 +24,12 @@ from jupyter_llm.config import Settings
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.devices import DeviceInfo
 from jupyter_llm.memory import EstimateOptions, Placement, estimate, plan_layout
-from jupyter_llm.memory.kv_cache import CacheChoice, choose_batch_invariant, key_type
+from jupyter_llm.memory.kv_cache import (
+    CacheChoice,
+    asked_cache,
+    choose_batch_invariant,
+    key_type,
+)
 from jupyter_llm.memory.model_info import read_model_info
 from jupyter_llm.request.errors import ConfigError
 from jupyter_llm.runner.engine import FLASH_ATTN_TYPES, Engine, context_params
@@ -73,6 +78,19 @@ def test_whether_a_load_can_be_batch_invariant(requested, cache, flash, model, i
 )
 def test_the_keys_type(kv_type, invariant, keys):
     assert key_type(kv_type, invariant) == keys
+
+
+@pytest.mark.parametrize(
+    ("kv_type", "invariant", "asked"),
+    [
+        ("f16", False, "f16"),
+        ("f16", True, "q8_0 key"),
+        ("q8_0", True, "q8_0"),
+        ("q4_0", False, "q4_0"),
+    ],
+)
+def test_the_cache_a_refusal_names(kv_type, invariant, asked):
+    assert asked_cache(kv_type, invariant) == asked
 
 
 def test_the_setting_takes_a_boolean():
