@@ -200,7 +200,7 @@ async def main(gemma: bool, rounds: int, invariant: bool) -> int:
             servers["server ngram"] = start_server(binary, path, ngram)
         rates: dict[str, dict[str, list[float]]] = {w: {} for w in WORKLOADS}
         same: dict[tuple[str, str], tuple[int, int] | None] = {}
-        accepted, server_same = {}, {}
+        accepted, same_text = {}, {}
         try:
             for runner, drafting in pairs.values():
                 await ours(runner, "warm up", 8, 0)
@@ -220,11 +220,11 @@ async def main(gemma: bool, rounds: int, invariant: bool) -> int:
                         if label == "ours":
                             ours_text = text
                         else:  # the same answer as the defaults'? (drafts pay by it)
-                            server_same[(name, label)] = text == ours_text
+                            same_text[(name, label)] = text == ours_text
                     for label, (_, url) in servers.items():
                         rate, content = await server(url, prompt, n)
                         r.setdefault(label, []).append(rate)
-                        server_same[(name, label)] = content == ours_text
+                        same_text[(name, label)] = content == ours_text
         finally:
             for runner, drafting in pairs.values():
                 await runner.close()
@@ -233,7 +233,7 @@ async def main(gemma: bool, rounds: int, invariant: bool) -> int:
                 proc.kill()
                 proc.wait()
     threads = pairs["ours"][0].n_threads
-    return report(model, threads, list(pairs), rates, same, accepted, server_same)
+    return report(model, threads, list(pairs), rates, same, accepted, same_text)
 
 
 def first_difference(plain: list[int], drafted: list[int]) -> tuple[int, int]:
@@ -256,7 +256,7 @@ def report(
     rates: dict[str, dict[str, list[float]]],
     same: dict[tuple[str, str], tuple[int, int] | None],
     accepted: dict[tuple[str, str], int],
-    server_same: dict[tuple[str, str], bool],
+    same_text: dict[tuple[str, str], bool],
 ) -> int:
     """Medians per configuration; ratios are medians of each round's ratio.
     The targets are judged on the defaults ("ours"); the invariant pair's
@@ -290,8 +290,8 @@ def report(
                 met = met and vs >= 1.5
                 print("    target: >= 1.5x llama-server at defaults")
         for label in (*labels[1:], "server", "server ngram"):
-            if (name, label) in server_same:
-                print(f"  same text as {label} (ours, no drafts): {server_same[(name, label)]}")
+            if (name, label) in same_text:
+                print(f"  same text as {label} (ours, no drafts): {same_text[(name, label)]}")
     for pair in labels:
         identical = all(d is None for (_, p), d in same.items() if p == pair)
         print(f"{pair}: greedy tokens identical with and without drafts: {identical}")
