@@ -118,8 +118,9 @@ DRAFT_LOOKUP = Limit(
     "the prompt tokens searched for drafts",
     8192,
     "tokens",
-    "the n-gram index is built in Python when a sequence starts generating; the last "
-    "8,192 prompt tokens hold what an answer quotes, at a few milliseconds of work",
+    "the lookup's index of token pairs is built in Python when a sequence starts "
+    "generating; the last 8,192 prompt tokens hold what an answer quotes, at a few "
+    "milliseconds of work",
 )
 TOP_LOGPROBS = Limit(
     "top_logprobs",

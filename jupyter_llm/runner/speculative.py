@@ -1,9 +1,10 @@
 """Speculative decoding by prompt lookup: a sequence drafts the tokens that
-followed the last time its latest n-gram appeared in its own prompt or
-output, and the target model checks them in the same ``llama_decode`` as
-every other sequence, one logit row per drafted token. No second model is
-needed; where one is loaded (``runner.draft_model``), its greedy drafts take
-the lookup's place, verified the same way.
+followed the place in its own prompt or output whose context best matches
+how its output ends now (``runner.prompt_lookup``), and the target model
+checks them in the same ``llama_decode`` as every other sequence, one logit
+row per drafted token. No second model is needed; where one is loaded
+(``runner.draft_model``), its greedy drafts take the lookup's place,
+verified the same way.
 
 Exactness: position ``i`` of a draft is sampled with the sequence's own
 sampler (its native chain, or its grammar); the drafted token is kept only
@@ -34,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
-from jupyter_llm.request.limits import DRAFT_LOOKUP
 from jupyter_llm.runner.context_window import common_prefix
 from jupyter_llm.runner.draft_policy import (
     MAX_LENGTH,
@@ -47,6 +47,7 @@ from jupyter_llm.runner.draft_policy import (
     next_length,
     resumed,
 )
+from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import EngineError
 from jupyter_llm.runner.step_costs import priced_length
 
@@ -54,47 +55,12 @@ if TYPE_CHECKING:
     from jupyter_llm.runner.engine import Engine
     from jupyter_llm.runner.sequence import Sequence
 
-NGRAM_SIZES = (4, 3, 2)  # the longest match drafts; one token alone predicts too little
-
-
-class NgramIndex:
-    """Where each n-gram of a token history was last followed by a token,
-    kept up to date as the history grows (a dict lookup per size per step)."""
-
-    def __init__(self, tokens: list[int], sizes: tuple[int, ...] = NGRAM_SIZES) -> None:
-        self.tokens = list(tokens)
-        self.sizes = sizes
-        self.last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
-        # a long prompt is indexed from its last DRAFT_LOOKUP tokens only
-        self.indexed = max(0, len(self.tokens) - DRAFT_LOOKUP.value)
-
-    def extend(self, tokens: list[int]) -> None:
-        self.tokens.extend(tokens)
-
-    def propose(self, k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the latest earlier occurrence of
-        the history's last n-gram (the longest size that has one)."""
-        h = self.tokens
-        for j in range(self.indexed, len(h) - 1):  # the n-grams ending at j have a follower
-            for n in self.sizes:
-                if j + 1 >= n:
-                    self.last[n][tuple(h[j + 1 - n : j + 1])] = j + 1
-        self.indexed = max(self.indexed, len(h) - 1)
-        if k <= 0:
-            return []
-        for n in self.sizes:
-            if len(h) > n and (start := self.last[n].get(tuple(h[-n:]))) is not None:
-                draft = h[start : start + k]
-                cut = next((i for i, t in enumerate(draft) if t < 0), len(draft))
-                return draft[:cut]  # never an image's marks
-        return []
-
 
 @dataclass
 class Drafting:
     """One sequence's drafting state and counters (``Done.draft_*``)."""
 
-    index: NgramIndex | None  # prompt lookup's; None where a draft model drafts
+    index: PromptLookup | None  # prompt lookup's; None where a draft model drafts
     length: int  # the next draft's length (``draft_policy.next_length``)
     seen: int = 0  # generated tokens already in ``index``
     window: Window = field(default_factory=Window)
@@ -111,7 +77,7 @@ def drafting_of(engine: Engine, seq: Sequence, wanted: int) -> Drafting:
     """``seq``'s drafting state, made when it first drafts, its length
     starting at ``wanted`` (``draft_num_predict``)."""
     if seq.drafting is None:
-        index = None if engine.drafter is not None else NgramIndex(seq.job.tokens)
+        index = None if engine.drafter is not None else PromptLookup(seq.job.tokens)
         seq.drafting = Drafting(index, wanted)
     return seq.drafting
 

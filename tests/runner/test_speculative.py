@@ -25,7 +25,6 @@ from jupyter_llm.runner.draft_policy import (
 )
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.protocol import LoadParams
-from jupyter_llm.runner.speculative import NgramIndex
 from jupyter_llm.runner.step_costs import StepCosts
 
 PROMPTS = ["hello world hello world hello", "the cat sat on the mat and the cat sat", "abc"]
@@ -135,33 +134,6 @@ def test_the_length_is_bounded_by_the_option_bound():
     for _ in range(10):
         length = next_length(length, length, length)
     assert length == MAX_LENGTH
-
-
-# -- the n-gram index ----------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("history", "k", "draft"),
-    [
-        ([1, 2, 3, 4, 5, 9, 2, 3], 3, [4, 5, 9]),  # "2 3" was followed by 4 5 9
-        ([1, 2, 3, 4, 5, 9, 2, 3], 1, [4]),
-        ([7, 8, 9, 1, 7, 8, 9], 4, [1, 7, 8, 9]),  # runs into the tail itself
-        ([1, 2, 3, 4, 5], 4, []),  # no earlier occurrence
-        ([5, 1, 2, 6, 3, 1, 2, 7, 0, 1, 2], 2, [7, 0]),  # the latest one
-        ([4, 1, 2, -1, -1, 5, 1, 2], 4, []),  # never an image's marks
-        ([4, 1, 2, 8, -1, 5, 1, 2], 4, [8]),
-        ([1, 2, 3, 9, 2, 3, 8, 1, 2, 3], 2, [9, 2]),  # the longest n-gram wins
-    ],
-)
-def test_ngram_lookup(history, k, draft):
-    assert NgramIndex(history).propose(k) == draft
-
-
-def test_the_index_follows_a_growing_history():
-    index = NgramIndex([10, 11, 12, 13])
-    assert index.propose(2) == []
-    index.extend([10, 11])
-    assert index.propose(2) == [12, 13]
-    index.extend([12, 20, 10, 11, 12])
-    assert index.propose(2) == [20, 10]  # the latest occurrence now
 
 
 # -- the engine, on a generated model ------------------------------------------------------

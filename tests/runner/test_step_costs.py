@@ -10,7 +10,8 @@ from engine_run import EngineRun
 
 from jupyter_llm.runner import draft_policy as policy
 from jupyter_llm.runner.draft_policy import Window, after_draft, paused, worth_drafting
-from jupyter_llm.runner.speculative import Drafting, NgramIndex
+from jupyter_llm.runner.prompt_lookup import PromptLookup
+from jupyter_llm.runner.speculative import Drafting
 from jupyter_llm.runner.step_costs import MIN_SAMPLES, SAMPLES, StepCosts, priced_length
 
 MS = 1_000_000
@@ -110,7 +111,7 @@ def test_a_window_must_win_back_what_its_drafts_cost(window, drafted, accepted, 
 
 
 def drafting(window: Window) -> Drafting:
-    return Drafting(NgramIndex([1, 2, 3]), 4, window=window)
+    return Drafting(PromptLookup([1, 2, 3]), 4, window=window)
 
 
 def test_a_draft_that_cannot_pay_pauses_drafting():

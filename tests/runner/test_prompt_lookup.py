@@ -1,0 +1,148 @@
+"""Prompt lookup's drafts (``runner.prompt_lookup``): the longest matching
+context wins, edits are learned as substitutions and unlearned when the
+output does not take them, and every search is bounded. Pure: token ids in,
+token ids out, fed as the engine feeds them (the tokens since the last
+proposal, then a proposal)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_llm.request.limits import DRAFT_LOOKUP
+from jupyter_llm.runner.prompt_lookup import (
+    MAX_CANDIDATES,
+    MAX_SUBSTITUTIONS,
+    REALIGN_WINDOW,
+    PromptLookup,
+)
+
+
+def generate(lookup: PromptLookup, output: list[int], k: int = 8) -> list[list[int]]:
+    """Feed ``output`` one token per step, proposing before each; the
+    proposals made."""
+    proposals = []
+    for token in output:
+        proposals.append(lookup.propose(k))
+        lookup.extend([token])
+    return proposals
+
+
+@pytest.mark.parametrize(
+    ("history", "k", "draft"),
+    [
+        ([1, 2, 3, 4, 5, 9, 2, 3], 3, [4, 5, 9]),  # "2 3" was followed by 4 5 9
+        ([1, 2, 3, 4, 5, 9, 2, 3], 1, [4]),
+        ([7, 8, 9, 1, 7, 8, 9], 4, [1, 7, 8, 9]),  # runs into the tail itself
+        ([1, 2, 3, 4, 5], 4, []),  # no earlier occurrence
+        ([5, 1, 2, 6, 3, 1, 2, 7, 0, 1, 2], 2, [7, 0]),  # the latest of equals
+        ([4, 1, 2, -1, -1, 5, 1, 2], 4, []),  # never an image's marks
+        ([4, 1, 2, 8, -1, 5, 1, 2], 4, [8]),
+        ([1, 2, 3, 9, 2, 3, 8, 1, 2, 3], 2, [9, 2]),  # the longer context wins
+        ([1, 2, 3], 0, []),
+        ([1], 4, []),
+    ],
+)
+def test_lookup(history, k, draft):
+    assert PromptLookup(history).propose(k) == draft
+
+
+def test_the_longest_context_wins_over_the_latest():
+    """A phrase with two endings: the ending its longer context picks."""
+    a = [9, 10, 11, 12, 13, 20, 21]  # "... it is a computer" -> 20 21
+    b = [30, 10, 11, 12, 13, 40, 41]  # "... it is a computer" -> 40 41
+    lookup = PromptLookup(a + b + a[:5])
+    assert lookup.propose(2) == [20, 21]  # the latest 4-gram would say 40 41
+
+
+def test_the_lookup_follows_a_growing_history():
+    lookup = PromptLookup([10, 11, 12, 13])
+    assert lookup.propose(2) == []
+    lookup.extend([10, 11])
+    assert lookup.propose(2) == [12, 13]
+    lookup.extend([12, 20, 10, 11, 12])
+    assert lookup.propose(2) == [20, 10]  # the longer context now
+
+
+# "orders" (1) renamed "purchases" (2) in a copied text
+PROMPT = [50, 51, 10, 1, 11, 12, 1, 13, 14, 1, 15, 16, 60]
+
+
+def test_a_replaced_token_is_learned_and_copied_in_its_place():
+    lookup = PromptLookup(PROMPT)
+    proposals = generate(lookup, [50, 51, 10, 2, 11, 12])
+    assert proposals[2][:2] == [10, 1]  # not learned yet
+    assert lookup.propose(7) == [2, 13, 14, 2, 15, 16, 60]
+
+
+def test_a_replacement_of_two_tokens():
+    lookup = PromptLookup(PROMPT)
+    generate(lookup, [50, 51, 10, 2, 3, 11, 12])
+    assert lookup.propose(4) == [2, 3, 13, 14]
+
+
+def test_a_substitution_the_output_does_not_take_is_dropped():
+    lookup = PromptLookup(PROMPT)
+    generate(lookup, [50, 51, 10, 2, 11, 12])
+    assert lookup.propose(3) == [2, 13, 14]
+    generate(lookup, [1, 13, 14])  # the old token after all: the draft failed at 2
+    assert lookup.substitutions == {}
+    assert lookup.propose(2) == [1, 15]
+
+
+@pytest.mark.parametrize(
+    ("output", "learned"),
+    [
+        ([50, 51, 10, 2, 11], {1: (2,)}),  # one token for one, one agreeing after
+        ([50, 51, 10, 2, 3, 11], {1: (2, 3)}),
+        ([50, 51, 10, 2, 3, 4, 11], {}),  # three for one: one agreeing token is too little
+        ([50, 51, 10, 2, 3, 4, 11, 12], {1: (2, 3, 4)}),  # two are enough
+        ([50, 51, 10, 2, 3, 4, 5, 6, 11, 12], {}),  # more than MAX_REPLACEMENT
+        ([50, 51, 10, 11], {}),  # a token left out is no substitution
+        ([50, 51, 10, 2, 12], {}),  # nor two tokens replaced by one, on one token's word
+    ],
+)
+def test_what_is_learned(output, learned):
+    lookup = PromptLookup(PROMPT)
+    generate(lookup, output)
+    lookup.propose(1)
+    assert lookup.substitutions == learned
+
+
+def test_an_edit_longer_than_the_window_is_not_learned():
+    lookup = PromptLookup(PROMPT)
+    generate(lookup, [50, 51, 10] + [70 + i for i in range(REALIGN_WINDOW + 1)] + [11, 12])
+    lookup.propose(1)
+    assert lookup.substitutions == {}
+
+
+def test_the_substitutions_are_bounded():
+    n = MAX_SUBSTITUTIONS + 5
+    prompt, output = [900, 901], [900, 901]
+    for i in range(n):  # a text copied with n renames: 600 + i becomes 1000 + i
+        prompt += [500, 600 + i, 501, 700 + i]
+        output += [500, 1000 + i, 501, 700 + i]
+    lookup = PromptLookup(prompt)
+    generate(lookup, output)
+    lookup.propose(1)
+    assert lookup.substitutions == {600 + i: (1000 + i,) for i in range(MAX_SUBSTITUTIONS)}
+
+
+def test_only_the_latest_candidates_are_compared():
+    """The oldest place matches longest, but lies past ``MAX_CANDIDATES``
+    newer places of the same pair."""
+    oldest = [7, 8, 1, 2, 99]
+    filler = []
+    for i in range(MAX_CANDIDATES):
+        filler += [300 + i, 1, 2, 400 + i]
+    lookup = PromptLookup(oldest + filler + [7, 8, 1, 2])
+    assert lookup.propose(1) == [400 + MAX_CANDIDATES - 1]
+    shorter = PromptLookup(oldest + filler[4:] + [7, 8, 1, 2])
+    assert shorter.propose(1) == [99]
+
+
+def test_a_long_prompt_is_searched_in_its_last_tokens_only():
+    n = DRAFT_LOOKUP.value
+    lookup = PromptLookup([1, 2, 3] + [5] * n + [1, 2])
+    assert lookup.propose(1) == []
+    lookup = PromptLookup([1, 2, 3] + [5] * (n - 5) + [1, 2])
+    assert lookup.propose(1) == [3]
