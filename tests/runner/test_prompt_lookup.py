@@ -146,3 +146,38 @@ def test_a_long_prompt_is_searched_in_its_last_tokens_only():
     assert lookup.propose(1) == []
     lookup = PromptLookup([1, 2, 3] + [5] * (n - 5) + [1, 2])
     assert lookup.propose(1) == [3]
+
+
+# two lines told apart by their start: "90 orders 5 30 -> 31 20", "91 orders 5 30 -> 32 21"
+LINES = [50, 51, 10, 1, 11, 12, 1, 13, 14, 90, 1, 5, 30, 31, 20, 91, 1, 5, 30, 32, 21]
+
+
+@pytest.mark.parametrize(
+    ("line", "draft"),
+    [
+        ([91, 2, 5], [30, 32]),  # the renamed token in the last pair
+        ([90, 2, 5, 30], [31, 20]),  # before it: the earlier line, not the latest
+    ],
+)
+def test_a_confirmed_substitution_counts_as_the_old_token_in_a_context(line, draft):
+    lookup = PromptLookup(LINES)
+    generate(lookup, [50, 51, 10, 2, 11, 12, 2, 13, 14])  # learned, then a draft taken at it
+    assert lookup.confirmed == {2: 1}
+    generate(lookup, line)
+    assert lookup.propose(2) == draft
+
+
+def test_a_substitution_not_confirmed_yet_does_not_match():
+    lookup = PromptLookup(LINES)
+    generate(lookup, [50, 51, 10, 2, 11, 91, 2, 5])
+    assert lookup.substitutions == {1: (2,)} and lookup.confirmed == {}
+    assert lookup.propose(2) == []
+
+
+def test_a_dropped_substitution_is_no_longer_confirmed():
+    lookup = PromptLookup(LINES)
+    generate(lookup, [50, 51, 10, 2, 11, 12, 2, 13, 14, 90])
+    assert lookup.propose(1) == [2]  # "90 orders": the learned name
+    lookup.extend([1])  # the old one after all
+    lookup.propose(1)
+    assert lookup.substitutions == {} and lookup.confirmed == {}
