@@ -33,7 +33,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from speculative import FUNCTION, PASSAGES, WORKLOADS, turn  # beside this file
+from speculative import FUNCTION, PASSAGES, SAMPLING, WORKLOADS, turn  # beside this file
 
 from jupyter_llm.runner import draft_policy as policy
 from jupyter_llm.runner.context_window import common_prefix
@@ -158,7 +158,8 @@ def replay(prompt: list[int], answer: list[int], make) -> float:
 
 async def record(path: Path) -> dict[str, tuple[list[int], list[int]]]:
     """Answers (prompt tokens, answer tokens) by mode and workload."""
-    prompts = {**WORKLOADS, **{name: turn(text) for name, text in MORE.items()}}
+    greedy = {name: prompt for name, prompt in WORKLOADS.items() if name not in SAMPLING}
+    prompts = {**greedy, **{name: turn(text) for name, text in MORE.items()}}
     spec = LoadSpec(path=str(path), n_ctx=2048)
     modes = {
         "defaults": (spec, {"temperature": 0}),
