@@ -142,10 +142,11 @@ def replay(prompt: list[int], answer: list[int], make) -> float:
         size = policy.draft_size(length, budget, 64) if drafting else 0
         if size and window.drafted:  # step_costs.priced_length
             cap = policy.draft_size(policy.MAX_LENGTH, budget, 64)
-            size = next((n for n in range(size, max(size, cap) + 1) if cost(n) < 0.8), 0)
+            paying = (n for n in range(size, max(size, cap) + 1) if cost(n) < policy.MAX_COST)
+            size = next(paying, 0)
             if not size:
                 window = policy.paused(window, len(done))
-        draft = lookup.propose(size) if drafting else []
+        draft = lookup.propose(size)  # every step, as speculative.add_draft
         k = len(draft)
         matched = common_prefix(draft, answer[len(done) :])
         time += 1 + k * cost(k)

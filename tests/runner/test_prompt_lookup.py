@@ -7,10 +7,13 @@ proposal, then a proposal)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jupyter_llm.request.limits import DRAFT_LOOKUP
 from jupyter_llm.runner.prompt_lookup import (
     MAX_CANDIDATES,
+    MAX_MATCH,
     MAX_SUBSTITUTIONS,
     REALIGN_WINDOW,
     PromptLookup,
@@ -38,7 +41,7 @@ def generate(lookup: PromptLookup, output: list[int], k: int = 8) -> list[list[i
         ([4, 1, 2, -1, -1, 5, 1, 2], 4, []),  # never an image's marks
         ([4, 1, 2, 8, -1, 5, 1, 2], 4, [8]),
         ([1, 2, 3, 9, 2, 3, 8, 1, 2, 3], 2, [9, 2]),  # the longer context wins
-        ([1, 2, 3], 0, []),
+        ([1, 2, 3, 1, 2], 0, []),  # k 0: nothing, though 3 would do
         ([1], 4, []),
     ],
 )
@@ -60,7 +63,7 @@ def test_the_lookup_follows_a_growing_history():
     lookup.extend([10, 11])
     assert lookup.propose(2) == [12, 13]
     lookup.extend([12, 20, 10, 11, 12])
-    assert lookup.propose(2) == [20, 10]  # the longer context now
+    assert lookup.propose(2) == [20, 10]  # agreeing as far back as the first: the latest
 
 
 # "orders" (1) renamed "purchases" (2) in a copied text
@@ -108,11 +111,33 @@ def test_what_is_learned(output, learned):
     assert lookup.substitutions == learned
 
 
-def test_an_edit_longer_than_the_window_is_not_learned():
+def test_an_edit_is_followed_for_the_window_only():
     lookup = PromptLookup(PROMPT)
-    generate(lookup, [50, 51, 10] + [70 + i for i in range(REALIGN_WINDOW + 1)] + [11, 12])
+    generate(lookup, [50, 51, 10] + [70 + i for i in range(REALIGN_WINDOW)])
     lookup.propose(1)
-    assert lookup.substitutions == {}
+    assert lookup.departed is not None
+    lookup.extend([79])
+    lookup.propose(1)
+    assert lookup.departed is None
+
+
+def test_a_partly_copied_replacement_goes_on_where_it_was():
+    """A step that ends inside a learned two-token replacement: the next
+    draft starts with its second token."""
+    lookup = PromptLookup(PROMPT)
+    generate(lookup, [50, 51, 10, 2, 3, 11, 12, 2])
+    assert lookup.propose(4) == [3, 13, 14, 2]
+    assert lookup.substitutions == {1: (2, 3)}
+
+
+def test_the_agreement_is_counted_up_to_max_match():
+    """Both earlier places agree past ``MAX_MATCH`` tokens, the first one
+    longer: they score the same, and the latest wins."""
+    context = list(range(100, 100 + MAX_MATCH + 2))
+    first = [7, *context, 1]
+    second = [8, *context[1:], 2]
+    lookup = PromptLookup(first + second + [7, *context])
+    assert lookup.propose(1) == [2]
 
 
 def test_the_substitutions_are_bounded():
@@ -181,3 +206,26 @@ def test_a_dropped_substitution_is_no_longer_confirmed():
     lookup.extend([1])  # the old one after all
     lookup.propose(1)
     assert lookup.substitutions == {} and lookup.confirmed == {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompt=st.lists(st.integers(-1, 6), max_size=60),
+    steps=st.lists(
+        st.tuples(st.integers(0, 17), st.lists(st.integers(0, 6), min_size=1, max_size=18)),
+        max_size=40,
+    ),
+)
+def test_whatever_comes_drafts_stay_sound_and_bounded(prompt, steps):
+    """As the engine feeds it: a proposal, then the tokens kept (several
+    at once after a draft). Never a raise, never more than ``k`` tokens,
+    never an image's mark; substitutions bounded, confirmed ones backed."""
+    lookup = PromptLookup(prompt)
+    for k, came in steps:
+        draft = lookup.propose(k)
+        assert len(draft) <= k and all(t >= 0 for t in draft)
+        lookup.extend(came)
+        assert len(lookup.substitutions) <= MAX_SUBSTITUTIONS
+        for new, old in lookup.confirmed.items():
+            assert lookup.substitutions.get(old) == (new,)
+        assert all(len(places) <= 2 * MAX_CANDIDATES for places in lookup.places.values())
