@@ -13,11 +13,11 @@ with its own n-gram speculation (``--spec-type ngram-simple``, its defaults).
 Rates are each side's own decode rate (our ``eval_count / eval_duration``,
 llama-server's ``timings.predicted_per_second``). Rounds alternate between
 all of them; medians are printed (the machine may be shared). Ours without
-drafts and ours with drafts are two runners of the same model, each asked the
-same prompts in the same order, so each comparison of greedy tokens is made
-from the same state of the prompt cache (a prefix reused from the cache is
-evaluated in other chunks than a fresh prompt, which moves logits in their
-last bits as well).
+drafts and ours with drafts are two runners of the same model, which swap
+roles each round, each asked the same prompts in the same order, so each
+comparison of greedy tokens is made from the same state of the prompt cache
+(a prefix reused from the cache is evaluated in other chunks than a fresh
+prompt, which moves logits in their last bits as well).
 
 Targets: input-grounded at least 1.5x llama-server at defaults; free text
 (both) at least 0.97x our own rate without drafts. Output must be the same
@@ -215,11 +215,14 @@ async def main(gemma: bool, rounds: int, invariant: bool) -> int:
             for runner, drafting in pairs.values():
                 await ours(runner, "warm up", 8, 0)
                 await ours(drafting, "warm up", 8, 0)
-            for _ in range(rounds):  # alternating: other load on the machine falls on all
+            for i in range(rounds):  # alternating: other load on the machine falls on all
                 for name, prompt in WORKLOADS.items():
                     n, r = N_PREDICT[name], rates[name]
                     sampling = SAMPLING.get(name, GREEDY)
-                    for label, (runner, drafting) in pairs.items():
+                    for label, pair in pairs.items():
+                        # the two runners swap roles each round: neither process's own
+                        # speed leans on the ratio (their prompt caches see the same)
+                        runner, drafting = pair if i % 2 == 0 else pair[::-1]
                         plain, tokens, text, _ = await ours(runner, prompt, n, 0, sampling)
                         fast, spec_tokens, _, got = await ours(drafting, prompt, n, 4, sampling)
                         accepted[(name, label)] = got
