@@ -125,23 +125,19 @@ class PromptLookup:
                 best, longest = start, n
         return None if best is None else (best, longest)
 
-    def _copy(
-        self, start: Position, k: int, end: int
-    ) -> tuple[list[int], list[Position], list[bool]]:
+    def _copy(self, start: Position, k: int, end: int) -> tuple[list[int], list[Position]]:
         """Up to ``k`` tokens copied from ``start`` (history indices before
         ``end``), learned substitutions applied; with the position after
-        each, and whether it is a substitution's."""
-        h, out, after, substituted = self.tokens, [], [], []
+        each."""
+        h, out, after = self.tokens, [], []
         i, done = start
         while len(out) < k and i < end and h[i] >= 0:
-            replacement = self.substitutions.get(h[i])
-            tokens = replacement or (h[i],)
+            tokens = self.substitutions.get(h[i]) or (h[i],)
             for j in range(done, len(tokens)):
                 out.append(tokens[j])
                 after.append((i, j + 1) if j + 1 < len(tokens) else (i + 1, 0))
-                substituted.append(replacement is not None)
             i, done = i + 1, 0
-        return out[:k], after[:k], substituted[:k]
+        return out[:k], after[:k]
 
     def _follow(self) -> None:
         """Compare the tokens since the last proposal with the copy the
@@ -153,20 +149,21 @@ class PromptLookup:
         came = h[self.proposed_at :]
         if not came or self.source is None:
             return
-        expected, after, substituted = self._copy(self.source, len(came), self.proposed_at)
+        expected, after = self._copy(self.source, len(came), self.proposed_at)
         m = common_prefix(expected, came)
         for n in range(m):
-            key = after[n][0] - (after[n][1] == 0)  # the history index this token stands for
-            if substituted[n] and len(self.substitutions[h[key]]) == 1:
-                self.confirmed[self.substitutions[h[key]][0]] = h[key]
+            text = h[after[n][0] - (after[n][1] == 0)]  # the text token this one stands for
+            replacement = self.substitutions.get(text, ())
+            if len(replacement) == 1:
+                self.confirmed[replacement[0]] = text
         if m == len(came):
             self.source, self.agreed = after[-1], self.agreed + m
             return
         start, self.source = self.source, None
         if m == len(expected):
             return
-        i, done = after[m - 1] if m else start
-        if done or substituted[m]:  # the output did not take this replacement
+        i, done = after[m - 1] if m else start  # where the token that differs came from
+        if h[i] in self.substitutions:  # the output did not take this replacement
             self._forget(h[i])
         self.departed = (i, self.proposed_at + m - done)
 
