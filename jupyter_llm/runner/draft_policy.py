@@ -160,14 +160,17 @@ def draft_size(wanted: int, budget: int, room: int) -> int:
     return max(0, size)
 
 
-def next_length(length: int, drafted: int, accepted: int) -> int:
+def next_length(length: int, drafted: int, accepted: int, cut: int = 0) -> int:
     """The sequence's next draft length after a verified draft of ``drafted``
     tokens (at most ``length``) of which ``accepted`` matched: doubled
     (at most ``MAX_LENGTH``) when a full-length draft was accepted whole,
     halved (at least 1) when a token was rejected, else unchanged (a draft
-    cut short by the lookup or the limits says nothing about longer ones)."""
+    cut short by the lookup or the limits says nothing about longer ones).
+    ``cut``: the length the step's costs cut the draft to, below ``length``
+    (``step_costs.cheapest_length``; 0: not cut); such a draft, made whole
+    and accepted whole, counts as full length."""
     if accepted < drafted:
         return max(1, length // 2)
-    if drafted >= length:
+    if drafted >= length or 0 < cut <= drafted:
         return min(MAX_LENGTH, 2 * length)
     return length

@@ -49,7 +49,7 @@ from jupyter_llm.runner.draft_policy import (
 )
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import EngineError
-from jupyter_llm.runner.step_costs import priced_length
+from jupyter_llm.runner.step_costs import cheapest_length, priced_length
 
 if TYPE_CHECKING:
     from jupyter_llm.runner.engine import Engine
@@ -69,6 +69,8 @@ class Drafting:
     shadow: Shadow = field(default_factory=Shadow)  # while paused (prompt lookup only)
     shadow_draft: list[int] = field(default_factory=list)  # made, not decoded, not judged yet
     shadow_at: int = 0  # generated tokens when it was made: it guesses the ones after
+    cut: int = 0  # the draft in the batch, cut by its cost below ``length`` (next_length)
+    shadow_cut: int = 0  # the same, for the shadow draft
     drafted: int = 0
     accepted: int = 0
 
@@ -123,7 +125,9 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
         if not (shadowed and shadow_step(engine, seq, state, budget)):
             return 0
     size, cap = draft_size(state.length, budget, room), draft_size(MAX_LENGTH, budget, room)
-    return priced_length(engine.step_costs, state, size, cap, len(seq.generated))  # step_costs
+    priced = priced_length(engine.step_costs, state, size, cap, len(seq.generated))  # step_costs
+    state.cut = priced if priced < size else 0
+    return priced
 
 
 def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int) -> bool:
@@ -139,12 +143,15 @@ def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int) -> 
             return False  # every token so far as guessed: not settled yet
         cost = engine.step_costs.cost(len(draft))
         state.shadow, resume = after_shadow(state.shadow, len(draft), matched, cost)
-        state.length = next_length(state.length, len(draft), matched)
+        state.length = next_length(state.length, len(draft), matched, state.shadow_cut)
         state.shadow_draft = []
         if resume:
             state.window = resumed(state.window)
             return True
-    state.shadow_draft = state.index.propose(draft_size(state.length, budget, MAX_LENGTH))
+    size = draft_size(state.length, budget, MAX_LENGTH)
+    priced = cheapest_length(engine.step_costs, size) if size else 0  # as a real draft would be
+    state.shadow_cut = priced if priced < size else 0
+    state.shadow_draft = state.index.propose(priced)
     state.shadow_at = len(seq.generated)
     return False
 
@@ -218,7 +225,7 @@ def settle(engine: Engine, seq: Sequence, drafted: int, matched: int) -> None:
     state.accepted += matched
     cost = engine.step_costs.cost(drafted)
     state.window = after_draft(state.window, drafted, matched, len(seq.generated), cost)
-    state.length = next_length(state.length, drafted, matched)
+    state.length = next_length(state.length, drafted, matched, state.cut)
     slot = engine.slots[seq.slot]
     if matched < drafted and not llama_cpp.llama_memory_seq_rm(
         engine.memory, slot.index, len(slot.cached), -1

@@ -126,6 +126,21 @@ def test_next_length(length, drafted, accepted, after):
     assert next_length(length, drafted, accepted) == after
 
 
+@pytest.mark.parametrize(
+    ("length", "drafted", "accepted", "cut", "after"),
+    [
+        (4, 3, 3, 3, 8),  # cut to 3 by its cost, accepted whole: as if full
+        (8, 7, 7, 7, 16),
+        (16, 15, 15, 15, MAX_LENGTH),
+        (4, 2, 2, 3, 4),  # the lookup had fewer than the cut: says nothing
+        (4, 3, 1, 3, 2),  # a rejection halves the length, not the cut
+        (4, 3, 3, 0, 4),  # not cut (the limits): unchanged, as before
+    ],
+)
+def test_next_length_of_a_draft_cut_by_its_cost(length, drafted, accepted, cut, after):
+    assert next_length(length, drafted, accepted, cut) == after
+
+
 def test_the_length_is_bounded_by_the_option_bound():
     from jupyter_llm.request.limits import DRAFT_TOKENS
 

@@ -9,10 +9,17 @@ import pytest
 from engine_run import EngineRun
 
 from jupyter_llm.runner import draft_policy as policy
+from jupyter_llm.runner import speculative
 from jupyter_llm.runner.draft_policy import Window, after_draft, paused, worth_drafting
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.speculative import Drafting
-from jupyter_llm.runner.step_costs import MIN_SAMPLES, SAMPLES, StepCosts, priced_length
+from jupyter_llm.runner.step_costs import (
+    MIN_SAMPLES,
+    SAMPLES,
+    StepCosts,
+    cheapest_length,
+    priced_length,
+)
 
 MS = 1_000_000
 
@@ -153,6 +160,78 @@ def test_cheap_drafts_go_in():
     assert priced_length(StepCosts(1, 32), state, 4, 16, 50) == 4  # not measured yet
 
 
+# Step times by rows, as benchmarks/verify_rows.py measured Gemma on 2 cores (ms):
+# the CPU's kernels work on tiles of rows, so 4, 8, 12 and 16 rows are cheap
+ROW_MS = {1: 14.7, 2: 27.1, 3: 31.7, 4: 36.9, 5: 53.0, 6: 57.7, 7: 63.5, 8: 52.5, 9: 69.4}
+ROW_MS |= {10: 74.1, 11: 78.1, 12: 67.1, 13: 84.5, 14: 88.9, 15: 94.6, 16: 83.8, 17: 99.0}
+
+
+def tiled_costs(rows=ROW_MS) -> StepCosts:
+    costs = StepCosts(1, 32)
+    for _ in range(MIN_SAMPLES):
+        for n, ms in rows.items():
+            costs.observe(1, n, int(ms * MS))
+    return costs
+
+
+@pytest.mark.parametrize(
+    ("size", "cut"),
+    [
+        (1, 1),
+        (2, 2),
+        (3, 3),
+        (4, 3),  # 5 rows cost more than 4 rows and one more token: 4 rows
+        (5, 3),
+        (6, 6),  # 7 rows: 0.55 a token against 3's 0.50, and makes more
+        (8, 7),  # 8 rows take less time than 5
+        (12, 11),
+        (16, 15),
+    ],
+)
+def test_a_draft_is_cut_to_the_cheapest_length_near_it(size, cut):
+    assert cheapest_length(tiled_costs(), size) == cut
+
+
+def test_a_draft_is_never_cut_below_half_nor_made_longer():
+    # 4 rows cheap as nothing: still not below half of 16, nor past 2
+    rows = {**ROW_MS, 4: 15.0}
+    assert cheapest_length(tiled_costs(rows), 16) == 15
+    assert cheapest_length(tiled_costs(rows), 2) == 2
+
+
+def test_a_length_not_measured_yet_is_tried_first():
+    costs = StepCosts(1, 32)
+    for _ in range(MIN_SAMPLES):
+        for n in (1, 5):
+            costs.observe(1, n, int(ROW_MS[n] * MS))
+    assert cheapest_length(costs, 4) == 3  # 3 not measured: tried, so it will be
+    assert cheapest_length(StepCosts(1, 32), 4) == 4  # nothing measured: as asked
+
+
+def test_a_length_that_cannot_pay_is_not_chosen():
+    """The first draft after a pause goes in even where it cannot pay, to
+    measure it again (``priced_length``): it is not cut to another length
+    that cannot pay either, though that one would lose less."""
+    rows = {1: 10.0, 3: 10.0 + 2 * 9.5, 4: 10.0 + 3 * 8.0, 5: 10.0 + 4 * 9.5}
+    assert not worth_drafting(0.8)
+    assert cheapest_length(tiled_costs(rows), 4) == 4
+
+
+def test_even_costs_keep_the_length():
+    """Where every row costs the same (pinned, or a GPU's nearly free rows),
+    a longer draft always makes more per step's time: nothing is cut."""
+    for pinned in (0.0, 0.3, 0.79):
+        costs = StepCosts(1, 32, pinned=pinned)
+        assert [cheapest_length(costs, n) for n in range(1, 17)] == list(range(1, 17))
+
+
+def test_the_priced_length_is_cut_too():
+    state = drafting(Window(3, 3))
+    assert priced_length(tiled_costs(), state, 4, 16, 50) == 3
+    assert priced_length(tiled_costs(), drafting(Window()), 8, 16, 50) == 7  # first draft too
+    assert state.window == Window(3, 3)
+
+
 # -- in the engine --------------------------------------------------------------------------
 def test_drafts_that_cannot_pay_stop_and_the_output_is_the_same(engine):
     """Given a drafted token costing a whole step, a stream that quotes
@@ -175,3 +254,36 @@ def test_drafts_that_cannot_pay_stop_and_the_output_is_the_same(engine):
     # a probe at the start and after each pause (32, then 64 tokens): three at most
     assert 0 < priced.done.draft_tokens <= 3 * policy.MAX_LENGTH
     assert priced.done.draft_tokens < free.done.draft_tokens // 2
+
+
+def test_drafts_cut_to_cheap_row_counts_still_grow(engine, monkeypatch):
+    """Given costs that make 4, 8 and 16 rows the cheap steps, a stream that
+    quotes itself drafts 3 and 7 tokens, not 4 and 8 (and never 16, where
+    the lookup has that many): a cut draft accepted whole still doubles the
+    length, up to the bound. Greedy output is unchanged."""
+    prompt = "hello world hello world hello world hello"
+    options = {"num_predict": 80, "draft_num_predict": 4}
+    plain = EngineRun(engine, prompt, **options)
+    while not plain.ended:
+        engine.step()
+    drafted: list[int] = []
+    lengths: list[int] = []
+    settle = speculative.settle
+
+    def counted(engine, seq, n, matched):
+        settle(engine, seq, n, matched)
+        drafted.append(n)
+        lengths.append(seq.drafting.length)
+
+    monkeypatch.setattr(speculative, "settle", counted)
+    kept, engine.step_costs = engine.step_costs, tiled_costs()
+    try:
+        cut = EngineRun(engine, prompt, **options)
+        while not cut.ended:
+            engine.step()
+    finally:
+        engine.step_costs = kept
+    assert cut.tokens == plain.tokens
+    assert drafted[:2] == [3, 7], drafted
+    assert max(lengths) == policy.MAX_LENGTH
+    assert not {4, 8, 16} & set(drafted), drafted
