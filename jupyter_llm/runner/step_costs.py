@@ -6,9 +6,11 @@ GPU that row is nearly free; on a few CPU cores it is not. On 2 cores, Gemma 3
 about 2x a one-token step's time for a two-token step, so such a draft loses
 even when it is accepted whole, and prompt lookup on free text made a single
 greedy stream about 20 % slower than without drafts; a tiny model's row costs
-a fraction of a step instead. Nor is the cost linear in the draft's length
-(measured there: 2 rows cost about 0.9 of a step each, 4 rows about 0.5). So
-no fixed rate fits, and the engine measures: every step of generating
+a fraction of a step instead. Nor is the cost smooth in the draft's length:
+the CPU's matrix kernels take rows in tiles (``benchmarks/verify_rows.py``
+there: a drafted token costs 0.84 of a step alone, 0.50 at 3 drafted
+tokens, 0.65 at 4, 0.37 at 7; a step of 8 rows takes less time than one of
+5). So no fixed rate fits, and the engine measures: every step of generating
 sequences alone (no prompt chunk; its decode, the sampling of every
 position it verified, 0.4 ms each on Gemma's vocabulary, and a draft model's
 own decodes for it) is a sample, a step without
@@ -19,7 +21,8 @@ preempted moves nothing.
 
 ``runner.draft_policy`` turns the cost into decisions (a window of drafts
 must win back its cost; a length that cannot pay even when accepted whole
-gives way to a longer one that may, or drafting pauses for a growing while).
+gives way to a longer one that may, or drafting pauses for a growing while),
+and ``cheapest_length`` cuts a draft to the cheapest length near it.
 Runs in the runner process only.
 """
 
