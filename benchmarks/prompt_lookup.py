@@ -42,15 +42,16 @@ from jupyter_llm.runner.context_window import common_prefix
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import Complete
 from jupyter_llm.runner.speculative import Drafting
-from jupyter_llm.runner.step_costs import StepCosts, cheapest_length, priced_length
+from jupyter_llm.runner.step_costs import StepCosts, cut_draft, priced_length
 from jupyter_llm.runner_client.launch import INVARIANT_ENV, LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
 # a drafted token's share of a one-token step, by drafted tokens, as
 # ``verify_rows.py --gemma`` measured it on 2 cores (the kernels' row tiles
-# make 3, 7, 11 and 15 drafted tokens, 4, 8, 12 and 16 rows, the cheap ones)
-COSTS = {1: 0.84, 2: 0.58, 3: 0.50, 4: 0.65, 5: 0.58, 6: 0.55, 7: 0.37, 8: 0.46}
-COSTS |= {9: 0.45, 10: 0.43, 11: 0.32, 12: 0.39, 13: 0.39, 14: 0.39, 15: 0.31, 16: 0.36}
+# make 3, 7, 11 and 15 drafted tokens, 4, 8, 12 and 16 rows, the cheap ones;
+# 9 rounds: costs of a one-token step's 13.4 ms)
+COSTS = {1: 0.90, 2: 0.64, 3: 0.49, 4: 0.72, 5: 0.62, 6: 0.58, 7: 0.40, 8: 0.54}
+COSTS |= {9: 0.51, 10: 0.49, 11: 0.35, 12: 0.44, 13: 0.42, 14: 0.41, 15: 0.32, 16: 0.40}
 
 
 def cost(k: int) -> float:
@@ -129,23 +130,11 @@ class ModelledCosts(StepCosts):
         return cost(drafted)
 
 
-def uncut_length(state: Drafting, size: int, cap: int, generated: int) -> int:
-    """The previous pricing, the baseline: ``step_costs.priced_length``
-    without ``cheapest_length``'s cut."""
-    if not size or state.window.drafted == 0:
-        return size
-    paying = (n for n in range(size, max(size, cap) + 1) if cost(n) < policy.MAX_COST)
-    length = next(paying, 0)
-    if not length:
-        state.window = policy.paused(state.window, generated)
-    return length
-
-
 def replay(prompt: list[int], answer: list[int], make, cut: bool = True) -> float:
     """Tokens per step's time when ``answer`` is decoded drafting with
     ``make(prompt)``, as ``runner.speculative`` drafts (lookup only): its
-    pricing (``priced_length``, ``cheapest_length``; ``cut`` False: the
-    previous pricing) and its policy."""
+    pricing (``priced_length``, then ``cut_draft``; ``cut`` False: the
+    previous pricing, uncut) and its policy."""
     costs, state = ModelledCosts(), Drafting(make(prompt), 4)
     lookup = state.index
     done, time, seen = [answer[0]], 0.0, 0  # the prompt's step gave the first token
@@ -168,17 +157,13 @@ def replay(prompt: list[int], answer: list[int], make, cut: bool = True) -> floa
                         state.window = policy.resumed(state.window)
             if not drafting and settled:
                 size = policy.draft_size(state.length, budget, policy.MAX_LENGTH)
-                priced = cheapest_length(costs, size) if size and cut else size
-                state.shadow_cut = priced if priced < size else 0
-                state.shadow_draft, state.shadow_at = lookup.propose(priced), len(done)
+                size, state.shadow_cut = cut_draft(costs, size, state.length, cut, False)
+                state.shadow_draft, state.shadow_at = lookup.propose(size), len(done)
         size = policy.draft_size(state.length, budget, 64) if drafting else 0
         cap = policy.draft_size(policy.MAX_LENGTH, budget, 64)
-        if cut:
-            priced = priced_length(costs, state, size, cap, len(done))
-        else:
-            priced = uncut_length(state, size, cap, len(done))
-        state.cut = priced if priced < size else 0
-        draft = lookup.propose(priced)  # every step, as speculative.add_draft
+        priced = priced_length(costs, state, size, cap, len(done))
+        size, state.cut = cut_draft(costs, priced, state.length, cut)  # one sequence: alone
+        draft = lookup.propose(size)  # every step, as speculative.add_draft
         k = len(draft)
         matched = common_prefix(draft, answer[len(done) :])
         time += 1 + k * cost(k)
@@ -232,7 +217,7 @@ def main(saved: Path | None) -> int:
         if saved is not None:
             saved.write_text(json.dumps(answers))
     print("tokens per step's time, drafting by prompt lookup (1.0: no gain)")
-    print("uncut: the previous pricing; cut: step_costs.cheapest_length")
+    print("uncut: the previous pricing; cut: step_costs.cut_draft")
     columns = {
         "latest n-gram": lambda p, a: replay(p, a, LatestNgram, cut=False),
         "lookup, uncut": lambda p, a: replay(p, a, PromptLookup, cut=False),

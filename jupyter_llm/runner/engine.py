@@ -439,8 +439,9 @@ class Engine:
         room = max(0, min(self.n_batch, self.n_ctx - used) - len(generating))
         outputs: list[tuple[Sequence, int]] = []  # sequences sampled after this decode
         fed: list[tuple[Sequence, int]] = []  # prompt chunks: their sequence and length
-        drafting_ns = prepare_drafts(self, generating, room)  # a draft model's, all at once
-        n = self._fill_batch(generating, prompting, room, outputs, fed)
+        alone = len(generating) == 1 and not prompting  # a step of one sequence's rows
+        drafting_ns = prepare_drafts(self, generating, room, alone)  # a draft model's, at once
+        n = self._fill_batch(generating, prompting, room, outputs, fed, alone)
         if n == 0:
             if not fed_image:
                 self._context_full(prompting)
@@ -538,11 +539,13 @@ class Engine:
         room: int,
         outputs: list[tuple[Sequence, int]],
         fed: list[tuple[Sequence, int]],
+        alone: bool,
     ) -> int:
         """Fill the batch: the next token of each generating sequence, then
         the oldest prompts' chunks (each up to its next image) within
         ``room``. The positions to sample go to ``outputs``, the chunks to
-        ``fed``. Returns the tokens in the batch."""
+        ``fed``. Returns the tokens in the batch. ``alone``: one generating
+        sequence and no prompt, so its draft's rows are the step's."""
         b = self.batch
         n = 0
         for seq in generating:
@@ -555,7 +558,7 @@ class Engine:
             )
             b.seq_id[n][0] = seq.slot
             outputs.append((seq, n))
-            k = add_draft(self, seq, n + 1, room)  # then its draft (runner.speculative)
+            k = add_draft(self, seq, n + 1, room, alone)  # then its draft (runner.speculative)
             n, room = n + 1 + k, room - k
         for seq in prompting:
             if room <= 0:

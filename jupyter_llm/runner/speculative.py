@@ -49,7 +49,7 @@ from jupyter_llm.runner.draft_policy import (
 )
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import EngineError
-from jupyter_llm.runner.step_costs import cheapest_length, priced_length
+from jupyter_llm.runner.step_costs import cut_draft, priced_length
 
 if TYPE_CHECKING:
     from jupyter_llm.runner.engine import Engine
@@ -69,7 +69,7 @@ class Drafting:
     shadow: Shadow = field(default_factory=Shadow)  # while paused (prompt lookup only)
     shadow_draft: list[int] = field(default_factory=list)  # made, not decoded, not judged yet
     shadow_at: int = 0  # generated tokens when it was made: it guesses the ones after
-    cut: int = 0  # the draft in the batch, cut by its cost below ``length`` (next_length)
+    cut: int = 0  # the draft in the batch was cut to this by its cost (next_length)
     shadow_cut: int = 0  # the same, for the shadow draft
     drafted: int = 0
     accepted: int = 0
@@ -84,18 +84,19 @@ def drafting_of(engine: Engine, seq: Sequence, wanted: int) -> Drafting:
     return seq.drafting
 
 
-def add_draft(engine: Engine, seq: Sequence, n: int, room: int) -> int:
+def add_draft(engine: Engine, seq: Sequence, n: int, room: int, alone: bool) -> int:
     """Put ``seq``'s draft into the engine's batch from index ``n`` (after
     its ``next_token``), in at most ``room`` cells; returns how many went in.
     The draft is prompt lookup's, or the draft model's, sized and priced
-    already (``prepare_drafts``: only cut to the room left here)."""
+    already (``prepare_drafts``: only cut to the room left here). ``alone``:
+    its rows are the step's (``step_costs.cut_draft``)."""
     if engine.drafter is not None:
         state = seq.drafting
         if state is None:
             return 0
         state.draft, state.proposed = state.proposed[: max(0, room)], []
     else:
-        size = _draft_length(engine, seq, room)
+        size = _draft_length(engine, seq, room, alone)
         state = seq.drafting
         if state is None or state.index is None:
             return 0
@@ -108,7 +109,7 @@ def add_draft(engine: Engine, seq: Sequence, n: int, room: int) -> int:
     return len(state.draft)
 
 
-def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
+def _draft_length(engine: Engine, seq: Sequence, room: int, alone: bool) -> int:
     """How many tokens ``seq`` drafts this step within ``room`` (0: none)."""
     wanted = int(seq.opts.get("draft_num_predict") or 0)
     if wanted <= 0 or not can_draft(engine.model.llama_model):
@@ -122,15 +123,15 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
     budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
     shadowed = state.index is not None  # lookups are free: a pause drafts in the shadow
     if not may_draft(state.window, len(seq.generated), shadowed):
-        if not (shadowed and shadow_step(engine, seq, state, budget)):
+        if not (shadowed and shadow_step(engine, seq, state, budget, alone)):
             return 0
     size, cap = draft_size(state.length, budget, room), draft_size(MAX_LENGTH, budget, room)
     priced = priced_length(engine.step_costs, state, size, cap, len(seq.generated))  # step_costs
-    state.cut = priced if priced < size else 0
-    return priced
+    size, state.cut = cut_draft(engine.step_costs, priced, state.length, alone)
+    return size
 
 
-def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int) -> bool:
+def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int, alone: bool) -> bool:
     """A paused sequence's shadow drafting (``draft_policy.after_shadow``):
     judge its last shadow draft once the tokens since settle it (one that
     differs, or all of them seen), resume drafting if the shadow window
@@ -148,15 +149,14 @@ def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int) -> 
         if resume:
             state.window = resumed(state.window)
             return True
-    size = draft_size(state.length, budget, MAX_LENGTH)
-    priced = cheapest_length(engine.step_costs, size) if size else 0  # as a real draft would be
-    state.shadow_cut = priced if priced < size else 0
-    state.shadow_draft = state.index.propose(priced)
+    size = draft_size(state.length, budget, MAX_LENGTH)  # cut as a real draft would be
+    size, state.shadow_cut = cut_draft(engine.step_costs, size, state.length, alone, False)
+    state.shadow_draft = state.index.propose(size)
     state.shadow_at = len(seq.generated)
     return False
 
 
-def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int:
+def prepare_drafts(engine: Engine, generating: list[Sequence], room: int, alone: bool) -> int:
     """With a draft model, draft for every generating sequence at once (one
     draft decode per position for all of them) before the batch is filled,
     within the ``room`` the batch will have, taken in the same order. Returns
@@ -167,7 +167,7 @@ def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int
     t0 = time.perf_counter_ns()
     wants = []
     for seq in generating:
-        size = _draft_length(engine, seq, room)
+        size = _draft_length(engine, seq, room, alone)
         room -= size
         if size:
             wants.append((seq, size))

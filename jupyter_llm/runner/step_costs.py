@@ -8,8 +8,8 @@ even when it is accepted whole, and prompt lookup on free text made a single
 greedy stream about 20 % slower than without drafts; a tiny model's row costs
 a fraction of a step instead. Nor is the cost smooth in the draft's length:
 the CPU's matrix kernels take rows in tiles (``benchmarks/verify_rows.py``
-there: a drafted token costs 0.84 of a step alone, 0.50 at 3 drafted
-tokens, 0.65 at 4, 0.37 at 7; a step of 8 rows takes less time than one of
+there: a drafted token costs 0.90 of a step alone, 0.49 at 3 drafted
+tokens, 0.72 at 4, 0.40 at 7; a step of 8 rows takes less time than one of
 5). So no fixed rate fits, and the engine measures: every step of generating
 sequences alone (no prompt chunk; its decode, the sampling of every
 position it verified, 0.4 ms each on Gemma's vocabulary, and a draft model's
@@ -22,7 +22,7 @@ preempted moves nothing.
 ``runner.draft_policy`` turns the cost into decisions (a window of drafts
 must win back its cost; a length that cannot pay even when accepted whole
 gives way to a longer one that may, or drafting pauses for a growing while),
-and ``cheapest_length`` cuts a draft to the cheapest length near it.
+and ``cut_draft`` cuts a draft to the cheapest length near it.
 Runs in the runner process only.
 """
 
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 SAMPLES = 9  # the last steps each median is taken over
 MIN_SAMPLES = 3  # draft steps measured before their cost is trusted
+CUT_MARGIN = 1.05  # how much more a shorter draft must make per step's time to be cut to
 
 
 class StepCosts:
@@ -93,35 +94,61 @@ def priced_length(costs: StepCosts, state: Drafting, size: int, cap: int, genera
     draft can cost less per token than a 2-token one. Where none may, 0, and
     drafting pauses like after a window rejected too often
     (``draft_policy.paused``). The first draft after a pause always goes in,
-    so the cost is measured again; a length not measured yet may go in.
-    The length found is then cut to the cheapest near it (``cheapest_length``)."""
-    if not size:
+    so the cost is measured again; a length not measured yet may go in."""
+    if not size or state.window.drafted == 0:
         return size
-    if state.window.drafted == 0:
-        return cheapest_length(costs, size)
     for length in range(size, max(size, cap) + 1):
         if worth_drafting(costs.cost(length)):
-            return cheapest_length(costs, length)
+            return length
     state.window = paused(state.window, generated)
     return 0
 
 
-def cheapest_length(costs: StepCosts, size: int) -> int:
+def cut_draft(
+    costs: StepCosts, priced: int, length: int, alone: bool, explore: bool = True
+) -> tuple[int, int]:
+    """The draft's length once cut to the cheapest near it
+    (``cheapest_length``), and the cut for ``draft_policy.next_length`` (0:
+    none). Only where the sequence's rows are the step's (``alone``: one
+    sequence generating, no prompt chunk): the costs are keyed by the step's
+    drafted tokens, so in a shared step another count's tiles decide. A
+    draft the limits had kept below the adaptive ``length`` already is cut
+    but not remembered as cut (accepted whole, it does not double the
+    length). ``explore``: whether a length not measured yet may be tried
+    (not for a shadow draft, which is never decoded so never measured)."""
+    if not alone or not priced:
+        return priced, 0
+    cut = cheapest_length(costs, priced, explore)
+    return cut, cut if cut < priced and priced >= length else 0
+
+
+def cheapest_length(costs: StepCosts, size: int, explore: bool = True) -> int:
     """The draft length from half of ``size`` up to ``size`` that makes the
     most tokens per step's time were every drafted token accepted,
-    ``(1 + k) / (1 + k * cost(k))``. A step's rows are not priced evenly:
-    the CPU's matrix kernels work on tiles of rows (measured on Gemma, 2
-    cores: a step of 8 rows took 53 ms and one of 5 rows 62 ms, so a drafted
-    token cost 0.31 of a step at 7 drafted and 0.68 at 4), so a draft one
-    token shorter can make more tokens in less time. Never longer than
-    ``size``: the adaptive length is what the lookup is trusted with. A
-    length not measured yet is tried first (the longest such), so that it
-    gets measured; one that cannot pay (``worth_drafting``) is not chosen."""
-    best, best_rate = size, 0.0
-    for k in range(size, (size + 1) // 2 - 1, -1):
+    ``(1 + k) / (1 + k * cost(k))``, where it beats ``size`` itself by
+    ``CUT_MARGIN`` (costs are medians of noisy steps). A step's rows are not
+    priced evenly: the CPU's matrix kernels take rows in tiles (measured on
+    Gemma, 2 cores, ``benchmarks/verify_rows.py``: a drafted token cost 0.40
+    of a step at 7 drafted and 0.72 at 4, a step of 8 rows less than one of
+    5), so a draft one token shorter can make more tokens in less time.
+    Never longer than ``size``: the adaptive length is what the lookup is
+    trusted with. With ``explore``, a length not measured yet is tried
+    first (the longest such), so that it gets measured; otherwise it is
+    passed over. One that cannot pay (``worth_drafting``) is not chosen."""
+
+    def rate(k: int, cost: float) -> float:
+        return (1 + k) / (1 + k * cost)
+
+    asked = costs.cost(size)
+    if asked is None:
+        return size
+    best, best_rate = size, rate(size, asked) * CUT_MARGIN
+    for k in range(size - 1, (size + 1) // 2 - 1, -1):
         cost = costs.cost(k)
         if cost is None:
-            return k
-        if worth_drafting(cost) and (1 + k) / (1 + k * cost) > best_rate:
-            best, best_rate = k, (1 + k) / (1 + k * cost)
+            if explore:
+                return k
+            continue
+        if worth_drafting(cost) and rate(k, cost) > best_rate:
+            best, best_rate = k, rate(k, cost)
     return best

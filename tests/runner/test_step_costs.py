@@ -18,6 +18,7 @@ from jupyter_llm.runner.step_costs import (
     SAMPLES,
     StepCosts,
     cheapest_length,
+    cut_draft,
     priced_length,
 )
 
@@ -181,7 +182,7 @@ def tiled_costs(rows=ROW_MS) -> StepCosts:
         (2, 2),
         (3, 3),
         (4, 3),  # 5 rows cost more than 4 rows and one more token: 4 rows
-        (5, 3),
+        (5, 5),  # 3 makes 1.60 per step's time against 5's 1.54: within the margin
         (6, 6),  # 7 rows: 0.55 a token against 3's 0.50, and makes more
         (8, 7),  # 8 rows take less time than 5
         (12, 11),
@@ -225,11 +226,40 @@ def test_even_costs_keep_the_length():
         assert [cheapest_length(costs, n) for n in range(1, 17)] == list(range(1, 17))
 
 
-def test_the_priced_length_is_cut_too():
-    state = drafting(Window(3, 3))
-    assert priced_length(tiled_costs(), state, 4, 16, 50) == 3
-    assert priced_length(tiled_costs(), drafting(Window()), 8, 16, 50) == 7  # first draft too
-    assert state.window == Window(3, 3)
+@pytest.mark.parametrize(
+    ("priced", "length", "alone", "after"),
+    [
+        (4, 4, True, (3, 3)),  # cut, and remembered: accepted whole, it doubles
+        (16, 16, True, (15, 15)),
+        (8, 4, True, (7, 7)),  # priced longer than the length (a costly length)
+        (4, 8, True, (3, 0)),  # the limits kept it below the length: cut, not remembered
+        (3, 4, True, (3, 0)),  # nothing to cut
+        (4, 4, False, (4, 0)),  # other sequences' rows in the step: as priced
+        (0, 4, True, (0, 0)),
+    ],
+)
+def test_cut_draft(priced, length, alone, after):
+    assert cut_draft(tiled_costs(), priced, length, alone) == after
+
+
+def test_a_shadow_draft_does_not_explore():
+    """A shadow draft is never decoded, so a length not measured yet would
+    stay so: it is passed over, not tried."""
+    costs = StepCosts(1, 32)
+    for _ in range(MIN_SAMPLES):
+        for n in (1, 3, 5):  # 2 and 4 drafted measured, 3 not
+            costs.observe(1, n, int(ROW_MS[n] * MS))
+    assert cut_draft(costs, 4, 4, True) == (3, 3)  # a real draft tries 3
+    assert cut_draft(costs, 4, 4, True, False) == (4, 0)  # 2 is no better than 4
+
+
+def test_a_shorter_draft_must_make_clearly_more():
+    """Costs are medians of noisy steps: a length that makes barely more
+    per step's time than the one asked for is not cut to."""
+    rows = {1: 10.0, 3: 22.0, 4: 10.0 + 3 * 3.16, 5: 10.0 + 4 * 3.75}  # 3 drafted: 2.05, 4: 2.00
+    assert cheapest_length(tiled_costs(rows), 4) == 4
+    rows = {1: 10.0, 3: 22.0, 4: 10.0 + 3 * 2.5, 5: 10.0 + 4 * 3.75}  # 3: 2.29; 4: 2.00
+    assert cheapest_length(tiled_costs(rows), 4) == 3
 
 
 # -- in the engine --------------------------------------------------------------------------
@@ -256,6 +286,17 @@ def test_drafts_that_cannot_pay_stop_and_the_output_is_the_same(engine):
     assert priced.done.draft_tokens < free.done.draft_tokens // 2
 
 
+class FixedCosts(StepCosts):
+    """Costs that the engine's own step times do not move."""
+
+    def __init__(self, measured: StepCosts) -> None:
+        super().__init__(1, 32)
+        self.table = {k: measured.cost(k) for k in range(1, 17)}
+
+    def cost(self, drafted: int) -> float | None:
+        return self.table.get(drafted)
+
+
 def test_drafts_cut_to_cheap_row_counts_still_grow(engine, monkeypatch):
     """Given costs that make 4, 8 and 16 rows the cheap steps, a stream that
     quotes itself drafts 3 and 7 tokens, not 4 and 8 (and never 16, where
@@ -276,7 +317,7 @@ def test_drafts_cut_to_cheap_row_counts_still_grow(engine, monkeypatch):
         lengths.append(seq.drafting.length)
 
     monkeypatch.setattr(speculative, "settle", counted)
-    kept, engine.step_costs = engine.step_costs, tiled_costs()
+    kept, engine.step_costs = engine.step_costs, FixedCosts(tiled_costs())
     try:
         cut = EngineRun(engine, prompt, **options)
         while not cut.ended:
