@@ -263,22 +263,26 @@ def test_a_shorter_draft_must_make_clearly_more():
 
 
 # -- in the engine --------------------------------------------------------------------------
+def run_priced(engine, prompt: str, options: dict, costs: StepCosts) -> EngineRun:
+    """One request run to its end on ``engine`` with ``costs`` for its drafts."""
+    kept, engine.step_costs = engine.step_costs, costs
+    try:
+        run = EngineRun(engine, prompt, **options)
+        while not run.ended:
+            engine.step()
+    finally:
+        engine.step_costs = kept
+    return run
+
+
 def test_drafts_that_cannot_pay_stop_and_the_output_is_the_same(engine):
     """Given a drafted token costing a whole step, a stream that quotes
     itself drafts only a probe now and then; greedy output is unchanged."""
     prompt = "hello world hello world hello world hello"
     options = {"num_predict": 80, "draft_num_predict": 4}
-    free = EngineRun(engine, prompt, **options)
-    while not free.ended:
-        engine.step()
-    kept = engine.step_costs
-    engine.step_costs = StepCosts(engine.n_seq, engine.n_batch, pinned=1.0)
-    try:
-        priced = EngineRun(engine, prompt, **options)
-        while not priced.ended:
-            engine.step()
-    finally:
-        engine.step_costs = kept
+    free = run_priced(engine, prompt, options, engine.step_costs)
+    whole_step = StepCosts(engine.n_seq, engine.n_batch, pinned=1.0)
+    priced = run_priced(engine, prompt, options, whole_step)
     assert priced.tokens == free.tokens
     assert free.done.draft_tokens > 40
     # a probe at the start and after each pause (32, then 64 tokens): three at most
@@ -304,9 +308,7 @@ def test_drafts_cut_to_cheap_row_counts_still_grow(engine, monkeypatch):
     length, up to the bound. Greedy output is unchanged."""
     prompt = "hello world hello world hello world hello"
     options = {"num_predict": 80, "draft_num_predict": 4}
-    plain = EngineRun(engine, prompt, **options)
-    while not plain.ended:
-        engine.step()
+    plain = run_priced(engine, prompt, options, engine.step_costs)
     drafted: list[int] = []
     lengths: list[int] = []
     settle = speculative.settle
@@ -317,13 +319,7 @@ def test_drafts_cut_to_cheap_row_counts_still_grow(engine, monkeypatch):
         lengths.append(seq.drafting.length)
 
     monkeypatch.setattr(speculative, "settle", counted)
-    kept, engine.step_costs = engine.step_costs, FixedCosts(tiled_costs())
-    try:
-        cut = EngineRun(engine, prompt, **options)
-        while not cut.ended:
-            engine.step()
-    finally:
-        engine.step_costs = kept
+    cut = run_priced(engine, prompt, options, FixedCosts(tiled_costs()))
     assert cut.tokens == plain.tokens
     assert drafted[:2] == [3, 7], drafted
     assert max(lengths) == policy.MAX_LENGTH
