@@ -42,7 +42,7 @@ from jupyter_llm.runner.context_window import common_prefix
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import Complete
 from jupyter_llm.runner.speculative import Drafting
-from jupyter_llm.runner.step_costs import StepCosts, cut_draft, priced_length
+from jupyter_llm.runner.step_costs import StepCosts, cut_draft, cut_short, priced_length
 from jupyter_llm.runner_client.launch import INVARIANT_ENV, LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
 
@@ -133,8 +133,8 @@ class ModelledCosts(StepCosts):
 def replay(prompt: list[int], answer: list[int], make, cut: bool = True) -> float:
     """Tokens per step's time when ``answer`` is decoded drafting with
     ``make(prompt)``, as ``runner.speculative`` drafts (lookup only): its
-    pricing (``priced_length``, then ``cut_draft``; ``cut`` False: the
-    previous pricing, uncut) and its policy."""
+    pricing (``priced_length``, then ``cut_draft`` and ``cut_short``;
+    ``cut`` False: the previous pricing, uncut) and its policy."""
     costs, state = ModelledCosts(), Drafting(make(prompt), 4)
     lookup = state.index
     done, time, seen = [answer[0]], 0.0, 0  # the prompt's step gave the first token
@@ -158,12 +158,13 @@ def replay(prompt: list[int], answer: list[int], make, cut: bool = True) -> floa
             if not drafting and settled:
                 size = policy.draft_size(state.length, budget, policy.MAX_LENGTH)
                 size, state.shadow_cut = cut_draft(costs, size, state.length, cut, False)
-                state.shadow_draft, state.shadow_at = lookup.propose(size), len(done)
+                shadow = cut_short(costs, lookup.propose(size), size, cut, False)
+                state.shadow_draft, state.shadow_at = shadow, len(done)
         size = policy.draft_size(state.length, budget, 64) if drafting else 0
         cap = policy.draft_size(policy.MAX_LENGTH, budget, 64)
         priced = priced_length(costs, state, size, cap, len(done))
         size, state.cut = cut_draft(costs, priced, state.length, cut)  # one sequence: alone
-        draft = lookup.propose(size)  # every step, as speculative.add_draft
+        draft = cut_short(costs, lookup.propose(size), size, cut)  # as speculative.add_draft
         k = len(draft)
         matched = common_prefix(draft, answer[len(done) :])
         time += 1 + k * cost(k)

@@ -49,7 +49,7 @@ from jupyter_llm.runner.draft_policy import (
 )
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import EngineError
-from jupyter_llm.runner.step_costs import cut_draft, priced_length
+from jupyter_llm.runner.step_costs import cut_draft, cut_short, priced_length
 
 if TYPE_CHECKING:
     from jupyter_llm.runner.engine import Engine
@@ -100,7 +100,7 @@ def add_draft(engine: Engine, seq: Sequence, n: int, room: int, alone: bool) -> 
         state = seq.drafting
         if state is None or state.index is None:
             return 0
-        state.draft = state.index.propose(size)
+        state.draft = cut_short(engine.step_costs, state.index.propose(size), size, alone)
     batch, pos = engine.batch, len(engine.slots[seq.slot].cached) + 1
     for i, token in enumerate(state.draft):
         k = n + i
@@ -151,7 +151,7 @@ def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int, alo
             return True
     size = draft_size(state.length, budget, MAX_LENGTH)  # cut as a real draft would be
     size, state.shadow_cut = cut_draft(engine.step_costs, size, state.length, alone, False)
-    state.shadow_draft = state.index.propose(size)
+    state.shadow_draft = cut_short(engine.step_costs, state.index.propose(size), size, alone, False)
     state.shadow_at = len(seq.generated)
     return False
 

@@ -122,6 +122,19 @@ def cut_draft(
     return cut, cut if cut < priced and priced >= length else 0
 
 
+def cut_short(
+    costs: StepCosts, draft: list[int], asked: int, alone: bool, explore: bool = True
+) -> list[int]:
+    """A draft the lookup could not fill (fewer tokens than ``asked``: its
+    copy reached the end of the text, as in a short loop) cut the same way,
+    to the cheapest length near what it has (``cut_draft``'s ``alone`` and
+    ``explore``). Not remembered as cut: a lookup that ran short says
+    nothing about longer drafts (``draft_policy.next_length``)."""
+    if not alone or not 0 < len(draft) < asked:
+        return draft
+    return draft[: cheapest_length(costs, len(draft), explore)]
+
+
 def cheapest_length(costs: StepCosts, size: int, explore: bool = True) -> int:
     """The draft length from half of ``size`` up to ``size`` that makes the
     most tokens per step's time were every drafted token accepted,
