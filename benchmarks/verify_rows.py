@@ -27,7 +27,7 @@ import tempfile
 import time
 
 import llama_cpp
-from batch_invariance import model_path  # beside this file
+from batch_invariance import decode_ctx, model_path  # beside this file
 
 from jupyter_llm.runner.cpu_threads import default_threads
 from jupyter_llm.runner.draft_policy import MAX_LENGTH
@@ -64,13 +64,8 @@ def measure(gemma: bool, rounds: int, invariant: bool) -> None:
         )
         engine = Engine(params)
         try:
-            batch = engine.batch
-            for k in range(CONTEXT):  # the context, in one chunk, no logits
-                batch.token[k], batch.pos[k], batch.n_seq_id[k] = (k * 7919) % 20000 + 100, k, 1
-                batch.seq_id[k][0], batch.logits[k] = 0, k == CONTEXT - 1
-            batch.n_tokens = CONTEXT
-            if llama_cpp.llama_decode(engine.ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed")
+            context = [(k * 7919) % 20000 + 100 for k in range(CONTEXT)]
+            decode_ctx(engine.ctx, engine.vocab, context, 0, every=False)  # in one chunk
             sizes = range(1, MAX_LENGTH + 2)
             times: dict[int, list[float]] = {rows: [] for rows in sizes}
             step_ms(engine, 1)  # warm

@@ -167,8 +167,8 @@ def next_length(length: int, drafted: int, accepted: int, cut: int = 0) -> int:
     halved (at least 1) when a token was rejected, else unchanged (a draft
     cut short by the lookup or the limits says nothing about longer ones).
     ``cut``: the length the step's costs cut the draft to, below ``length``
-    (``step_costs.cheapest_length``; 0: not cut); such a draft, made whole
-    and accepted whole, counts as full length."""
+    (``step_costs.cut_draft``; 0: not cut); such a draft, made whole and
+    accepted whole, counts as full length."""
     if accepted < drafted:
         return max(1, length // 2)
     if drafted >= length or 0 < cut <= drafted:
