@@ -126,8 +126,8 @@ class ModelledCosts(StepCosts):
     def __init__(self) -> None:
         super().__init__(1, 1 + policy.MAX_LENGTH)
 
-    def cost(self, drafted: int) -> float | None:
-        return cost(drafted)
+    def cost(self, drafted: int, sequences: int = 1) -> float | None:
+        return cost(drafted)  # one sequence
 
 
 def replay(prompt: list[int], answer: list[int], make, cut: bool = True) -> float:

@@ -61,7 +61,7 @@ from jupyter_llm.runner.protocol import Done, EngineError, InputError, LoadParam
 from jupyter_llm.runner.sequence import Job, Sequence, make_sampler
 from jupyter_llm.runner.slot import Slot
 from jupyter_llm.runner.speculative import add_draft, next_tokens, prepare_drafts
-from jupyter_llm.runner.step_costs import StepCosts
+from jupyter_llm.runner.step_costs import StepCosts, StepShape
 from jupyter_llm.runner.thread_tuning import CpuWatch, ThreadTuner
 from jupyter_llm.runner.vision import ImagePrompt, split_plain
 
@@ -146,6 +146,7 @@ class Engine:
         self.beat: Callable[[], None] = lambda: None  # progress between decode steps
         self.drafter = open_draft(self, params)  # a draft model (runner.draft_model), or None
         self.step_costs = StepCosts(self.n_seq, self.n_batch)  # what a drafted token costs here
+        self.shape = StepShape()  # the step being filled and sampled (runner.step_costs)
         self.threads = thread_tuner(params)  # fewer threads while others hold cores, or None
         if params.projector:
             try:  # on the GPU where the model's layers are
@@ -439,9 +440,9 @@ class Engine:
         room = max(0, min(self.n_batch, self.n_ctx - used) - len(generating))
         outputs: list[tuple[Sequence, int]] = []  # sequences sampled after this decode
         fed: list[tuple[Sequence, int]] = []  # prompt chunks: their sequence and length
-        alone = len(generating) == 1 and not prompting  # a step of one sequence's rows
-        drafting_ns = prepare_drafts(self, generating, room, alone)  # a draft model's, at once
-        n = self._fill_batch(generating, prompting, room, outputs, fed, alone)
+        self.shape = StepShape(len(generating), bool(prompting))  # what drafts are priced by
+        drafting_ns = prepare_drafts(self, generating, room, self.shape)  # a draft model's
+        n = self._fill_batch(generating, prompting, room, outputs, fed, self.shape)
         if n == 0:
             if not fed_image:
                 self._context_full(prompting)
@@ -539,13 +540,13 @@ class Engine:
         room: int,
         outputs: list[tuple[Sequence, int]],
         fed: list[tuple[Sequence, int]],
-        alone: bool,
+        shape: StepShape,
     ) -> int:
         """Fill the batch: the next token of each generating sequence, then
         the oldest prompts' chunks (each up to its next image) within
         ``room``. The positions to sample go to ``outputs``, the chunks to
-        ``fed``. Returns the tokens in the batch. ``alone``: one generating
-        sequence and no prompt, so its draft's rows are the step's."""
+        ``fed``. Returns the tokens in the batch. ``shape``: the step's
+        sequences, and where the drafts' count goes (``runner.step_costs``)."""
         b = self.batch
         n = 0
         for seq in generating:
@@ -558,8 +559,8 @@ class Engine:
             )
             b.seq_id[n][0] = seq.slot
             outputs.append((seq, n))
-            k = add_draft(self, seq, n + 1, room, alone)  # then its draft (runner.speculative)
-            n, room = n + 1 + k, room - k
+            k = add_draft(self, seq, n + 1, room, shape)  # then its draft (runner.speculative)
+            n, room, shape.drafted = n + 1 + k, room - k, shape.drafted + k
         for seq in prompting:
             if room <= 0:
                 break

@@ -49,7 +49,7 @@ from jupyter_llm.runner.draft_policy import (
 )
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import EngineError
-from jupyter_llm.runner.step_costs import cut_draft, cut_short, priced_length
+from jupyter_llm.runner.step_costs import StepShape, cut_draft, cut_short, priced_length
 
 if TYPE_CHECKING:
     from jupyter_llm.runner.engine import Engine
@@ -84,23 +84,23 @@ def drafting_of(engine: Engine, seq: Sequence, wanted: int) -> Drafting:
     return seq.drafting
 
 
-def add_draft(engine: Engine, seq: Sequence, n: int, room: int, alone: bool) -> int:
+def add_draft(engine: Engine, seq: Sequence, n: int, room: int, shape: StepShape) -> int:
     """Put ``seq``'s draft into the engine's batch from index ``n`` (after
     its ``next_token``), in at most ``room`` cells; returns how many went in.
     The draft is prompt lookup's, or the draft model's, sized and priced
-    already (``prepare_drafts``: only cut to the room left here). ``alone``:
-    its rows are the step's (``step_costs.cut_draft``)."""
+    already (``prepare_drafts``: only cut to the room left here). ``shape``:
+    what else the step holds (``step_costs``)."""
     if engine.drafter is not None:
         state = seq.drafting
         if state is None:
             return 0
         state.draft, state.proposed = state.proposed[: max(0, room)], []
     else:
-        size = _draft_length(engine, seq, room, alone)
+        size = _draft_length(engine, seq, room, shape)
         state = seq.drafting
         if state is None or state.index is None:
             return 0
-        state.draft = cut_short(engine.step_costs, state.index.propose(size), size, alone)
+        state.draft = cut_short(engine.step_costs, state.index.propose(size), size, shape.alone)
     batch, pos = engine.batch, len(engine.slots[seq.slot].cached) + 1
     for i, token in enumerate(state.draft):
         k = n + i
@@ -109,7 +109,7 @@ def add_draft(engine: Engine, seq: Sequence, n: int, room: int, alone: bool) -> 
     return len(state.draft)
 
 
-def _draft_length(engine: Engine, seq: Sequence, room: int, alone: bool) -> int:
+def _draft_length(engine: Engine, seq: Sequence, room: int, shape: StepShape) -> int:
     """How many tokens ``seq`` drafts this step within ``room`` (0: none)."""
     wanted = int(seq.opts.get("draft_num_predict") or 0)
     if wanted <= 0 or not can_draft(engine.model.llama_model):
@@ -123,15 +123,18 @@ def _draft_length(engine: Engine, seq: Sequence, room: int, alone: bool) -> int:
     budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
     shadowed = state.index is not None  # lookups are free: a pause drafts in the shadow
     if not may_draft(state.window, len(seq.generated), shadowed):
-        if not (shadowed and shadow_step(engine, seq, state, budget, alone)):
+        if not (shadowed and shadow_step(engine, seq, state, budget, shape)):
             return 0
     size, cap = draft_size(state.length, budget, room), draft_size(MAX_LENGTH, budget, room)
-    priced = priced_length(engine.step_costs, state, size, cap, len(seq.generated))  # step_costs
-    size, state.cut = cut_draft(engine.step_costs, priced, state.length, alone)
+    costs, generated = engine.step_costs, len(seq.generated)
+    priced = priced_length(costs, state, size, cap, generated, shape.sequences)
+    size, state.cut = cut_draft(costs, priced, state.length, shape.alone)
     return size
 
 
-def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int, alone: bool) -> bool:
+def shadow_step(
+    engine: Engine, seq: Sequence, state: Drafting, budget: int, shape: StepShape
+) -> bool:
     """A paused sequence's shadow drafting (``draft_policy.after_shadow``):
     judge its last shadow draft once the tokens since settle it (one that
     differs, or all of them seen), resume drafting if the shadow window
@@ -142,7 +145,7 @@ def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int, alo
         matched = common_prefix(draft, seen)
         if matched == len(seen) < len(draft):
             return False  # every token so far as guessed: not settled yet
-        cost = engine.step_costs.cost(len(draft))
+        cost = engine.step_costs.cost(len(draft), shape.sequences)  # as if it went in now
         state.shadow, resume = after_shadow(state.shadow, len(draft), matched, cost)
         state.length = next_length(state.length, len(draft), matched, state.shadow_cut)
         state.shadow_draft = []
@@ -150,13 +153,14 @@ def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int, alo
             state.window = resumed(state.window)
             return True
     size = draft_size(state.length, budget, MAX_LENGTH)  # cut as a real draft would be
-    size, state.shadow_cut = cut_draft(engine.step_costs, size, state.length, alone, False)
-    state.shadow_draft = cut_short(engine.step_costs, state.index.propose(size), size, alone, False)
+    costs, alone = engine.step_costs, shape.alone
+    size, state.shadow_cut = cut_draft(costs, size, state.length, alone, False)
+    state.shadow_draft = cut_short(costs, state.index.propose(size), size, alone, False)
     state.shadow_at = len(seq.generated)
     return False
 
 
-def prepare_drafts(engine: Engine, generating: list[Sequence], room: int, alone: bool) -> int:
+def prepare_drafts(engine: Engine, generating: list[Sequence], room: int, shape: StepShape) -> int:
     """With a draft model, draft for every generating sequence at once (one
     draft decode per position for all of them) before the batch is filled,
     within the ``room`` the batch will have, taken in the same order. Returns
@@ -167,7 +171,7 @@ def prepare_drafts(engine: Engine, generating: list[Sequence], room: int, alone:
     t0 = time.perf_counter_ns()
     wants = []
     for seq in generating:
-        size = _draft_length(engine, seq, room, alone)
+        size = _draft_length(engine, seq, room, shape)
         room -= size
         if size:
             wants.append((seq, size))
@@ -217,13 +221,16 @@ def next_tokens(engine: Engine, seq: Sequence, index: int) -> None:
 
 
 def settle(engine: Engine, seq: Sequence, drafted: int, matched: int) -> None:
-    """Count the verified draft and drop the cells of its rejected tokens."""
+    """Count the verified draft and drop the cells of its rejected tokens.
+    Its tokens are priced as every drafted token of the step
+    (``step_costs.StepCosts.cost``: all the step's drafts over its sequences)."""
     state = seq.drafting
     assert state is not None
     state.draft = []
     state.drafted += drafted
     state.accepted += matched
-    cost = engine.step_costs.cost(drafted)
+    shape = engine.shape
+    cost = engine.step_costs.cost(max(drafted, shape.drafted), shape.sequences)
     state.window = after_draft(state.window, drafted, matched, len(seq.generated), cost)
     state.length = next_length(state.length, drafted, matched, state.cut)
     slot = engine.slots[seq.slot]

@@ -13,11 +13,14 @@ tokens, 0.72 at 4, 0.40 at 7; a step of 8 rows takes less time than one of
 5). So no fixed rate fits, and the engine measures: every step of generating
 sequences alone (no prompt chunk; its decode, the sampling of every
 position it verified, 0.4 ms each on Gemma's vocabulary, and a draft model's
-own decodes for it) is a sample, a step without
-drafts of the base time for its number of sequences, a step with ``k``
-drafted tokens of the extra time per drafted token as a fraction of that
-base (``cost(k)``). Medians of the last samples, so a step that the OS
-preempted moves nothing.
+own decodes for it) is a sample of the time a step of its number of rows
+takes. A drafted token's cost (``cost(k, n)``) is the extra time of a step
+of ``n`` sequences and ``k`` drafted tokens over one of ``n`` rows, per
+drafted token, as a fraction of one sequence's share of that plain step:
+beside other sequences a drafted row delays them all, and priced against
+the whole step instead, four sampled streams drafting on 2 cores ran 0.87x
+as fast as without drafts. Medians of the last samples, so a step that the
+OS preempted moves nothing.
 
 ``runner.draft_policy`` turns the cost into decisions (a window of drafts
 must win back its cost; a length that cannot pay even when accepted whole
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from jupyter_llm.runner.draft_policy import paused, worth_drafting
@@ -42,18 +46,34 @@ MIN_SAMPLES = 3  # draft steps measured before their cost is trusted
 CUT_MARGIN = 1.05  # how much more a shorter draft must make per step's time to be cut to
 
 
+@dataclass
+class StepShape:
+    """What shares the decode step being filled, as drafting prices it."""
+
+    sequences: int = 1  # generating sequences: one row each before their drafts
+    prompting: bool = False  # a prompt chunk shares the step
+    drafted: int = 0  # drafted tokens in the batch, once it is filled
+
+    @property
+    def alone(self) -> bool:
+        """One sequence's rows are the step's (``cut_draft``)."""
+        return self.sequences == 1 and not self.prompting
+
+
 class StepCosts:
-    """Decode times of generation-only steps. Bounded: ``SAMPLES`` times per
-    number of sequences in a step (at most ``max_sequences``) and ``SAMPLES``
-    costs per number of drafted tokens in a step (at most ``max_tokens``,
-    the batch). ``pinned``: a cost to use instead of measuring (the tests
-    of drafting's mechanics, which must not depend on the machine's speed)."""
+    """Decode times of generation-only steps by their number of rows (a
+    generating sequence's token and its drafted tokens are one row each):
+    ``SAMPLES`` times per row count, at most ``max_tokens`` (the batch), from
+    steps of at most ``max_sequences``. One table serves every number of
+    sequences: a step's rows cost about the same whether they are drafts of
+    one sequence or tokens of several. ``pinned``: a cost to use instead of
+    measuring (the tests of drafting's mechanics, which must not depend on
+    the machine's speed)."""
 
     def __init__(self, max_sequences: int, max_tokens: int, pinned: float | None = None) -> None:
         self.max_sequences, self.max_tokens = max(1, max_sequences), max(1, max_tokens)
         self.pinned = pinned
-        self._base: dict[int, deque[int]] = {}  # sequences in the step -> ns
-        self._costs: dict[int, deque[float]] = {}  # drafted tokens in the step -> cost
+        self._times: dict[int, deque[int]] = {}  # rows in the step -> ns
 
     def observe(self, sequences: int, tokens: int, elapsed_ns: int) -> None:
         """A decode step of ``sequences`` generating sequences (one token
@@ -62,43 +82,50 @@ class StepCosts:
             return
         if elapsed_ns <= 0 or self.pinned is not None:
             return
-        if tokens == sequences:
-            self._base.setdefault(sequences, deque(maxlen=SAMPLES)).append(elapsed_ns)
-            return
-        base, drafted = self.base_ns(sequences), tokens - sequences
-        if base is not None:
-            costs = self._costs.setdefault(drafted, deque(maxlen=SAMPLES))
-            costs.append((elapsed_ns - base) / (drafted * base))
+        self._times.setdefault(tokens, deque(maxlen=SAMPLES)).append(elapsed_ns)
 
     def base_ns(self, sequences: int) -> float | None:
-        """The median time of a step of ``sequences`` tokens without drafts."""
-        times = self._base.get(sequences)
+        """The median time of a step of ``sequences`` rows: ``sequences``
+        tokens without drafts."""
+        times = self._times.get(sequences)
         return statistics.median(times) if times else None
 
-    def cost(self, drafted: int) -> float | None:
-        """The extra decode time of each token of a step's ``drafted`` tokens,
-        as a fraction of a step without drafts; None until ``MIN_SAMPLES``
-        steps with as many were measured."""
+    def cost(self, drafted: int, sequences: int = 1) -> float | None:
+        """What each of ``drafted`` tokens in a step of ``sequences``
+        generating sequences costs, as a fraction of one sequence's share of
+        a step without drafts: the step's extra time per drafted token times
+        ``sequences`` over the plain step's time. Every sequence in the step
+        waits for the extra rows, so for the tokens of all of them to come
+        faster, a drafted token must be accepted that often (alone, a
+        drafted row costing half a step must be accepted half the time;
+        beside three other sequences, whose plain step of 4 rows it
+        lengthens by an eighth, also half the time, not an eighth). None
+        until ``MIN_SAMPLES`` steps of as many rows were measured."""
         if self.pinned is not None:
             return self.pinned
-        costs = self._costs.get(drafted)
-        if costs is None or len(costs) < MIN_SAMPLES:
+        base, times = self.base_ns(sequences), self._times.get(sequences + drafted)
+        if base is None or times is None or len(times) < MIN_SAMPLES or drafted <= 0:
             return None
-        return max(0.0, statistics.median(costs))
+        return max(0.0, sequences * (statistics.median(times) - base) / (drafted * base))
 
 
-def priced_length(costs: StepCosts, state: Drafting, size: int, cap: int, generated: int) -> int:
+def priced_length(
+    costs: StepCosts, state: Drafting, size: int, cap: int, generated: int, sequences: int = 1
+) -> int:
     """``size``, the draft a sequence would make now, or where a draft that
     long costs too much a token (``worth_drafting``), the next longer one up
     to ``cap`` (what the limits allow) that may pay: on the CPU a 4-token
     draft can cost less per token than a 2-token one. Where none may, 0, and
     drafting pauses like after a window rejected too often
     (``draft_policy.paused``). The first draft after a pause always goes in,
-    so the cost is measured again; a length not measured yet may go in."""
+    so the cost is measured again; a length not measured yet may go in.
+    Priced in a step of ``sequences`` generating sequences, as if the
+    others drafted nothing (what they draft is settled at the same price,
+    ``runner.speculative.settle``)."""
     if not size or state.window.drafted == 0:
         return size
     for length in range(size, max(size, cap) + 1):
-        if worth_drafting(costs.cost(length)):
+        if worth_drafting(costs.cost(length, sequences)):
             return length
     state.window = paused(state.window, generated)
     return 0

@@ -6,7 +6,7 @@ Costs are given here, never timed: the tests count tokens."""
 from __future__ import annotations
 
 import pytest
-from engine_run import EngineRun
+from engine_run import EngineRun, finish
 
 from jupyter_llm.runner import draft_policy as policy
 from jupyter_llm.runner import speculative
@@ -67,7 +67,7 @@ def test_steps_outside_the_bounds_are_ignored(sequences, tokens, elapsed):
     apart, so the record's size is bounded; nonsense is dropped."""
     costs = StepCosts(max_sequences=4, max_tokens=32)
     costs.observe(sequences, tokens, elapsed)
-    assert not costs._base and not costs._costs
+    assert not costs._times
 
 
 def test_the_record_is_bounded():
@@ -76,14 +76,14 @@ def test_the_record_is_bounded():
         costs.observe(1, 1, (i + 1) * MS)
         for k in range(1, 4):
             costs.observe(1, 1 + k, (i + 2) * MS)
-    assert len(costs._base[1]) == SAMPLES
-    assert set(costs._costs) == {1, 2, 3} and all(len(c) == SAMPLES for c in costs._costs.values())
+    assert set(costs._times) == {1, 2, 3, 4}
+    assert all(len(t) == SAMPLES for t in costs._times.values())
 
 
 def test_a_pinned_cost_is_not_measured():
     costs = StepCosts(max_sequences=1, max_tokens=4, pinned=0.25)
     costs.observe(1, 1, MS)
-    assert costs.cost(3) == 0.25 and not costs._base
+    assert costs.cost(3) == 0.25 and not costs._times
 
 
 # -- the policy ---------------------------------------------------------------------------
@@ -169,11 +169,34 @@ ROW_MS |= {10: 74.8, 11: 78.4, 12: 64.5, 13: 83.4, 14: 86.3, 15: 89.9, 16: 78.1,
 
 
 def tiled_costs(rows=ROW_MS) -> StepCosts:
-    costs = StepCosts(1, 32)
+    costs = StepCosts(4, 32)
     for _ in range(MIN_SAMPLES):
         for n, ms in rows.items():
             costs.observe(1, n, int(ms * MS))
     return costs
+
+
+@pytest.mark.parametrize(
+    ("drafted", "sequences", "cost"),
+    [
+        (4, 1, (52.1 - 13.4) / (4 * 13.4)),  # 5 rows alone: 0.72 of a step a token
+        (3, 1, (33.2 - 13.4) / (3 * 13.4)),  # 4 rows: 0.49
+        # beside 3 sequences, 4 drafted tokens lengthen their 4-row step by 0.13,
+        # and each sequence's share of it is a quarter: 0.52 of that share a token
+        (4, 4, 4 * (50.6 - 33.2) / (4 * 33.2)),
+        (1, 4, 4 * (52.1 - 33.2) / (1 * 33.2)),  # one drafted row there: 2.28, never pays
+        (8, 8, None),  # no step of 8 rows without drafts (nor of 16 rows) measured
+    ],
+)
+def test_one_table_of_row_times_prices_every_count_of_sequences(drafted, sequences, cost):
+    """Rows cost about the same whether they are drafts of one sequence or
+    tokens of several, so steps of one sequence price steps of four; a
+    drafted row delays every sequence in the step, so it is priced against
+    one sequence's share of the step (issue 26: four sampled streams
+    drafting ran 0.87x as fast as without drafts, priced against the whole
+    step)."""
+    costs = tiled_costs(rows={k: ms for k, ms in ROW_MS.items() if k != 16})
+    assert costs.cost(drafted, sequences) == (None if cost is None else pytest.approx(cost))
 
 
 @pytest.mark.parametrize(
@@ -314,7 +337,7 @@ class FixedCosts(StepCosts):
         super().__init__(1, 32)
         self.table = {k: measured.cost(k) for k in range(1, 17)}
 
-    def cost(self, drafted: int) -> float | None:
+    def cost(self, drafted: int, sequences: int = 1) -> float | None:
         return self.table.get(drafted)
 
 
@@ -341,3 +364,68 @@ def test_drafts_cut_to_cheap_row_counts_still_grow(engine, monkeypatch):
     assert drafted[:2] == [3, 7], drafted
     assert max(lengths) == policy.MAX_LENGTH
     assert not {4, 8, 16} & set(drafted), drafted
+
+
+class FixedTimes(StepCosts):
+    """Step times by rows that the engine's own steps do not move."""
+
+    def __init__(self, rows: dict[int, float]) -> None:
+        super().__init__(3, 64)
+        for _ in range(MIN_SAMPLES):
+            for n, ms in rows.items():
+                super().observe(1, n, int(ms * MS))
+
+    def observe(self, sequences: int, tokens: int, elapsed_ns: int) -> None:
+        pass
+
+
+def test_drafts_that_pay_alone_but_not_beside_another_stream_stop_there(engine):
+    """Two rows cost little more than one, and each row past them 0.8 of a
+    step alone: alone a quoting stream's drafts pay (a 4-token draft 0.63
+    of a step a token), beside another stream each drafted row lengthens
+    their 2-row step by 0.73 of it, which is 1.45 of each stream's share,
+    so drafting stops after the first draft (priced against the whole step
+    it would have gone on). Greedy output is the same either way."""
+    rows = {1: 10.0, 2: 11.0} | {n: 11.0 + 8 * (n - 2) for n in range(3, 40)}
+    prompt = "hello world hello world hello world hello"
+    options = {"num_predict": 80, "draft_num_predict": 4}
+    alone = run_priced(engine, prompt, options, FixedTimes(rows))
+    kept, engine.step_costs = engine.step_costs, FixedTimes(rows)
+    try:
+        pair = [EngineRun(engine, prompt, **options) for _ in range(2)]
+        finish(engine, *pair)
+    finally:
+        engine.step_costs = kept
+    assert alone.done.draft_tokens > 40
+    for run in pair:
+        assert run.tokens == alone.tokens
+        assert 0 < run.done.draft_tokens <= policy.MAX_LENGTH
+
+
+def test_a_drafted_token_is_settled_at_what_the_whole_steps_drafts_cost(engine, monkeypatch):
+    """Where two streams draft in one step, each one's drafts are judged at
+    what all the step's drafted tokens cost a token (8 of them beside 2
+    sequences: 0.6 of a stream's share here), not at what its own would
+    alone (4 of them: 0.2)."""
+    rows = {1: 10.0, 2: 20.0} | {n: 20.0 + 2 * (n - 2) for n in range(3, 7)}
+    rows |= {n: 28.0 + 10 * (n - 6) for n in range(7, 40)}
+    times = FixedTimes(rows)
+    judged: list[tuple[int, int, float | None]] = []
+    after_draft = speculative.after_draft
+
+    def recorded(window, drafted, accepted, generated, cost=None):
+        judged.append((drafted, engine.shape.drafted, cost))
+        return after_draft(window, drafted, accepted, generated, cost)
+
+    monkeypatch.setattr(speculative, "after_draft", recorded)
+    kept, engine.step_costs = engine.step_costs, times
+    prompt = "hello world hello world hello world hello"
+    try:
+        pair = [EngineRun(engine, prompt, num_predict=40, draft_num_predict=4) for _ in range(2)]
+        finish(engine, *pair)
+    finally:
+        engine.step_costs = kept
+    assert times.cost(4, 2) == pytest.approx(0.2) and times.cost(8, 2) == pytest.approx(0.6)
+    assert any(own < total for own, total, _ in judged), judged  # both drafted in a step
+    for _, total, cost in judged:
+        assert cost == pytest.approx(times.cost(total, 2))
