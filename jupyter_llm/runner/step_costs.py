@@ -119,9 +119,9 @@ def priced_length(
     drafting pauses like after a window rejected too often
     (``draft_policy.paused``). The first draft after a pause always goes in,
     so the cost is measured again; a length not measured yet may go in.
-    Priced in a step of ``sequences`` generating sequences, as if the
-    others drafted nothing (what they draft is settled at the same price,
-    ``runner.speculative.settle``)."""
+    Priced in a step of ``sequences`` generating sequences as if the
+    others drafted nothing; once verified, the draft is judged at what all
+    the step's drafted tokens cost (``runner.speculative.settle``)."""
     if not size or state.window.drafted == 0:
         return size
     for length in range(size, max(size, cap) + 1):
