@@ -15,8 +15,10 @@ answers with drafts are not always the ones without (a token's logits move
 in their last bits with what else shares its decode; README), so a sampled
 answer's text, and its length, may differ between the two: read the free
 text's ratio with that noise (several percent in a single round).
-``--batch-invariant`` loads both runners as that setting does, where they
-answer the same.
+``--batch-invariant`` loads both runners as that setting does: there a
+request drafts only while it generates alone (README), so the mixes measure
+what that costs; two runners whose caches saw other requests before may
+still answer differently (cells freed for room reorder a request's cells).
 
 Target: each free-text mix at least 0.97x the rate without drafts.
 

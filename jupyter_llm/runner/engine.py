@@ -147,6 +147,7 @@ class Engine:
         self.drafter = open_draft(self, params)  # a draft model (runner.draft_model), or None
         self.step_costs = StepCosts(self.n_seq, self.n_batch)  # what a drafted token costs here
         self.shape = StepShape()  # the step being filled and sampled (runner.step_costs)
+        self.invariant = params.batch_invariant  # drafts only alone (runner.speculative)
         self.threads = thread_tuner(params)  # fewer threads while others hold cores, or None
         if params.projector:
             try:  # on the GPU where the model's layers are

@@ -114,6 +114,11 @@ def _draft_length(engine: Engine, seq: Sequence, room: int, shape: StepShape) ->
     wanted = int(seq.opts.get("draft_num_predict") or 0)
     if wanted <= 0 or not can_draft(engine.model.llama_model):
         return 0
+    if engine.invariant and not shape.alone:
+        # a rejected draft's freed cells would go to the others' next tokens,
+        # out of their positions' order, and attention adds a sequence's
+        # cells in the cache's order: their logits would move (README)
+        return 0
     if engine.threads is not None and engine.threads.measuring:
         return 0  # steps of one token each, while the thread count is probed
     state = drafting_of(engine, seq, wanted)

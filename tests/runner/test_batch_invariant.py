@@ -16,7 +16,7 @@ from engine_run import EngineRun as Run
 from engine_run import finish
 from fakes import FakeRunnerFactory, synthetic_model
 from kv_buffers import LOG_PRECISION, estimated_kv, measured_kv
-from rewrite_prompt import QUOTE_PROMPT
+from rewrite_prompt import QUOTE_PROMPT, REWRITE_PROMPT
 from scheduler_env import ONE_GPU, entry, make, use
 
 from jupyter_llm.api.ps import describe_loaded
@@ -49,6 +49,10 @@ from jupyter_llm.scheduler import LoadOptions, policy
 from jupyter_llm.scheduler.fit import estimate_on
 from jupyter_llm.scheduler.types import Wanted
 
+FREE_PROMPT = (
+    "<start_of_turn>user\nWrite a short story about a fox who learns to play the violin."
+    "<end_of_turn>\n<start_of_turn>model\n"
+)
 LLAMA = synthetic_model(n_embd=4096, n_head=32)  # heads 128 wide
 F16, Q8 = CacheChoice("f16"), CacheChoice("q8_0")
 
@@ -258,8 +262,8 @@ async def test_the_runner_falls_back_to_f16_where_llama_cpp_refuses_q8_0_keys(tm
     assert abs(estimated_kv(narrow, 2048, "f16", "f16") - measured) <= LOG_PRECISION
 
 
-async def answer(runner: RunnerProxy, prompt: str, draft: int) -> dict:
-    options = {"temperature": 0, "num_predict": 200, "draft_num_predict": draft}
+async def answer(runner: RunnerProxy, prompt: str, draft: int, n: int = 200) -> dict:
+    options = {"temperature": 0, "num_predict": n, "draft_num_predict": draft}
     replies = [m async for batch in runner.complete(Complete(prompt=prompt, options=options))
                for m in batch]  # fmt: skip
     assert replies[-1]["type"] == "done", replies[-1]
@@ -275,7 +279,8 @@ async def test_gemma_greedy_output_is_identical_with_drafts_and_beside_another_r
     flash attention's split of one query differ in their last bits, which
     Gemma's 8-bit activations and 18 layers grow). Through a runner process
     as the server launches it (its environment turns the tiled matmul off),
-    and once beside another request with drafts: 10 rows in a decode."""
+    and once beside another request, both asking for drafts (they draft
+    only once alone, ``test_beside_other_requests_drafts_wait_until_alone``)."""
     spec = LoadSpec(
         path=str(gemma_gguf), n_ctx=2048, n_seq=2, n_threads=cores(),
         batch_invariant=True, env=INVARIANT_ENV,
@@ -294,3 +299,27 @@ async def test_gemma_greedy_output_is_identical_with_drafts_and_beside_another_r
         assert both[0]["context"] == plain["context"]
     finally:
         await runner.close()
+
+
+async def test_beside_other_requests_drafts_wait_until_alone(gemma_gguf: Path):
+    """Four greedy requests at once answer as without drafts. Drafted beside
+    one another, a rejected draft's freed cells went to the others' next
+    tokens, out of their positions' order, and llama.cpp's attention adds a
+    request's cells in the cache's order: on a 2-core EPYC two of four
+    answers left the undrafted ones (at tokens 16 and 32). So a
+    batch-invariant runner drafts only for a request generating alone: here
+    the longest, once the others have ended."""
+    spec = LoadSpec(
+        path=str(gemma_gguf), n_ctx=4096, n_seq=4, n_threads=cores(),
+        batch_invariant=True, env=INVARIANT_ENV,
+    )  # fmt: skip
+    asked = [(REWRITE_PROMPT, 200), (QUOTE_PROMPT, 200), (FREE_PROMPT, 200), (REWRITE_PROMPT, 300)]
+    runner = await start_runner_with(spec, load_timeout=120)
+    try:
+        plain = await asyncio.gather(*(answer(runner, p, 0, n) for p, n in asked))
+        drafted = await asyncio.gather(*(answer(runner, p, 4, n) for p, n in asked))
+    finally:
+        await runner.close()
+    for without, with_drafts in zip(plain, drafted, strict=True):
+        assert with_drafts["context"] == without["context"]
+    assert [d.get("draft_tokens", 0) > 0 for d in drafted] == [False, False, False, True]
