@@ -126,7 +126,7 @@ class ModelledCosts(StepCosts):
     def __init__(self) -> None:
         super().__init__(1, 1 + policy.MAX_LENGTH)
 
-    def cost(self, drafted: int, sequences: int = 1) -> float | None:
+    def cost(self, drafted: int, sequences: int = 1, estimate: bool = False) -> float | None:
         return cost(drafted)  # one sequence
 
 

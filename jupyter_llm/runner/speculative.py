@@ -150,7 +150,7 @@ def shadow_step(
         matched = common_prefix(draft, seen)
         if matched == len(seen) < len(draft):
             return False  # every token so far as guessed: not settled yet
-        cost = engine.step_costs.cost(len(draft), shape.sequences)  # as if it went in now
+        cost = engine.step_costs.cost(len(draft), shape.sequences, estimate=True)  # if now
         state.shadow, resume = after_shadow(state.shadow, len(draft), matched, cost)
         state.length = next_length(state.length, len(draft), matched, state.shadow_cut)
         state.shadow_draft = []
@@ -235,7 +235,7 @@ def settle(engine: Engine, seq: Sequence, drafted: int, matched: int) -> None:
     state.drafted += drafted
     state.accepted += matched
     shape = engine.shape
-    cost = engine.step_costs.cost(max(drafted, shape.drafted), shape.sequences)
+    cost = engine.step_costs.cost(max(drafted, shape.drafted), shape.sequences, estimate=True)
     state.window = after_draft(state.window, drafted, matched, len(seq.generated), cost)
     state.length = next_length(state.length, drafted, matched, state.cut)
     slot = engine.slots[seq.slot]

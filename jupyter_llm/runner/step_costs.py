@@ -90,7 +90,32 @@ class StepCosts:
         times = self._times.get(sequences)
         return statistics.median(times) if times else None
 
-    def cost(self, drafted: int, sequences: int = 1) -> float | None:
+    def time_ns(self, rows: int, estimate: bool = False) -> float | None:
+        """The median time of a step of ``rows`` rows, where ``MIN_SAMPLES``
+        such steps were measured. ``estimate``: where they were not, read
+        off the line through the nearest measured counts around it (or the
+        last two below it). It misses the tiles, but it is not free: the
+        steps of several streams drafting at once spread over many row
+        counts, and their drafts were judged at no cost until each count had
+        been measured."""
+        times = self._times.get(rows)
+        if times is not None and len(times) >= MIN_SAMPLES:
+            return statistics.median(times)
+        if not estimate:
+            return None
+        known = sorted(r for r, t in self._times.items() if len(t) >= MIN_SAMPLES)
+        below, above = [r for r in known if r < rows], [r for r in known if r > rows]
+        if below and above:
+            lo, hi = below[-1], above[0]
+        elif len(below) >= 2:
+            lo, hi = below[-2], below[-1]
+        else:
+            return None
+        t_lo, t_hi = self.time_ns(lo), self.time_ns(hi)
+        assert t_lo is not None and t_hi is not None
+        return t_lo + (t_hi - t_lo) * (rows - lo) / (hi - lo)
+
+    def cost(self, drafted: int, sequences: int = 1, estimate: bool = False) -> float | None:
         """What each of ``drafted`` tokens in a step of ``sequences``
         generating sequences costs, as a fraction of one sequence's share of
         a step without drafts: the step's extra time per drafted token times
@@ -100,13 +125,19 @@ class StepCosts:
         drafted row costing half a step must be accepted half the time;
         beside three other sequences, whose plain step of 4 rows it
         lengthens by an eighth, also half the time, not an eighth). None
-        until ``MIN_SAMPLES`` steps of as many rows were measured."""
+        until ``MIN_SAMPLES`` steps of as many rows were measured, unless
+        ``estimate`` (``time_ns``): what judges drafts already made, where
+        None would count them free; the choice of a length keeps None, so
+        that a length not measured yet is tried and measured."""
         if self.pinned is not None:
             return self.pinned
-        base, times = self.base_ns(sequences), self._times.get(sequences + drafted)
-        if base is None or times is None or len(times) < MIN_SAMPLES or drafted <= 0:
+        base = self.base_ns(sequences)
+        if base is None and estimate:
+            base = self.time_ns(sequences, estimate)
+        extra = self.time_ns(sequences + drafted, estimate)
+        if base is None or extra is None or drafted <= 0:
             return None
-        return max(0.0, sequences * (statistics.median(times) - base) / (drafted * base))
+        return max(0.0, sequences * (extra - base) / (drafted * base))
 
 
 def priced_length(

@@ -314,12 +314,18 @@ async def test_beside_other_requests_drafts_wait_until_alone(gemma_gguf: Path):
         batch_invariant=True, env=INVARIANT_ENV,
     )  # fmt: skip
     asked = [(REWRITE_PROMPT, 200), (QUOTE_PROMPT, 200), (FREE_PROMPT, 200), (REWRITE_PROMPT, 300)]
-    runner = await start_runner_with(spec, load_timeout=120)
-    try:
-        plain = await asyncio.gather(*(answer(runner, p, 0, n) for p, n in asked))
-        drafted = await asyncio.gather(*(answer(runner, p, 4, n) for p, n in asked))
-    finally:
-        await runner.close()
+
+    async def at_once(draft: int) -> list[dict]:
+        # a fresh runner each time: one whose cache held these prompts would
+        # free their old answers' cells, and the new tokens would take them in
+        # an order that depends on when each request arrived (README)
+        runner = await start_runner_with(spec, load_timeout=120)
+        try:
+            return await asyncio.gather(*(answer(runner, p, draft, n) for p, n in asked))
+        finally:
+            await runner.close()
+
+    plain, drafted = await at_once(0), await at_once(4)
     for without, with_drafts in zip(plain, drafted, strict=True):
         assert with_drafts["context"] == without["context"]
     assert [d.get("draft_tokens", 0) > 0 for d in drafted] == [False, False, False, True]

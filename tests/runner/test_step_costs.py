@@ -337,7 +337,7 @@ class FixedCosts(StepCosts):
         super().__init__(1, 32)
         self.table = {k: measured.cost(k) for k in range(1, 17)}
 
-    def cost(self, drafted: int, sequences: int = 1) -> float | None:
+    def cost(self, drafted: int, sequences: int = 1, estimate: bool = False) -> float | None:
         return self.table.get(drafted)
 
 
@@ -429,3 +429,53 @@ def test_a_drafted_token_is_settled_at_what_the_whole_steps_drafts_cost(engine, 
     assert any(own < total for own, total, _ in judged), judged  # both drafted in a step
     for _, total, cost in judged:
         assert cost == pytest.approx(times.cost(total, 2))
+
+
+@pytest.mark.parametrize(
+    ("rows", "estimate", "ms"),
+    [
+        (4, False, 33.2),  # measured
+        (6, False, None),  # not measured, nor estimated
+        (6, True, 33.2 + (50.6 - 33.2) / 2),  # on the line from 4 rows to 8
+        (10, True, 50.6 + (50.6 - 33.2) / 2),  # past the last: the last two's line
+        (1, True, 13.4),
+    ],
+)
+def test_a_step_of_rows_not_measured_yet_is_read_off_its_neighbours(rows, estimate, ms):
+    costs = tiled_costs(rows={1: 13.4, 4: 33.2, 8: 50.6})
+    got = costs.time_ns(rows, estimate)
+    assert got == (None if ms is None else pytest.approx(ms * MS))
+
+
+def test_nothing_is_estimated_without_two_measured_counts():
+    costs = tiled_costs(rows={4: 33.2})
+    assert costs.time_ns(2, estimate=True) is None  # only a count above
+    assert costs.time_ns(6, estimate=True) is None  # only one below
+    assert costs.cost(2, 4, estimate=True) is None
+
+
+def test_an_estimated_cost_prices_a_step_beside_others():
+    costs = tiled_costs(rows={1: 13.4, 4: 33.2, 8: 50.6})
+    assert costs.cost(2, 4) is None  # a length not measured is tried, to measure it
+    assert costs.cost(2, 4, estimate=True) == pytest.approx(4 * (41.9 - 33.2) / (2 * 33.2))
+
+
+def test_drafts_in_steps_of_row_counts_not_measured_are_not_free(engine):
+    """Two quoting streams beside each other whose drafts make steps of row
+    counts never measured (only 1, 2, 3 and 39 rows were): their drafts are
+    judged at the cost read off the measured counts (here 1.45 of a
+    stream's share a token, so drafting stops after a draft or two), not at
+    none, which let them draft on."""
+    line = {1: 10.0, 2: 11.0} | {n: 11.0 + 8 * (n - 2) for n in (3, 39)}
+    prompt = "hello world hello world hello world hello"
+    options = {"num_predict": 80, "draft_num_predict": 4}
+    kept, engine.step_costs = engine.step_costs, FixedTimes(line)
+    try:
+        pair = [EngineRun(engine, prompt, **options) for _ in range(2)]
+        finish(engine, *pair)
+    finally:
+        engine.step_costs = kept
+    alone = run_priced(engine, prompt, {**options, "draft_num_predict": 0}, engine.step_costs)
+    for run in pair:
+        assert run.tokens == alone.tokens
+        assert 0 < run.done.draft_tokens <= 2 * policy.MAX_LENGTH
