@@ -93,11 +93,13 @@ class StepCosts:
     def time_ns(self, rows: int, estimate: bool = False) -> float | None:
         """The median time of a step of ``rows`` rows, where ``MIN_SAMPLES``
         such steps were measured. ``estimate``: where they were not, read
-        off the line through the nearest measured counts around it (or the
-        last two below it). It misses the tiles, but it is not free: the
-        steps of several streams drafting at once spread over many row
-        counts, and their drafts were judged at no cost until each count had
-        been measured."""
+        off the line between the nearest measured counts around it. It
+        misses the tiles, but it is not free: the steps of several streams
+        drafting at once spread over many row counts, and their drafts were
+        judged at no cost until each count had been measured. Past the
+        longest step measured there is no estimate: a line through the last
+        two counts can be far off where the tiles fall between them, and a
+        count priced out of drafting would never be measured."""
         times = self._times.get(rows)
         if times is not None and len(times) >= MIN_SAMPLES:
             return statistics.median(times)
@@ -105,12 +107,9 @@ class StepCosts:
             return None
         known = sorted(r for r, t in self._times.items() if len(t) >= MIN_SAMPLES)
         below, above = [r for r in known if r < rows], [r for r in known if r > rows]
-        if below and above:
-            lo, hi = below[-1], above[0]
-        elif len(below) >= 2:
-            lo, hi = below[-2], below[-1]
-        else:
+        if not below or not above:
             return None
+        lo, hi = below[-1], above[0]
         t_lo, t_hi = self.time_ns(lo), self.time_ns(hi)
         assert t_lo is not None and t_hi is not None
         return t_lo + (t_hi - t_lo) * (rows - lo) / (hi - lo)

@@ -437,7 +437,7 @@ def test_a_drafted_token_is_settled_at_what_the_whole_steps_drafts_cost(engine, 
         (4, False, 33.2),  # measured
         (6, False, None),  # not measured, nor estimated
         (6, True, 33.2 + (50.6 - 33.2) / 2),  # on the line from 4 rows to 8
-        (10, True, 50.6 + (50.6 - 33.2) / 2),  # past the last: the last two's line
+        (10, True, None),  # past the longest step measured: none (it goes in, is measured)
         (1, True, 13.4),
     ],
 )
@@ -447,10 +447,10 @@ def test_a_step_of_rows_not_measured_yet_is_read_off_its_neighbours(rows, estima
     assert got == (None if ms is None else pytest.approx(ms * MS))
 
 
-def test_nothing_is_estimated_without_two_measured_counts():
-    costs = tiled_costs(rows={4: 33.2})
-    assert costs.time_ns(2, estimate=True) is None  # only a count above
-    assert costs.time_ns(6, estimate=True) is None  # only one below
+def test_nothing_is_estimated_outside_the_counts_measured():
+    costs = tiled_costs(rows={4: 33.2, 5: 52.1})
+    assert costs.time_ns(2, estimate=True) is None  # only counts above
+    assert costs.time_ns(6, estimate=True) is None  # only counts below
     assert costs.cost(2, 4, estimate=True) is None
 
 
