@@ -366,6 +366,17 @@ def test_drafts_cut_to_cheap_row_counts_still_grow(engine, monkeypatch):
     assert not {4, 8, 16} & set(drafted), drafted
 
 
+def run_pair(engine, prompt: str, options: dict, costs: StepCosts) -> list[EngineRun]:
+    """Two requests run at once to their ends on ``engine`` with ``costs``."""
+    kept, engine.step_costs = engine.step_costs, costs
+    try:
+        pair = [EngineRun(engine, prompt, **options) for _ in range(2)]
+        finish(engine, *pair)
+    finally:
+        engine.step_costs = kept
+    return pair
+
+
 class FixedTimes(StepCosts):
     """Step times by rows that the engine's own steps do not move."""
 
@@ -390,12 +401,7 @@ def test_drafts_that_pay_alone_but_not_beside_another_stream_stop_there(engine):
     prompt = "hello world hello world hello world hello"
     options = {"num_predict": 80, "draft_num_predict": 4}
     alone = run_priced(engine, prompt, options, FixedTimes(rows))
-    kept, engine.step_costs = engine.step_costs, FixedTimes(rows)
-    try:
-        pair = [EngineRun(engine, prompt, **options) for _ in range(2)]
-        finish(engine, *pair)
-    finally:
-        engine.step_costs = kept
+    pair = run_pair(engine, prompt, options, FixedTimes(rows))
     assert alone.done.draft_tokens > 40
     for run in pair:
         assert run.tokens == alone.tokens
@@ -418,13 +424,8 @@ def test_a_drafted_token_is_settled_at_what_the_whole_steps_drafts_cost(engine, 
         return after_draft(window, drafted, accepted, generated, cost)
 
     monkeypatch.setattr(speculative, "after_draft", recorded)
-    kept, engine.step_costs = engine.step_costs, times
     prompt = "hello world hello world hello world hello"
-    try:
-        pair = [EngineRun(engine, prompt, num_predict=40, draft_num_predict=4) for _ in range(2)]
-        finish(engine, *pair)
-    finally:
-        engine.step_costs = kept
+    run_pair(engine, prompt, {"num_predict": 40, "draft_num_predict": 4}, times)
     assert times.cost(4, 2) == pytest.approx(0.2) and times.cost(8, 2) == pytest.approx(0.6)
     assert any(own < total for own, total, _ in judged), judged  # both drafted in a step
     for _, total, cost in judged:
@@ -469,12 +470,7 @@ def test_drafts_in_steps_of_row_counts_not_measured_are_not_free(engine):
     line = {1: 10.0, 2: 11.0} | {n: 11.0 + 8 * (n - 2) for n in (3, 39)}
     prompt = "hello world hello world hello world hello"
     options = {"num_predict": 80, "draft_num_predict": 4}
-    kept, engine.step_costs = engine.step_costs, FixedTimes(line)
-    try:
-        pair = [EngineRun(engine, prompt, **options) for _ in range(2)]
-        finish(engine, *pair)
-    finally:
-        engine.step_costs = kept
+    pair = run_pair(engine, prompt, options, FixedTimes(line))
     alone = run_priced(engine, prompt, {**options, "draft_num_predict": 0}, engine.step_costs)
     for run in pair:
         assert run.tokens == alone.tokens
