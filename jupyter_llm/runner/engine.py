@@ -442,8 +442,8 @@ class Engine:
         outputs: list[tuple[Sequence, int]] = []  # sequences sampled after this decode
         fed: list[tuple[Sequence, int]] = []  # prompt chunks: their sequence and length
         self.shape = StepShape(len(generating), bool(prompting))  # what drafts are priced by
-        drafting_ns = prepare_drafts(self, generating, room, self.shape)  # a draft model's
-        n = self._fill_batch(generating, prompting, room, outputs, fed, self.shape)
+        drafting_ns = prepare_drafts(self, generating, room)  # a draft model's, all at once
+        n = self._fill_batch(generating, prompting, room, outputs, fed)
         if n == 0:
             if not fed_image:
                 self._context_full(prompting)
@@ -541,13 +541,12 @@ class Engine:
         room: int,
         outputs: list[tuple[Sequence, int]],
         fed: list[tuple[Sequence, int]],
-        shape: StepShape,
     ) -> int:
         """Fill the batch: the next token of each generating sequence, then
         the oldest prompts' chunks (each up to its next image) within
         ``room``. The positions to sample go to ``outputs``, the chunks to
-        ``fed``. Returns the tokens in the batch. ``shape``: the step's
-        sequences, and where the drafts' count goes (``runner.step_costs``)."""
+        ``fed``. Returns the tokens in the batch; the drafts' count goes to
+        ``self.shape`` (``runner.step_costs``)."""
         b = self.batch
         n = 0
         for seq in generating:
@@ -560,8 +559,8 @@ class Engine:
             )
             b.seq_id[n][0] = seq.slot
             outputs.append((seq, n))
-            k = add_draft(self, seq, n + 1, room, shape)  # then its draft (runner.speculative)
-            n, room, shape.drafted = n + 1 + k, room - k, shape.drafted + k
+            k = add_draft(self, seq, n + 1, room)  # then its draft (runner.speculative)
+            n, room, self.shape.drafted = n + 1 + k, room - k, self.shape.drafted + k
         for seq in prompting:
             if room <= 0:
                 break

@@ -49,7 +49,7 @@ from jupyter_llm.runner.draft_policy import (
 )
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import EngineError
-from jupyter_llm.runner.step_costs import StepShape, cut_draft, cut_short, priced_length
+from jupyter_llm.runner.step_costs import cut_draft, cut_short, priced_length
 
 if TYPE_CHECKING:
     from jupyter_llm.runner.engine import Engine
@@ -84,23 +84,24 @@ def drafting_of(engine: Engine, seq: Sequence, wanted: int) -> Drafting:
     return seq.drafting
 
 
-def add_draft(engine: Engine, seq: Sequence, n: int, room: int, shape: StepShape) -> int:
+def add_draft(engine: Engine, seq: Sequence, n: int, room: int) -> int:
     """Put ``seq``'s draft into the engine's batch from index ``n`` (after
     its ``next_token``), in at most ``room`` cells; returns how many went in.
     The draft is prompt lookup's, or the draft model's, sized and priced
-    already (``prepare_drafts``: only cut to the room left here). ``shape``:
-    what else the step holds (``step_costs``)."""
+    already (``prepare_drafts``: only cut to the room left here), by what
+    else the step holds (``engine.shape``, ``step_costs.StepShape``)."""
     if engine.drafter is not None:
         state = seq.drafting
         if state is None:
             return 0
         state.draft, state.proposed = state.proposed[: max(0, room)], []
     else:
-        size = _draft_length(engine, seq, room, shape)
+        size = _draft_length(engine, seq, room)
         state = seq.drafting
         if state is None or state.index is None:
             return 0
-        state.draft = cut_short(engine.step_costs, state.index.propose(size), size, shape.alone)
+        alone = engine.shape.alone
+        state.draft = cut_short(engine.step_costs, state.index.propose(size), size, alone)
     batch, pos = engine.batch, len(engine.slots[seq.slot].cached) + 1
     for i, token in enumerate(state.draft):
         k = n + i
@@ -109,8 +110,9 @@ def add_draft(engine: Engine, seq: Sequence, n: int, room: int, shape: StepShape
     return len(state.draft)
 
 
-def _draft_length(engine: Engine, seq: Sequence, room: int, shape: StepShape) -> int:
+def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
     """How many tokens ``seq`` drafts this step within ``room`` (0: none)."""
+    shape = engine.shape
     wanted = int(seq.opts.get("draft_num_predict") or 0)
     if wanted <= 0 or not can_draft(engine.model.llama_model):
         return 0
@@ -128,7 +130,7 @@ def _draft_length(engine: Engine, seq: Sequence, room: int, shape: StepShape) ->
     budget = seq.limit - len(seq.generated) if seq.limit >= 0 else -1
     shadowed = state.index is not None  # lookups are free: a pause drafts in the shadow
     if not may_draft(state.window, len(seq.generated), shadowed):
-        if not (shadowed and shadow_step(engine, seq, state, budget, shape)):
+        if not (shadowed and shadow_step(engine, seq, state, budget)):
             return 0
     size, cap = draft_size(state.length, budget, room), draft_size(MAX_LENGTH, budget, room)
     costs, generated = engine.step_costs, len(seq.generated)
@@ -137,9 +139,7 @@ def _draft_length(engine: Engine, seq: Sequence, room: int, shape: StepShape) ->
     return size
 
 
-def shadow_step(
-    engine: Engine, seq: Sequence, state: Drafting, budget: int, shape: StepShape
-) -> bool:
+def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int) -> bool:
     """A paused sequence's shadow drafting (``draft_policy.after_shadow``):
     judge its last shadow draft once the tokens since settle it (one that
     differs, or all of them seen), resume drafting if the shadow window
@@ -150,7 +150,7 @@ def shadow_step(
         matched = common_prefix(draft, seen)
         if matched == len(seen) < len(draft):
             return False  # every token so far as guessed: not settled yet
-        cost = engine.step_costs.cost(len(draft), shape.sequences, estimate=True)  # if now
+        cost = engine.step_costs.cost(len(draft), engine.shape.sequences, estimate=True)
         state.shadow, resume = after_shadow(state.shadow, len(draft), matched, cost)
         state.length = next_length(state.length, len(draft), matched, state.shadow_cut)
         state.shadow_draft = []
@@ -158,14 +158,14 @@ def shadow_step(
             state.window = resumed(state.window)
             return True
     size = draft_size(state.length, budget, MAX_LENGTH)  # cut as a real draft would be
-    costs, alone = engine.step_costs, shape.alone
+    costs, alone = engine.step_costs, engine.shape.alone
     size, state.shadow_cut = cut_draft(costs, size, state.length, alone, False)
     state.shadow_draft = cut_short(costs, state.index.propose(size), size, alone, False)
     state.shadow_at = len(seq.generated)
     return False
 
 
-def prepare_drafts(engine: Engine, generating: list[Sequence], room: int, shape: StepShape) -> int:
+def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int:
     """With a draft model, draft for every generating sequence at once (one
     draft decode per position for all of them) before the batch is filled,
     within the ``room`` the batch will have, taken in the same order. Returns
@@ -176,7 +176,7 @@ def prepare_drafts(engine: Engine, generating: list[Sequence], room: int, shape:
     t0 = time.perf_counter_ns()
     wants = []
     for seq in generating:
-        size = _draft_length(engine, seq, room, shape)
+        size = _draft_length(engine, seq, room)
         room -= size
         if size:
             wants.append((seq, size))

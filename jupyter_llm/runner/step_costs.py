@@ -167,8 +167,8 @@ def cut_draft(
     """The draft's length once cut to the cheapest near it
     (``cheapest_length``), and the cut for ``draft_policy.next_length`` (0:
     none). Only where the sequence's rows are the step's (``alone``: one
-    sequence generating, no prompt chunk): the costs are keyed by the step's
-    drafted tokens, so in a shared step another count's tiles decide. A
+    sequence generating, no prompt chunk): in a shared step the tiles fall
+    on the whole step's rows, which no one sequence's draft decides. A
     draft the limits had kept below the adaptive ``length`` already is cut
     but not remembered as cut (accepted whole, it does not double the
     length). ``explore``: whether a length not measured yet may be tried
