@@ -74,13 +74,19 @@ lint: install $(NODE_MODULES)
 
 # pytest runs the suite on every core (pytest-xdist, each test file on one
 # worker: most tests wait on a server or a runner), then the tests marked
-# "alone" (they assert a ratio of times) by themselves
+# "alone" (they assert a ratio of times) by themselves. A red run ends with
+# the names of what failed (scripts/test-failures, from JUnit reports).
 PYTEST_WORKERS ?= auto
+REPORTS := test-artifacts/reports
 
 test: lint browser hub-proxy vulkan-env
 	cd $(LABEXT) && npm test
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m "not alone"
-	$(BIN)/python -m pytest -m alone
+	@rm -rf $(REPORTS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m "not alone" \
+		--junitxml=$(REPORTS)/parallel.xml || \
+		{ $(BIN)/python scripts/test-failures $(REPORTS)/parallel.xml; exit 1; }
+	$(BIN)/python -m pytest -m alone --junitxml=$(REPORTS)/alone.xml || \
+		{ $(BIN)/python scripts/test-failures $(REPORTS)/alone.xml; exit 1; }
 
 # llama.cpp's Vulkan backend on Mesa's software driver (lavapipe): real layers
 # offloaded to a real non-CPU ggml device (tests/vulkan), with the runners in

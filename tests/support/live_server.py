@@ -91,7 +91,11 @@ class LiveServer:
             time.sleep(0.1)
         self._own_log = None  # kept for the error
         self.stop()
-        raise RuntimeError(f"the Jupyter server did not start (its log: {self.log_path})")
+        tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
+        raise RuntimeError(
+            f"the Jupyter server did not start (its log: {self.log_path}); it ends:\n"
+            + "\n".join(tail)
+        )
 
     @property
     def client_env(self) -> dict[str, str]:
