@@ -461,6 +461,16 @@ def test_an_estimated_cost_prices_a_step_beside_others():
     assert costs.cost(2, 4, estimate=True) == pytest.approx(4 * (41.9 - 33.2) / (2 * 33.2))
 
 
+def test_alone_a_draft_is_judged_only_once_its_rows_were_measured():
+    """One sequence's drafts make few row counts, each soon measured: until
+    then they are not judged at the line's estimate (it paused a quoting
+    stream more, ``StepCosts.cost``)."""
+    costs = tiled_costs(rows={1: 13.4, 4: 33.2, 8: 50.6})
+    assert costs.time_ns(6, estimate=True) is not None
+    assert costs.cost(5, 1, estimate=True) is None
+    assert costs.cost(3, 1, estimate=True) == pytest.approx((33.2 - 13.4) / (3 * 13.4))
+
+
 def test_drafts_in_steps_of_row_counts_not_measured_are_not_free(engine):
     """Two quoting streams beside each other whose drafts make steps of row
     counts never measured (only 1, 2, 3 and 39 rows were): their drafts are
