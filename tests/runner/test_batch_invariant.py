@@ -301,6 +301,9 @@ async def test_gemma_greedy_output_is_identical_with_drafts_and_beside_another_r
         await runner.close()
 
 
+# the suite's slowest test (33 s on a pytest-xdist worker's own CPU, 2-core EPYC,
+# against the 120 s default): room for a CI machine a few times slower
+@pytest.mark.timeout(300)
 async def test_beside_other_requests_drafts_wait_until_alone(gemma_gguf: Path):
     """Four greedy requests at once answer as without drafts. Drafted beside
     one another, a rejected draft's freed cells went to the others' next
