@@ -463,8 +463,8 @@ def test_an_estimated_cost_prices_a_step_beside_others():
 
 def test_alone_a_draft_is_judged_only_once_its_rows_were_measured():
     """One sequence's drafts make few row counts, each soon measured: until
-    then they are not judged at the line's estimate (it paused a quoting
-    stream more, ``StepCosts.cost``)."""
+    then they are not judged at the line's estimate (it paused a greedy
+    rewrite more, ``StepCosts.cost``)."""
     costs = tiled_costs(rows={1: 13.4, 4: 33.2, 8: 50.6})
     assert costs.time_ns(6, estimate=True) is not None
     assert costs.cost(5, 1, estimate=True) is None
