@@ -301,6 +301,7 @@ class GrammarSampler:
     _patterns: list[tuple[re.Pattern[bytes], bool]] = field(default_factory=list)
     check_first: bool = field(default_factory=lambda: CHECK_SAMPLED_FIRST)
     need: int = 0  # allowed tokens that decide the chain's pick (``grammar_walk``); 0: full pass
+    read: int = 0  # best logits that decide the first pick (``grammar_walk.pick_need``); 0: all
     by_text: bool = False  # the grammar matches texts only: its full pass may go by ``trie``
     _penalties: Any = None  # the chain's leading penalties sampler, if any
 
@@ -330,13 +331,13 @@ class GrammarSampler:
         return self._take(walked, checked=False)
 
     def _first_pick(self, ctx: Any, index: int) -> int | None:
-        """The chain's pick over every candidate. Greedy or top-k without
-        penalties: from the best ``need`` read off llama.cpp's logits in place
-        (``grammar_walk.first_pick``, the same token); else the chain over a
-        filled candidate array."""
-        if self.need and self._penalties is None:
+        """The chain's pick over every candidate. Greedy or top-k, with or
+        without penalties that only lower logits: from the best ``read``
+        read off llama.cpp's logits in place (``grammar_walk.first_pick``,
+        the same token); else the chain over a filled candidate array."""
+        if self.read:
             return grammar_walk.first_pick(
-                self.chain, self.need, self.candidates.logits(ctx, index)
+                self.chain, self.read, self.candidates.logits(ctx, index)
             )
         self.candidates.fill(ctx, index)
         return self.candidates.pick(self.chain)

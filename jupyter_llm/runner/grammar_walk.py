@@ -51,6 +51,7 @@ MAX_WALK = 2048  # tokens checked in rank order before the whole allowed set is 
 DEEP_WALK = 16384  # the walk's bound where the trie's pass would check too much
 FIRST_CHUNK = 64  # the walk's first chunk of ranks (then 4x larger each)
 WALK_FROM_VOCAB = 16384  # a smaller vocabulary's full pass costs less than the walk's checks
+MAX_READ = 4096  # best logits a penalised chain's first pick may read; more: the full pass
 
 
 def walk_need(opts: dict[str, Any], n_vocab: int) -> int:
@@ -65,6 +66,32 @@ def walk_need(opts: dict[str, Any], n_vocab: int) -> int:
     if int(opts["mirostat"]) in (1, 2):
         return 0
     return max(0, int(opts["top_k"]))
+
+
+def pick_need(opts: dict[str, Any], n_vocab: int, n_ctx: int) -> int:
+    """How many of the best logits, read before any penalty, decide the
+    chain's pick over every token (``first_pick``): ``walk_need``'s, plus the
+    penalty window where penalties lead the chain (``sequence.build_chain``).
+    Penalties that only lower logits (``repeat_penalty`` at least 1,
+    ``frequency_penalty`` and ``presence_penalty`` at least 0) lower at most
+    one token per position of their window, so at least ``need`` of the best
+    ``need + window`` keep their logits, at or above every token left out:
+    the best ``need`` after the penalties are among them. 0 (the full pass):
+    penalties that may raise a logit, or a window so long that reading that
+    many logits costs more than the copy it saves (``MAX_READ``)."""
+    need = walk_need(opts, n_vocab)
+    repeat, freq, presence = (
+        float(opts["repeat_penalty"]),
+        float(opts["frequency_penalty"]),
+        float(opts["presence_penalty"]),
+    )
+    if not need or (repeat == 1.0 and freq == 0.0 and presence == 0.0):
+        return need
+    if repeat < 1.0 or freq < 0.0 or presence < 0.0:
+        return 0
+    window = int(opts["repeat_last_n"])
+    window = n_ctx if window == -1 else max(0, window)
+    return need + window if need + window <= MAX_READ else 0
 
 
 def ranked(logits: np.ndarray, limit: int) -> tuple[np.ndarray, bool]:
@@ -103,17 +130,20 @@ def best(logits: np.ndarray, limit: int) -> np.ndarray:
 
 
 def first_pick(chain: Any, need: int, logits: np.ndarray) -> int | None:
-    """The chain's pick over every token (a chain without penalties, for
-    which ``need`` is 1 or its top-k) from the ``need`` best alone, read
-    from ``logits`` in place: the same token as the chain over all of them
-    (the module's reasons), without building a 262k candidate array."""
-    if need == 1:
+    """The chain's pick over every token from the ``need`` best alone
+    (``pick_need``: 1 greedy, the top-k, plus the penalty window where
+    penalties lead the chain), read from ``logits`` in place: the same token
+    as the chain over all of them (the module's reasons), without building a
+    262k candidate array. The whole chain, penalties included, runs over
+    them in id order, as over every token: greedy keeps the lowest id among
+    equal logits either way."""
+    if need == 1:  # greedy without penalties
         token = int(np.argmax(logits))  # the first maximum: greedy's pick
         return token if np.isfinite(logits[token]) else None
-    order, _ = ranked(logits, need)
+    order, _ = ranked(logits, need)  # with every tie at the cut
     if len(order) == 0:
         return None
-    return pick_among(chain, 0, order[:need].tolist(), logits)
+    return pick_among(chain, 0, np.sort(order).tolist(), logits)
 
 
 def walk(

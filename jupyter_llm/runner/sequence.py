@@ -20,7 +20,7 @@ import llama_cpp
 from jupyter_llm.runner.constrained import Candidates, GrammarSampler, TokenTable, Triggers
 from jupyter_llm.runner.context_window import num_keep
 from jupyter_llm.runner.grammar_trie import matches_text
-from jupyter_llm.runner.grammar_walk import first_pick, penalties_first, walk_need
+from jupyter_llm.runner.grammar_walk import first_pick, pick_need, walk_need
 from jupyter_llm.runner.protocol import Done, EngineError
 from jupyter_llm.runner.stops import StopScanner
 
@@ -64,15 +64,17 @@ class NativeSampler:
 
     llama.cpp's ``llama_sampler_sample`` copies every logit into a candidate
     array first (262k for Gemma: about 0.4 ms a token on 2 cores, as much as
-    the rest of the step's Python). Greedy, or top-k without penalties (the
-    default options), the pick is read from the ``need`` best logits in place
-    instead (``grammar_walk.first_pick``: the same token, drawn from the same
-    random state; the reasons are that module's). Other chains keep the
-    native call."""
+    the rest of the step's Python), and a penalty sampler looks each of them
+    up in its window (1.5 ms more). Greedy or top-k, with or without
+    penalties that only lower logits (the default options, and
+    ``repeat_penalty``), the pick is read from the ``need`` best logits in
+    place instead (``grammar_walk.pick_need``, ``first_pick``: the same
+    token, drawn from the same random state; the reasons are that module's).
+    Other chains keep the native call (``need`` 0)."""
 
     def __init__(self, chain: Any, candidates: Candidates | None = None, need: int = 0) -> None:
         self.chain, self.candidates = chain, candidates
-        self.need = need if candidates is not None and penalties_first(chain) is None else 0
+        self.need = need if candidates is not None else 0
 
     def sample(self, ctx: Any, index: int) -> int:
         if self.need:
@@ -106,7 +108,7 @@ def make_sampler(
     ``EngineError`` for a grammar or trigger that does not compile."""
     chain = build_chain(table.n_vocab, n_ctx, opts)
     if not grammar:
-        return NativeSampler(chain, candidates, walk_need(opts, table.n_vocab))
+        return NativeSampler(chain, candidates, pick_need(opts, table.n_vocab, n_ctx))
     native = llama_cpp.llama_sampler_init_grammar(table.vocab, grammar.encode(), b"root")
     if not native:
         llama_cpp.llama_sampler_free(chain)
@@ -116,8 +118,17 @@ def make_sampler(
             opts, table.n_vocab
         )  # resample by walking the best candidates (``grammar_walk``)
         by_text = matches_text(grammar)  # its full pass may go by the vocabulary's trie
+        read = pick_need(opts, table.n_vocab, n_ctx)  # the first pick's best logits
         return GrammarSampler(
-            table, candidates, chain, native, triggers, preserve, need=need, by_text=by_text
+            table,
+            candidates,
+            chain,
+            native,
+            triggers,
+            preserve,
+            need=need,
+            read=read,
+            by_text=by_text,
         )
     except Exception:
         llama_cpp.llama_sampler_free(native)
