@@ -438,7 +438,8 @@ def test_a_drafted_token_is_settled_at_what_the_whole_steps_drafts_cost(engine, 
         (4, False, 33.2),  # measured
         (6, False, None),  # not measured, nor estimated
         (6, True, 33.2 + (50.6 - 33.2) / 2),  # on the line from 4 rows to 8
-        (10, True, None),  # past the longest step measured: none (it goes in, is measured)
+        (10, True, 50.6 + (50.6 - 13.4) / 7 * 2),  # past the longest: the line from the shortest
+        (10, False, None),  # chosen only once measured: it goes in, is measured
         (1, True, 13.4),
     ],
 )
@@ -448,11 +449,37 @@ def test_a_step_of_rows_not_measured_yet_is_read_off_its_neighbours(rows, estima
     assert got == (None if ms is None else pytest.approx(ms * MS))
 
 
-def test_nothing_is_estimated_outside_the_counts_measured():
+def test_nothing_is_estimated_below_the_counts_measured_nor_past_a_single_one():
     costs = tiled_costs(rows={4: 33.2, 5: 52.1})
     assert costs.time_ns(2, estimate=True) is None  # only counts above
-    assert costs.time_ns(6, estimate=True) is None  # only counts below
-    assert costs.cost(2, 4, estimate=True) is None
+    assert costs.cost(2, 4, estimate=True) is not None  # 6 rows: past 4 and 5
+    single = tiled_costs(rows={4: 33.2})
+    assert single.time_ns(6, estimate=True) is None  # one count draws no line
+    assert single.cost(2, 4, estimate=True) is None
+
+
+def test_past_the_longest_count_the_line_never_falls():
+    """A cheap tile measured last (4 rows cheaper than 3) does not make a
+    longer step cheaper than the longest measured."""
+    costs = tiled_costs(rows={3: 58.0, 4: 51.1})
+    assert costs.time_ns(36, estimate=True) == pytest.approx(51.1 * MS)
+    costs = tiled_costs(rows={3: 58.0, 4: 51.1, 8: 71.4})  # then a longer one: the line rises
+    assert costs.time_ns(36, estimate=True) == pytest.approx((71.4 + (71.4 - 58.0) / 5 * 28) * MS)
+
+
+def test_several_streams_long_drafts_past_every_measured_step_are_not_free():
+    """Four streams whose long drafts made a 36-row step, longer than any
+    measured: judged on the line from the shortest count through the
+    longest (here the step's real time within 2 %), not at none, which let
+    them draft on (four sampled streams on Gemma, 2 cores)."""
+    measured = {1: 20.8, 4: 51.1, 8: 71.4, 12: 105.6, 16: 134.0, 20: 228.7}
+    costs = tiled_costs(rows=measured)
+    assert costs.time_ns(36, estimate=True) == pytest.approx(
+        (228.7 + (228.7 - 20.8) / 19 * 16) * MS
+    )
+    assert costs.time_ns(36, estimate=True) == pytest.approx(411.3 * MS, rel=0.02)
+    cost = costs.cost(32, 4, estimate=True)
+    assert cost is not None and cost > 0.8  # no sampled window pays that
 
 
 def test_an_estimated_cost_prices_a_step_beside_others():
