@@ -49,7 +49,7 @@ from jupyter_llm.runner.draft_policy import (
 )
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import EngineError
-from jupyter_llm.runner.step_costs import cut_draft, cut_short, priced_length
+from jupyter_llm.runner.step_costs import cut_beside, cut_draft, cut_short, priced_length
 
 if TYPE_CHECKING:
     from jupyter_llm.runner.engine import Engine
@@ -73,6 +73,19 @@ class Drafting:
     shadow_cut: int = 0  # the same, for the shadow draft
     drafted: int = 0
     accepted: int = 0
+    # beside others (``step_costs.cut_beside``): a lookup draft cut to none, made, not
+    # decoded, judged by the tokens that come; and the tokens of drafts and such probes
+    # up to each one's first rejected token, and those accepted
+    probe: list[int] = field(default_factory=list)
+    probe_at: int = 0  # generated tokens when it was made
+    tries: int = 0
+    hits: int = 0
+
+    @property
+    def rate(self) -> float:
+        """The chance a drafted token is accepted after the one before it,
+        from the drafts and probes so far (a half before any)."""
+        return (self.hits + 1) / (self.tries + 2)
 
 
 def drafting_of(engine: Engine, seq: Sequence, wanted: int) -> Drafting:
@@ -110,8 +123,10 @@ def add_draft(engine: Engine, seq: Sequence, n: int, room: int) -> int:
     return len(state.draft)
 
 
-def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
-    """How many tokens ``seq`` drafts this step within ``room`` (0: none)."""
+def _draft_length(engine: Engine, seq: Sequence, room: int, others: int | None = None) -> int:
+    """How many tokens ``seq`` drafts this step within ``room`` (0: none).
+    ``others``: the other sequences' drafted tokens already in the step
+    (default: the batch's so far, ``StepShape.drafted``)."""
     shape = engine.shape
     wanted = int(seq.opts.get("draft_num_predict") or 0)
     if wanted <= 0 or not can_draft(engine.model.llama_model):
@@ -135,6 +150,16 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
     size, cap = draft_size(state.length, budget, room), draft_size(MAX_LENGTH, budget, room)
     costs, generated = engine.step_costs, len(seq.generated)
     priced = priced_length(costs, state, size, cap, generated, shape.sequences)
+    if shape.sequences > 1 and not shape.prompting and state.index is not None:
+        # its rows delay the others (a draft model's drafts keep their length: no
+        # probes teach it the rate while it drafts nothing)
+        drafted = shape.drafted if others is None else others
+        size, state.cut = cut_beside(
+            costs, priced, state.length, shape.sequences, drafted, state.rate
+        )
+        if not size and state.index is not None:
+            probe(state, seq.generated, priced)
+        return size
     size, state.cut = cut_draft(costs, priced, state.length, shape.alone)
     return size
 
@@ -165,6 +190,23 @@ def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int) -> 
     return False
 
 
+def probe(state: Drafting, generated: list[int], size: int) -> None:
+    """A draft cut to none beside others (``step_costs.cut_beside``) still
+    teaches the sequence's acceptance: the last probe is judged once the
+    tokens since settle it (one that differs, or all of them seen), and the
+    next is made, ``size`` long. Without it a sequence whose first drafts
+    looked unlikely to pay would never draft beside others, however well
+    its lookup came to guess (a quote starting late)."""
+    assert state.index is not None
+    draft, seen = state.probe, generated[state.probe_at :]
+    if draft:
+        matched = common_prefix(draft, seen)
+        if matched == len(seen) < len(draft):
+            return  # every token so far as guessed: not settled yet
+        state.tries, state.hits = state.tries + min(len(draft), matched + 1), state.hits + matched
+    state.probe, state.probe_at = state.index.propose(size), len(generated)
+
+
 def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int:
     """With a draft model, draft for every generating sequence at once (one
     draft decode per position for all of them) before the batch is filled,
@@ -174,10 +216,10 @@ def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int
     if engine.drafter is None:
         return 0
     t0 = time.perf_counter_ns()
-    wants = []
+    wants, drafted = [], 0
     for seq in generating:
-        size = _draft_length(engine, seq, room)
-        room -= size
+        size = _draft_length(engine, seq, room, drafted)
+        room, drafted = room - size, drafted + size
         if size:
             wants.append((seq, size))
     for slot, draft in engine.drafter.propose(engine, wants).items():
@@ -234,6 +276,7 @@ def settle(engine: Engine, seq: Sequence, drafted: int, matched: int) -> None:
     state.draft = []
     state.drafted += drafted
     state.accepted += matched
+    state.tries, state.hits = state.tries + min(drafted, matched + 1), state.hits + matched
     shape = engine.shape
     cost = engine.step_costs.cost(max(drafted, shape.drafted), shape.sequences, estimate=True)
     state.window = after_draft(state.window, drafted, matched, len(seq.generated), cost)
