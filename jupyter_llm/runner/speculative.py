@@ -123,10 +123,8 @@ def add_draft(engine: Engine, seq: Sequence, n: int, room: int) -> int:
     return len(state.draft)
 
 
-def _draft_length(engine: Engine, seq: Sequence, room: int, others: int | None = None) -> int:
-    """How many tokens ``seq`` drafts this step within ``room`` (0: none).
-    ``others``: the other sequences' drafted tokens already in the step
-    (default: the batch's so far, ``StepShape.drafted``)."""
+def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
+    """How many tokens ``seq`` drafts this step within ``room`` (0: none)."""
     shape = engine.shape
     wanted = int(seq.opts.get("draft_num_predict") or 0)
     if wanted <= 0 or not can_draft(engine.model.llama_model):
@@ -151,13 +149,13 @@ def _draft_length(engine: Engine, seq: Sequence, room: int, others: int | None =
     costs, generated = engine.step_costs, len(seq.generated)
     priced = priced_length(costs, state, size, cap, generated, shape.sequences)
     if shape.sequences > 1 and not shape.prompting and state.index is not None:
-        # its rows delay the others (a draft model's drafts keep their length: no
-        # probes teach it the rate while it drafts nothing)
-        drafted = shape.drafted if others is None else others
+        # its rows delay the others, after the drafts already in the step (a draft
+        # model's drafts keep their length: no probes teach it the rate while it
+        # drafts nothing)
         size, state.cut = cut_beside(
-            costs, priced, state.length, shape.sequences, drafted, state.rate
+            costs, priced, state.length, shape.sequences, shape.drafted, state.rate
         )
-        if not size and state.index is not None:
+        if not size:
             probe(state, seq.generated, priced)
         return size
     size, state.cut = cut_draft(costs, priced, state.length, shape.alone)
@@ -216,10 +214,10 @@ def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int
     if engine.drafter is None:
         return 0
     t0 = time.perf_counter_ns()
-    wants, drafted = [], 0
+    wants = []
     for seq in generating:
-        size = _draft_length(engine, seq, room, drafted)
-        room, drafted = room - size, drafted + size
+        size = _draft_length(engine, seq, room)
+        room -= size
         if size:
             wants.append((seq, size))
     for slot, draft in engine.drafter.propose(engine, wants).items():
