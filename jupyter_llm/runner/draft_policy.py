@@ -89,13 +89,18 @@ def resumed(window: Window) -> Window:
     return Window(0, 0, 0, window.stops)
 
 
+def judged(drafted: int, accepted: int) -> int:
+    """A draft's tokens that a judgement counts: up to its first rejected one."""
+    return min(drafted, accepted + 1)
+
+
 def tally(
     record: Window | Shadow, drafted: int, accepted: int, cost: float | None
 ) -> tuple[int, int, float]:
     """A window's judged tokens (each draft up to its first rejected one),
     accepted tokens and steps' time owed, after one more draft."""
-    judged = record.drafted + min(drafted, accepted + 1)
-    return judged, record.accepted + accepted, record.owed + (cost or 0.0) * drafted
+    counted = record.drafted + judged(drafted, accepted)
+    return counted, record.accepted + accepted, record.owed + (cost or 0.0) * drafted
 
 
 def pays(judged: int, accepted: int, owed: float) -> bool:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import llama_cpp
 import numpy as np
@@ -68,6 +68,29 @@ def walk_need(opts: dict[str, Any], n_vocab: int) -> int:
     return max(0, int(opts["top_k"]))
 
 
+class Penalties(NamedTuple):
+    """The penalty options as the chain applies them (``sequence.build_chain``)."""
+
+    repeat: float
+    freq: float
+    presence: float
+    window: int  # last tokens penalised (``repeat_last_n``, -1 read as the context)
+
+
+def penalties(opts: dict[str, Any], n_ctx: int) -> Penalties | None:
+    """The request's penalties, or None where they leave every logit as it
+    is (no penalty sampler in the chain)."""
+    repeat, freq, presence = (
+        float(opts["repeat_penalty"]),
+        float(opts["frequency_penalty"]),
+        float(opts["presence_penalty"]),
+    )
+    if repeat == 1.0 and freq == 0.0 and presence == 0.0:
+        return None
+    window = int(opts["repeat_last_n"])
+    return Penalties(repeat, freq, presence, n_ctx if window == -1 else window)
+
+
 def pick_need(opts: dict[str, Any], n_vocab: int, n_ctx: int) -> int:
     """How many of the best logits, read before any penalty, decide the
     chain's pick over every token (``first_pick``): ``walk_need``'s, plus the
@@ -79,19 +102,13 @@ def pick_need(opts: dict[str, Any], n_vocab: int, n_ctx: int) -> int:
     the best ``need`` after the penalties are among them. 0 (the full pass):
     penalties that may raise a logit, or a window so long that reading that
     many logits costs more than the copy it saves (``MAX_READ``)."""
-    need = walk_need(opts, n_vocab)
-    repeat, freq, presence = (
-        float(opts["repeat_penalty"]),
-        float(opts["frequency_penalty"]),
-        float(opts["presence_penalty"]),
-    )
-    if not need or (repeat == 1.0 and freq == 0.0 and presence == 0.0):
+    need, penalised = walk_need(opts, n_vocab), penalties(opts, n_ctx)
+    if not need or penalised is None:
         return need
-    if repeat < 1.0 or freq < 0.0 or presence < 0.0:
+    if penalised.repeat < 1.0 or penalised.freq < 0.0 or penalised.presence < 0.0:
         return 0
-    window = int(opts["repeat_last_n"])
-    window = n_ctx if window == -1 else max(0, window)
-    return need + window if need + window <= MAX_READ else 0
+    read = need + max(0, penalised.window)
+    return read if read <= MAX_READ else 0
 
 
 def ranked(logits: np.ndarray, limit: int) -> tuple[np.ndarray, bool]:

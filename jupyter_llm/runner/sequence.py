@@ -20,7 +20,7 @@ import llama_cpp
 from jupyter_llm.runner.constrained import Candidates, GrammarSampler, TokenTable, Triggers
 from jupyter_llm.runner.context_window import num_keep
 from jupyter_llm.runner.grammar_trie import matches_text
-from jupyter_llm.runner.grammar_walk import first_pick, pick_need, walk_need
+from jupyter_llm.runner.grammar_walk import first_pick, penalties, pick_need, walk_need
 from jupyter_llm.runner.protocol import Done, EngineError
 from jupyter_llm.runner.stops import StopScanner
 
@@ -140,15 +140,10 @@ def build_chain(n_vocab: int, n_ctx: int, opts: dict[str, Any]) -> Any:
     """A native sampler chain for ``opts``: penalties, then the pick."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = llama_cpp.llama_sampler_chain_add
-    repeat, freq, presence = (
-        float(opts["repeat_penalty"]),
-        float(opts["frequency_penalty"]),
-        float(opts["presence_penalty"]),
-    )
-    if repeat != 1.0 or freq != 0.0 or presence != 0.0:
-        last_n = int(opts["repeat_last_n"])
-        last_n = n_ctx if last_n == -1 else last_n
-        add(chain, llama_cpp.llama_sampler_init_penalties(n_vocab, last_n, repeat, freq, presence))
+    penalised = penalties(opts, n_ctx)
+    if penalised is not None:
+        repeat, freq, presence, window = penalised
+        add(chain, llama_cpp.llama_sampler_init_penalties(n_vocab, window, repeat, freq, presence))
     temperature = float(opts["temperature"])
     if temperature <= 0:
         add(chain, llama_cpp.llama_sampler_init_greedy())

@@ -43,6 +43,7 @@ from jupyter_llm.runner.draft_policy import (
     after_draft,
     after_shadow,
     draft_size,
+    judged,
     may_draft,
     next_length,
     resumed,
@@ -168,11 +169,11 @@ def shadow_step(engine: Engine, seq: Sequence, state: Drafting, budget: int) -> 
     differs, or all of them seen), resume drafting if the shadow window
     would have paid (True), else make the next shadow draft."""
     assert state.index is not None
-    draft, seen = state.shadow_draft, seq.generated[state.shadow_at :]
+    draft = state.shadow_draft
     if draft:
-        matched = common_prefix(draft, seen)
-        if matched == len(seen) < len(draft):
-            return False  # every token so far as guessed: not settled yet
+        matched = settled(draft, seq.generated[state.shadow_at :])
+        if matched is None:
+            return False
         cost = engine.step_costs.cost(len(draft), engine.shape.sequences, estimate=True)
         state.shadow, resume = after_shadow(state.shadow, len(draft), matched, cost)
         state.length = next_length(state.length, len(draft), matched, state.shadow_cut)
@@ -196,13 +197,22 @@ def probe(state: Drafting, generated: list[int], size: int) -> None:
     looked unlikely to pay would never draft beside others, however well
     its lookup came to guess (a quote starting late)."""
     assert state.index is not None
-    draft, seen = state.probe, generated[state.probe_at :]
+    draft = state.probe
     if draft:
-        matched = common_prefix(draft, seen)
-        if matched == len(seen) < len(draft):
-            return  # every token so far as guessed: not settled yet
-        state.tries, state.hits = state.tries + min(len(draft), matched + 1), state.hits + matched
+        matched = settled(draft, generated[state.probe_at :])
+        if matched is None:
+            return
+        state.tries, state.hits = state.tries + judged(len(draft), matched), state.hits + matched
     state.probe, state.probe_at = state.index.propose(size), len(generated)
+
+
+def settled(draft: list[int], seen: list[int]) -> int | None:
+    """How many of a draft made but not decoded (a shadow draft, a probe)
+    the tokens generated since agree with, once they settle it (one that
+    differs, or all of it seen); None while every token so far is as
+    guessed and more are to come."""
+    matched = common_prefix(draft, seen)
+    return None if matched == len(seen) < len(draft) else matched
 
 
 def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int:
@@ -274,7 +284,7 @@ def settle(engine: Engine, seq: Sequence, drafted: int, matched: int) -> None:
     state.draft = []
     state.drafted += drafted
     state.accepted += matched
-    state.tries, state.hits = state.tries + min(drafted, matched + 1), state.hits + matched
+    state.tries, state.hits = state.tries + judged(drafted, matched), state.hits + matched
     shape = engine.shape
     cost = engine.step_costs.cost(max(drafted, shape.drafted), shape.sequences, estimate=True)
     state.window = after_draft(state.window, drafted, matched, len(seq.generated), cost)
