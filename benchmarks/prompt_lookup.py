@@ -15,13 +15,14 @@ engine drafts (``draft_policy``: the starting length 4, the adaptive
 length, the windows, the pauses and the shadow drafts; ``step_costs``'
 pricing): a draft is accepted up to its first token that differs from the
 answer, and a step with ``k`` drafted tokens costs ``1 + k * COST(k)``
-steps' time. COST is what a drafted token costs on this machine, as
-``verify_rows.py --gemma`` measured it with 2 threads (a model, so that the
-drafters are compared on the same costs; ``speculative.py`` measures real
-rates). Printed per answer: tokens per step's time (1.0 = drafting saves
-nothing), and the geometric mean.
+steps' time. COST is what a drafted token costs, as ``verify_rows.py
+--gemma`` measured it with 2 threads on a CPU with AVX-512, or with
+``--avx2`` on one without (a model, so that the drafters are compared on
+the same costs; ``speculative.py`` measures real rates). Printed per
+answer: tokens per step's time (1.0 = drafting saves nothing), and the
+geometric mean.
 
-    .venv/bin/python benchmarks/prompt_lookup.py [--answers answers.json]
+    .venv/bin/python benchmarks/prompt_lookup.py [--answers answers.json] [--avx2]
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ from jupyter_llm.runner_client.proxy import start_runner_with
 # 9 rounds: costs of a one-token step's 13.4 ms)
 COSTS = {1: 0.90, 2: 0.64, 3: 0.49, 4: 0.72, 5: 0.62, 6: 0.58, 7: 0.40, 8: 0.54}
 COSTS |= {9: 0.51, 10: 0.49, 11: 0.35, 12: 0.44, 13: 0.42, 14: 0.41, 15: 0.32, 16: 0.40}
+# ``--avx2``: the same on an AMD EPYC with AVX2 and no AVX-512 (7 rounds, of a
+# 16.1 ms step), where rows come in tiles of 2 and 1 or 2 drafted tokens
+# cost nearly a step each
+COSTS_AVX2 = {1: 0.75, 2: 0.98, 3: 0.48, 4: 0.66, 5: 0.42, 6: 0.55, 7: 0.45, 8: 0.50}
+COSTS_AVX2 |= {9: 0.40, 10: 0.48, 11: 0.37, 12: 0.46, 13: 0.39, 14: 0.44, 15: 0.38, 16: 0.45}
 
 
 def cost(k: int) -> float:
@@ -95,6 +101,9 @@ MORE = {
     "hash table": "Explain what a hash table is to a beginner.",
 }
 SAMPLED = ("free", "bicycle", "poem", "hash table")
+# raw text to continue, no chat turn (``decode.py``'s prompt): Gemma's greedy
+# continuation wanders between short loops, where drafts pay least
+RAW = {"continue hello": "hello"}
 
 
 class LatestNgram:
@@ -178,7 +187,7 @@ def replay(prompt: list[int], answer: list[int], make, cut: bool = True) -> floa
 async def record(path: Path) -> dict[str, tuple[list[int], list[int]]]:
     """Answers (prompt tokens, answer tokens) by mode and workload."""
     greedy = {name: prompt for name, prompt in WORKLOADS.items() if name not in SAMPLING}
-    prompts = {**greedy, **{name: turn(text) for name, text in MORE.items()}}
+    prompts = {**greedy, **{name: turn(text) for name, text in MORE.items()}, **RAW}
     spec = LoadSpec(path=str(path), n_ctx=2048)
     modes = {
         "defaults": (spec, {"temperature": 0}),
@@ -206,7 +215,7 @@ async def record(path: Path) -> dict[str, tuple[list[int], list[int]]]:
     return answers
 
 
-def main(saved: Path | None) -> int:
+def main(saved: Path | None, avx2: bool) -> int:
     if saved is not None and saved.exists():
         answers = {k: tuple(v) for k, v in json.loads(saved.read_text()).items()}
     else:
@@ -217,7 +226,11 @@ def main(saved: Path | None) -> int:
             answers = asyncio.run(record(path))
         if saved is not None:
             saved.write_text(json.dumps(answers))
-    print("tokens per step's time, drafting by prompt lookup (1.0: no gain)")
+    if avx2:
+        COSTS.clear()
+        COSTS.update(COSTS_AVX2)
+    machine = "AVX2 without AVX-512" if avx2 else "AVX-512"
+    print(f"tokens per step's time, drafting by prompt lookup (1.0: no gain), {machine} costs")
     print("uncut: the previous pricing; cut: step_costs.cut_draft")
     columns = {
         "latest n-gram": lambda p, a: replay(p, a, LatestNgram, cut=False),
@@ -242,4 +255,5 @@ def main(saved: Path | None) -> int:
 if __name__ == "__main__":
     args = sys.argv[1:]
     # --answers FILE: the recorded answers, read from FILE if it exists, else recorded into it
-    sys.exit(main(Path(args[args.index("--answers") + 1]) if "--answers" in args else None))
+    saved = Path(args[args.index("--answers") + 1]) if "--answers" in args else None
+    sys.exit(main(saved, "--avx2" in args))
