@@ -87,7 +87,7 @@ async def main(gemma: bool, rounds: int = 5, n: int = 128) -> int:
 def report(model, threads, n, estimated, measured, rates) -> int:
     mib = 1 << 20
     print(f"model: {model}; {NUM_CTX} cells, {N_SEQ} sequences, {threads} threads, {n} tokens")
-    print("machine shared with 5 other helpers' builds and tests: rates are indicative")
+    print("decode rates: medians of rounds alternating between the types (each round listed)")
     exact = True
     for t in TYPES:
         diff = estimated[t] - measured[t]
