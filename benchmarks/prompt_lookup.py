@@ -42,7 +42,7 @@ from jupyter_llm.runner import draft_policy as policy
 from jupyter_llm.runner.context_window import common_prefix
 from jupyter_llm.runner.prompt_lookup import PromptLookup
 from jupyter_llm.runner.protocol import Complete
-from jupyter_llm.runner.speculative import Drafting
+from jupyter_llm.runner.speculative import Drafting, settled
 from jupyter_llm.runner.step_costs import StepCosts, cut_draft, cut_short, priced_length
 from jupyter_llm.runner_client.launch import INVARIANT_ENV, LoadSpec
 from jupyter_llm.runner_client.proxy import start_runner_with
@@ -152,19 +152,16 @@ def replay(prompt: list[int], answer: list[int], make, cut: bool = True) -> floa
         seen, budget = len(done), len(answer) - len(done)
         drafting = policy.may_draft(state.window, len(done), True)
         if not drafting:  # speculative.shadow_step
-            settled = True
             if state.shadow_draft:
-                came = done[state.shadow_at :]
-                matched = common_prefix(state.shadow_draft, came)
-                settled = not matched == len(came) < len(state.shadow_draft)
-                if settled:
+                matched = settled(state.shadow_draft, done[state.shadow_at :])
+                if matched is not None:
                     k = len(state.shadow_draft)
                     state.shadow, drafting = policy.after_shadow(state.shadow, k, matched, cost(k))
                     state.length = policy.next_length(state.length, k, matched, state.shadow_cut)
                     state.shadow_draft = []
                     if drafting:
                         state.window = policy.resumed(state.window)
-            if not drafting and settled:
+            if not drafting and not state.shadow_draft:  # settled: the next one
                 size = policy.draft_size(state.length, budget, policy.MAX_LENGTH)
                 size, state.shadow_cut = cut_draft(costs, size, state.length, cut, False)
                 shadow = cut_short(costs, lookup.propose(size), size, cut, False)

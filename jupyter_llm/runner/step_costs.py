@@ -198,7 +198,7 @@ def cut_draft(
     if not alone or not priced:
         return priced, 0
     cut = cheapest_length(costs, priced, explore)
-    return cut, cut if cut < priced and priced >= length else 0
+    return cut, remembered_cut(cut, priced, length)
 
 
 def cut_beside(
@@ -236,7 +236,15 @@ def cut_beside(
         saved = expected * share - (t - start)
         if saved > best_saved:
             best, best_saved = k, saved
-    return best, best if best < priced and priced >= length else 0
+    return best, remembered_cut(best, priced, length)
+
+
+def remembered_cut(cut: int, priced: int, length: int) -> int:
+    """The cut ``draft_policy.next_length`` remembers for a draft of
+    ``priced`` tokens cut to ``cut`` (0: none): only a cut below the
+    adaptive ``length`` the draft was made at, not one the limits had kept
+    shorter already (accepted whole, that does not double the length)."""
+    return cut if cut < priced and priced >= length else 0
 
 
 def cut_short(
