@@ -57,7 +57,18 @@ no decode to split), beside today's runners in one process, 4 rounds on
 Gemma: prompts of 209 and 409 tokens only 1.04x as fast, the drafted
 rewrite and quote 0.86x and 0.92x as fast, tokens identical with and
 without drafts on both. Not taken: at these prompt lengths the short
-drafts cost more than the prompts gain.
+drafts cost more than the prompts gain. Nor did the premise hold when
+measured again (llama-bench pp512, the five settings alternating, 3 rounds
+of 3, another day): the defaults 357-419 tokens/s, repacked weights off
+346-410, tiled matmul off alone 351-428, repacked weights off with q8_0
+keys 296-371 (the tiled kernel on), the ``batch_invariant`` setting
+247-327. So on this machine the repacked weights alone cost prompts nothing
+measurable, and the setting's prompt cost comes with its q8_0 keys as much
+as with the tiled kernel off. The keys' part has a cause in ggml: its CPU
+flash attention takes a tiled path for 64 queries and more only where K and
+V are one f16/f32 type, so q8_0 keys put a prompt's chunks on the per-row
+path too, and the more so the longer the context (pp2048: 0.57-0.61x the
+defaults that day, against 0.67-0.71x at 512).
 
     .venv/bin/python benchmarks/batch_invariance.py [--gemma] [--tokens 40]
     .venv/bin/python benchmarks/batch_invariance.py --gemma --kernels [--tokens 8]
