@@ -73,8 +73,7 @@ lint: install $(NODE_MODULES)
 	cd $(LABEXT) && npm run lint
 
 # pytest runs the suite on every core (pytest-xdist, each test file on one
-# worker: most tests wait on a server or a runner; the longest files first,
-# tests/conftest.py's LONGEST_FILES, so both workers end together), then the tests marked
+# worker: most tests wait on a server or a runner), then the tests marked
 # "alone" (they assert a ratio of times) by themselves. A red run ends with
 # the names of what failed (scripts/test-failures, from JUnit reports).
 PYTEST_WORKERS ?= auto
@@ -83,7 +82,7 @@ REPORTS := test-artifacts/reports
 test: lint browser hub-proxy vulkan-env
 	cd $(LABEXT) && npm test
 	@rm -rf $(REPORTS)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile --no-loadscope-reorder -m "not alone" \
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m "not alone" \
 		--junitxml=$(REPORTS)/parallel.xml || \
 		{ $(BIN)/python scripts/test-failures $(REPORTS)/parallel.xml; exit 1; }
 	$(BIN)/python -m pytest -m alone --junitxml=$(REPORTS)/alone.xml || \

@@ -38,37 +38,6 @@ def keep_to_own_cpus() -> None:
 
 keep_to_own_cpus()
 
-# The files that take longest on a 2-core machine, longest first (seconds of
-# one pytest-xdist worker, `make test`, 2026-12-07). `make test` hands whole
-# files to its workers in collection order (``--dist loadfile
-# --no-loadscope-reorder``); xdist's own order, most tests first, put several
-# of these among the last files handed out, so the pass ended on one worker
-# running them while the other had nothing left. Longest first, the two
-# workers finish together. A file missing here only runs in its place.
-LONGEST_FILES = (
-    "tests/cluster/test_ray_cluster.py",  # 112
-    "tests/runner/test_batch_invariant.py",  # 97
-    "tests/app/test_labextension.py",  # 94
-    "tests/runner/test_gemma.py",  # 44
-    "tests/app/test_cli.py",  # 39
-    "tests/runner/test_runner.py",  # 33
-    "tests/runner/test_native_pick.py",  # 31
-    "tests/kernel/test_kernel.py",  # 29
-    "tests/runner/test_prompt_cache_disk.py",  # 27
-    "tests/runner/test_prompt_cache_ram.py",  # 27
-    "tests/runner/test_grammar_fast_path.py",  # 25
-    "tests/app/test_sidebar_history.py",  # 25
-    "tests/api/test_embed_context.py",  # 24
-    "tests/attacks/test_runner_survives_output.py",  # 24
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files in ``LONGEST_FILES`` first, in its order; the rest after
-    them in collection order (a stable sort: tests within a file keep theirs)."""
-    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
 
 # pytest-jupyter's per-test folders, and pytest's own: nothing a backend reads
 PER_TEST_VARIABLES = {
