@@ -15,7 +15,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jupyter_llm.grammar.check import OutputFormat, check_output
+from jupyter_llm.api.output_check import check_later
+from jupyter_llm.grammar.check import OutputFormat
 from jupyter_llm.metrics import Asked, Completion, count_request
 from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
@@ -155,7 +156,7 @@ async def complete(
     Errors before the first batch (unknown model, bad input, server busy, no
     memory) raise as they are; closing the iterator cancels the generation and
     releases the runner. With a ``format``, output that ends by itself is
-    checked against it (off the event loop) and a mismatch is logged.
+    checked against it afterwards (``output_check``) and a mismatch is logged.
     """
     with count_request(requester.name) as asked:
         async for events in _complete(services, job, requester, asked):
@@ -201,7 +202,7 @@ async def _complete(
                     counted.drafts(done.draft_tokens, done.draft_accepted)
                     counted.cache_hit(done.prompt_cache)
                     if job.format is not None and done.done_reason == "stop":
-                        await check_format(job.format, "".join(text))
+                        check_later(job.format, "".join(text))
                     total = time.perf_counter_ns() - started
                     events[-1] = finished(done, lease.load_duration_ns, total)
                 yield events
@@ -287,14 +288,6 @@ def finished(done: Done, load_duration: int, total_duration: int) -> Finished:
         draft_accepted=done.draft_accepted,
         thinking_tokens=done.thinking_tokens,
     )
-
-
-async def check_format(fmt: OutputFormat, text: str) -> None:
-    """Log output that does not match its ``format`` (the grammar is looser
-    than some schemas; see ``jupyter_llm/grammar/``)."""
-    loop = asyncio.get_running_loop()
-    if problem := await loop.run_in_executor(None, check_output, fmt, text):
-        log.warning("structured output check failed: %s", problem)
 
 
 async def collect(batches: AsyncIterator[list[Event]]) -> Reply | None:

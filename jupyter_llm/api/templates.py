@@ -6,20 +6,47 @@ Anything else is refused with the construct named, never mis-rendered.
 The template comes from the request, so reading it is bounded by its shape:
 actions are found with a left-to-right scan (each character looked at a
 fixed number of times, whatever the braces), an unclosed ``{{`` is an error,
-and ``if`` blocks nest at most ``MAX_NESTING`` deep."""
+``if`` blocks nest at most ``MAX_NESTING`` deep, and what it renders is
+counted as it grows: ``{{ .Prompt }}`` written many times may not make a
+prompt longer than ``TEMPLATE_RENDER`` (a template of a few kilobytes could
+otherwise ask the server for gigabytes)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from jupyter_llm.request.errors import InvalidRequest
+from jupyter_llm.request.limits import TEMPLATE_RENDER
 
 _FIELDS = ("System", "Prompt", "Response")
 MAX_NESTING = 32
 
 
-def render_go_template(template: str, values: dict[str, str]) -> str:
+def render_go_template(
+    template: str, values: dict[str, str], limit: int = TEMPLATE_RENDER.value
+) -> str:
+    """``template`` rendered with ``values``, at most ``limit`` characters."""
     tokens = _tokenize(template)
-    out, _ = _render(tokens, 0, values, top=True)
+    out, _ = _render(tokens, 0, _Output(values, limit), top=True)
     return out
+
+
+@dataclass
+class _Output:
+    """The values, and the characters rendered so far against the limit."""
+
+    values: dict[str, str]
+    limit: int
+    length: int = 0
+
+    def add(self, out: list[str], text: str, emit: bool) -> None:
+        if not emit:  # inside the branch an if does not take
+            return
+        self.length += len(text)
+        if self.length > self.limit:
+            error = TEMPLATE_RENDER.exceeded("template", None)
+            raise InvalidRequest(f"{error}: it renders a prompt longer than that")
+        out.append(text)
 
 
 def _tokenize(template: str) -> list[tuple[str, str]]:
@@ -55,16 +82,22 @@ def _field(expr: str) -> str:
 
 
 def _render(
-    tokens: list[tuple[str, str]], i: int, values: dict[str, str], top: bool = False, depth: int = 0
+    tokens: list[tuple[str, str]],
+    i: int,
+    output: _Output,
+    top: bool = False,
+    depth: int = 0,
+    emit: bool = True,
 ) -> tuple[str, int]:
-    """Render from ``i`` until an ``else``/``end`` at this level (or the end)."""
+    """Render from ``i`` until an ``else``/``end`` at this level (or the end);
+    with ``emit`` false, only read the tokens (a branch not taken)."""
     if depth > MAX_NESTING:
         raise InvalidRequest(f"template has if blocks nested more than {MAX_NESTING} deep")
     out: list[str] = []
     while i < len(tokens):
         kind, body = tokens[i]
         if kind == "text":
-            out.append(body)
+            output.add(out, body, emit)
             i += 1
             continue
         if body in ("else", "end"):
@@ -72,17 +105,17 @@ def _render(
                 raise InvalidRequest(f"template has an unmatched {{{{ {body} }}}}")
             return "".join(out), i
         if body.startswith("if "):
-            cond = bool(values.get(_field(body[3:].strip()), ""))
-            then, i = _render(tokens, i + 1, values, depth=depth + 1)
+            cond = bool(output.values.get(_field(body[3:].strip()), ""))
+            then, i = _render(tokens, i + 1, output, depth=depth + 1, emit=emit and cond)
             other = ""
             if i < len(tokens) and tokens[i][1] == "else":
-                other, i = _render(tokens, i + 1, values, depth=depth + 1)
+                other, i = _render(tokens, i + 1, output, depth=depth + 1, emit=emit and not cond)
             if i >= len(tokens) or tokens[i][1] != "end":
                 raise InvalidRequest("template has an {{ if }} without {{ end }}")
-            out.append(then if cond else other)
+            out.append(then if cond else other)  # counted as it was rendered
             i += 1
             continue
-        out.append(values.get(_field(body), ""))
+        output.add(out, output.values.get(_field(body), ""), emit)
         i += 1
     if not top:
         raise InvalidRequest("template has an {{ if }} without {{ end }}")

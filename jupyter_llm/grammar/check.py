@@ -28,9 +28,16 @@ def check_output(fmt: OutputFormat, text: str) -> str | None:
     if fmt.schema is None:
         return None if isinstance(value, dict) else "output is not a JSON object"
     from jsonschema.exceptions import best_match
+    from referencing.exceptions import Unresolvable
 
     # as jsonschema.validate, without checking the schema again: parse_format did
-    error = best_match(fmt.validator(fmt.schema).iter_errors(value))
+    try:
+        error = best_match(fmt.validator(fmt.schema).iter_errors(value))
+    except Unresolvable as e:  # a $ref to nothing, or outside the schema: the grammar ignored it
+        ref = str(getattr(e, "ref", ""))[:200]
+        return f"output not checked: the schema's $ref {ref!r} cannot be resolved"
+    except RecursionError:  # a $ref cycle with no data between its turns
+        return "output not checked: the schema's $refs recurse without end"
     if error is not None:
         return f"output does not match the schema: {error.message}"
     return None

@@ -79,6 +79,15 @@ TEXT_LAYER = Limit(
     "Ollama's store keeps each as a layer; real chat templates are under 20 KiB",
     shown="4 MiB",
 )
+TEMPLATE_RENDER = Limit(
+    "template_render",
+    "the prompt a request's template renders (/api/generate)",
+    BODY_BYTES.value,
+    "characters",
+    "as long as a prompt a body can carry; {{ .Prompt }} written many times would "
+    "otherwise turn a 1 MiB body into gigabytes in the server",
+    shown="32 Mi characters",
+)
 
 # -- sampling -------------------------------------------------------------------------------
 STOP_STRINGS = Limit(
@@ -257,6 +266,16 @@ SCHEMA_ALTERNATIVES = Limit(
     "branches",
     "the grammar sampler tracks a stack per live branch, for every token; pydantic "
     "unions have a few",
+)
+OUTPUT_CHECK_CPU = Limit(
+    "output_check_cpu",
+    "checking one structured answer against its schema (format, response_format)",
+    1,
+    "s of CPU",
+    "a real answer checks in milliseconds; a schema's pattern can make Python's regular "
+    "expressions backtrack for hours on a model's output. The check runs in a helper "
+    "process after the answer went out; past this, the log says it was not checked",
+    shown="1 s of CPU",
 )
 TOOLS = Limit(
     "tools",
@@ -457,6 +476,7 @@ TABLE: tuple[Limit, ...] = (
     BODY_DEPTH,
     JSON_VALUES,
     TEXT_LAYER,
+    TEMPLATE_RENDER,
     STOP_STRINGS,
     STOP_CHARS,
     REPEAT_LAST_N,
@@ -477,6 +497,7 @@ TABLE: tuple[Limit, ...] = (
     ENUM_VALUES,
     ENUM_CHARS,
     SCHEMA_ALTERNATIVES,
+    OUTPUT_CHECK_CPU,
     TOOLS,
     CONTENT_BLOCKS,
     SYSTEM_BYTES,

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tornado.httpclient import HTTPClientError
 
+from jupyter_llm.api import output_check
 from jupyter_llm.api.structured import parse_format
 from jupyter_llm.grammar.gbnf import seq
 from jupyter_llm.grammar.numbers import Bound, integer_range, number_range
@@ -619,6 +620,7 @@ async def test_output_the_grammar_cannot_hold_to_the_schema_is_logged(
             "llm", "v1", "chat", "completions", method="POST",
             body=json.dumps({**body, "seed": 4, "stream": True}),
         )  # fmt: skip
+        await output_check.checks_done()  # checked after the answer, in a helper process
     assert 1 <= int(r["choices"][0]["message"]["content"]) <= 9
     failed = [r for r in caplog.records if "structured output check failed" in r.getMessage()]
     assert len(failed) == 2, caplog.text

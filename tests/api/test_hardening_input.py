@@ -172,6 +172,19 @@ def test_pathological_templates_are_refused(template, message):
         render_go_template(template, {"System": "s", "Prompt": "p"})
 
 
+def test_a_template_may_not_render_past_its_limit():
+    values = {"System": "", "Prompt": "x" * 10}
+    assert len(render_go_template("{{ .Prompt }}" * 4, values, limit=40)) == 40
+    with pytest.raises(InvalidRequest, match="template_render"):
+        render_go_template("{{ .Prompt }}" * 4, values, limit=39)
+    # a branch not taken costs nothing
+    untaken = "{{ if .System }}" + "{{ .Prompt }}" * 8 + "{{ else }}-{{ end }}"
+    assert render_go_template(untaken, values, limit=1) == "-"
+    # a 1 MiB prompt written 40 times in a 440-byte template: 40 MiB is refused
+    with pytest.raises(InvalidRequest, match=r"limit is 33,554,432 characters \(template_render\)"):
+        render_go_template("{{ .Prompt }}" * 40, {"Prompt": "x" * (1 << 20)})
+
+
 def test_templates_still_render():
     template = "{{- if .System }}[{{ .System }}] {{ end -}}\n Q: {{ .Prompt }} {{ else }}"
     with pytest.raises(InvalidRequest, match="unmatched"):

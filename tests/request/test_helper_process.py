@@ -4,6 +4,7 @@ priority; what it raises comes back; a dead one is replaced."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import types
@@ -39,6 +40,16 @@ def test_work_runs_in_another_process_at_the_lowest_priority(helpers):
 def test_what_the_work_raises_is_raised_here(helpers):
     with pytest.raises(ValueError, match="invalid literal"):
         helper_process.run(int, "not a number")
+
+
+async def test_limited_work_is_interrupted_by_its_cpu_time_and_the_helper_lives_on(helpers):
+    assert await helper_process.run_limited(5, sorted, [2, 1]) == [1, 2]
+    before = psutil.Process().children()
+    # Python's re backtracks for hours on this, holding its interpreter's GIL
+    with pytest.raises(helper_process.CpuLimitExceeded, match=r"over 0\.2 s of CPU"):
+        await helper_process.run_limited(0.2, re.search, r"^(x+x+)+y$", "x" * 40)
+    assert all(helper.is_running() for helper in before)
+    assert await helper_process.run_limited(5, sorted, [2, 1]) == [1, 2]  # the timer was reset
 
 
 def test_a_helper_that_died_is_replaced(helpers):
