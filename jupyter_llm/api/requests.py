@@ -19,7 +19,7 @@ from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.request import untrusted_json
 from jupyter_llm.request.durations import parse_duration
 from jupyter_llm.request.errors import InvalidRequest
-from jupyter_llm.request.limits import EMBED_INPUTS
+from jupyter_llm.request.limits import EMBED_INPUTS, TOOL_NAME
 from jupyter_llm.request.messages import parse_messages
 from jupyter_llm.request.options import (
     OPTION_TYPES as OPTION_TYPES,  # re-exported for the fuzz test
@@ -151,6 +151,7 @@ def tools_field(raw: Any) -> list[dict[str, Any]] | None:
             raise InvalidRequest(f"tools[{i}].function must be an object")
         if not isinstance(function.get("name"), str) or not function["name"]:
             raise InvalidRequest(f"tools[{i}].function.name must be a non-empty string")
+        checked(TOOL_NAME.check, f"tools[{i}].function.name", len(function["name"]))
         parameters = function.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise InvalidRequest(f"tools[{i}].function.parameters must be a JSON Schema object")

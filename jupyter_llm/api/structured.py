@@ -33,7 +33,7 @@ from typing import Any
 
 from jupyter_llm.grammar.check import OutputFormat
 from jupyter_llm.grammar.gbnf import GrammarBudget, GrammarTooLarge
-from jupyter_llm.grammar.json_schema import json_object_grammar, schema_to_grammar
+from jupyter_llm.grammar.json_schema import json_object_grammar, schema_to_grammar, short_name
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.limits import (
     ENUM_CHARS,
@@ -171,6 +171,10 @@ def schema_dialect(schema: dict[str, Any]) -> Any:
             cls.check_schema(schema)
         except jsonschema.SchemaError:
             continue
+        except RecursionError:  # a regex of a thousand nested groups, compiled by the check
+            raise InvalidRequest(
+                "invalid format: the schema nests too deep to be checked (a pattern's groups?)"
+            ) from None
         return cls
     raise invalid_format(schema)
 
@@ -374,7 +378,8 @@ def _bound(schema: Any, where: str, costs: _Costs) -> Any:
     for key in SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {
-                name: _bound(sub, f"{where}.{key}.{name}", costs) for name, sub in out[key].items()
+                name: _bound(sub, f"{where}.{key}.{short_name(name)}", costs)
+                for name, sub in out[key].items()
             }
     for key in (*SUBSCHEMA_LISTS, "items"):
         if isinstance(out.get(key), list):
@@ -427,7 +432,8 @@ def _bound_pattern(pattern: str, where: str, costs: _Costs) -> str:
     """``pattern`` with every ``{m,n}`` above the cap loosened to ``{min(m, cap),}``.
 
     One pass, skipping escapes and character classes the way the converter
-    reads them; a lone ``]`` or ``}`` is a literal."""
+    reads them; a lone ``]`` or ``}`` is a literal. Groups may nest
+    ``max_depth`` deep."""
     _check(
         SCHEMA_PATTERN,
         costs.limits.max_pattern,
@@ -436,9 +442,20 @@ def _bound_pattern(pattern: str, where: str, costs: _Costs) -> str:
         "a pattern too long",
     )
     cap = costs.limits.max_repeat
-    out, i = [], 0
+    out, i, depth = [], 0, 0
     while i < len(pattern):
         ch = pattern[i]
+        if ch == "(":  # the converter reads groups recursively
+            depth += 1
+            _check(
+                SCHEMA_DEPTH,
+                costs.limits.max_depth,
+                f"{costs.field} at {where}",
+                depth,
+                "a pattern's groups nested too deep",
+            )
+        elif ch == ")":
+            depth = max(depth - 1, 0)
         if ch == "\\":
             out.append(pattern[i : i + 2])
             i += 2

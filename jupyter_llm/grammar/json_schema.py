@@ -140,6 +140,17 @@ TYPE_HINTS = (  # a schema without "type": the first family whose keywords it us
 )
 
 
+# characters of a hint kept for a rule's name; of a name kept in a path (``where``)
+HINT_CHARS = 48
+NAME_CHARS = 40
+
+
+def short_name(name: str) -> str:
+    """A property's name as a path shows it: a name may be kilobytes long,
+    and a path holds every name above it."""
+    return name if len(name) <= NAME_CHARS else f"{name[: NAME_CHARS - 3]}..."
+
+
 def ignored(keyword: str, where: str, why: str = "not enforced by the grammar") -> None:
     log.debug(
         "format: JSON Schema %s at %s is %s; the output is validated after", keyword, where, why
@@ -202,6 +213,7 @@ class Converter:
     _refs: dict[str, str] = field(default_factory=dict)
     _merging: set[str] = field(default_factory=set)  # $refs an allOf is merging now
     _head: set[str] = field(default_factory=set)  # $refs entered since the last character
+    _numbered: dict[str, int] = field(default_factory=dict)  # a name's last number
     budget: GrammarBudget = field(default_factory=GrammarBudget)
 
     def grammar(self) -> str:
@@ -225,18 +237,23 @@ class Converter:
         return name
 
     def _fresh(self, hint: str) -> str:
-        base = re.sub(r"[^a-zA-Z0-9-]+", "-", hint).strip("-").lower() or "r"
+        """A new rule's name: from the end of ``hint`` (the most specific part,
+        at most ``HINT_CHARS``: names are spelled at every use), numbered
+        where taken."""
+        base = re.sub(r"[^a-zA-Z0-9-]+", "-", hint[-HINT_CHARS:]).strip("-").lower() or "r"
         if base in PRIMITIVES or base == "root":
             base += "-x"
-        name, n = base, 1
+        name, n = base, self._numbered.get(base, 1)
         while name in self.rules:
             n += 1
             name = f"{base}-{n}"
+        self._numbered[base] = n
         self.rules[name] = ""  # reserved
         return name
 
     # - dispatch -
     def visit(self, schema: Any, where: str, hint: str) -> str:
+        hint = hint[-HINT_CHARS:]  # a property's name may be kilobytes long
         self.budget.spend(SCHEMA_NODES, self.budget.visits, 1)
         if schema is True or schema == {}:
             return self.primitive("value")
@@ -389,7 +406,7 @@ class Converter:
         for name, sub in properties.items():
             if sub is False:
                 continue
-            value = self.visit(sub, f"{where}.properties.{name}", f"{hint}-{name}")
+            value = self.visit(sub, f"{where}.properties.{short_name(name)}", f"{hint}-{name}")
             kv = seq(json_literal(name), "space", '":"', "space", value)
             entries.append((self.rule(f"{hint}-{name}-kv", kv), name in required))
         for name in required:

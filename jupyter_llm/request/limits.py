@@ -215,7 +215,7 @@ SCHEMA_NODES = Limit(
 )
 SCHEMA_DEPTH = Limit(
     "schema_depth",
-    "nesting in a schema, and in tool-call arguments",
+    "nesting in a schema and of groups in its patterns, and in tool-call arguments",
     64,
     "levels",
     "OpenAI allows 10 levels of objects; 64 leaves room for $defs and anyOf",
@@ -305,7 +305,7 @@ SYSTEM_BYTES = Limit(
 )
 TOOL_NAME = Limit(
     "tool_name",
-    "tools[].name, tool_choice.name, tool_use.name (/v1/messages)",
+    "tools[].function.name; tools[].name, tool_choice.name, tool_use.name (/v1/messages)",
     128,
     "characters",
     "names are identifiers; MCP tools' names, prefixed with their server's, stay well "

@@ -18,12 +18,14 @@ from jupyter_llm.chat_formats import (
 )
 from jupyter_llm.chat_formats.detect import check_think
 from jupyter_llm.chat_formats.tool_grammar import (
+    ToolGrammar,
     call_syntax,
     format_markers,
     resolve_tool_choice,
     tool_grammar,
     tool_names,
 )
+from jupyter_llm.grammar.gbnf import GrammarTooLarge
 from jupyter_llm.runner.constrained import Triggers
 from jupyter_llm.runner.context_window import fit_history
 from jupyter_llm.runner.protocol import Complete, InputError
@@ -146,7 +148,7 @@ class ChatPlanner:
         constrained = False  # a tool-call grammar holds the output
         if tools and choice != "none" and not (grammar and choice == "auto"):
             # a required call wins over a format; with "auto" the format holds
-            built = tool_grammar(
+            built = tools_grammar(
                 fmt,
                 tools,
                 choice,
@@ -206,3 +208,15 @@ def plain_parts(engine: Engine, prompt: str, images: list[bytes]) -> list[Part] 
     if not images:
         return None
     return split_plain(prompt, engine.model.image_marker, images)
+
+
+def tools_grammar(fmt: ChatFormat, tools: list[Any], choice: Any, **how: Any) -> ToolGrammar | None:
+    """``tool_grammar``, its refusals as the client's error: the server bounds
+    the tools' schemas (``check_tools``), but only here are they spelled out,
+    and a ``$ref`` or ``allOf`` may spell out more than the schema shows."""
+    try:
+        return tool_grammar(fmt, tools, choice, **how)
+    except GrammarTooLarge as e:
+        raise InputError(f"invalid tools: {e}") from None
+    except RecursionError:
+        raise InputError("invalid tools: the schemas' allOf/anyOf/$ref nest without end") from None
