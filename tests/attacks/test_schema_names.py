@@ -86,5 +86,5 @@ def test_tools_whose_grammar_outgrows_its_budget_in_the_runner_are_the_clients_e
         defs[f"a{i}"] = {"anyOf": branches}
     params = {"type": "object", "$defs": defs, "properties": {"v": {"$ref": "#/$defs/a15"}}}
     tools = tools_field([{"type": "function", "function": {"name": "f", "parameters": params}}])
-    with pytest.raises(InputError, match="invalid tools: .*schema_alternatives"):
+    with pytest.raises(InputError, match=r"invalid tools: .*schema_alternatives"):
         tools_grammar(QWEN, tools, "required")
