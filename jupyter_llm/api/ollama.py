@@ -424,8 +424,12 @@ class DeleteHandler(LLMHandler):
     async def delete(self) -> None:
         body = await self.body_json()
         name = parse_model_name(body.get("model", body.get("name")))
-        entry = await self.blocking(self.llm.store.get, name)
-        await self.llm.scheduler.unload(entry.name.display, self.requester)
+        try:
+            entry = await self.blocking(self.llm.store.get, name)
+        except InvalidRequest:  # a manifest the store cannot read: never loaded, still deleted
+            pass
+        else:
+            await self.llm.scheduler.unload(entry.name.display, self.requester)
         await self.blocking(self.llm.store.delete, name)
         self.set_status(200)
         self.finish()

@@ -46,7 +46,7 @@ from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.images import parse_images
-from jupyter_llm.request.limits import TEXT_LAYER
+from jupyter_llm.request.limits import LICENSES, TEXT_LAYER
 
 
 def now_iso() -> str:
@@ -411,6 +411,8 @@ class CreateCall:
     def texts(self) -> dict[str, str | None]:
         """The text layers it writes, each named by its field."""
         texts = {"template": self.template, "system": self.system}
+        if self.messages:  # the store keeps them as this JSON
+            texts["messages"] = json.dumps(self.messages)
         if isinstance(self.license, str):
             texts["license"] = self.license
         else:
@@ -441,6 +443,8 @@ def create_call(body: dict[str, Any]) -> CreateCall:
         or (isinstance(license_, list) and all(isinstance(x, str) for x in license_))
     ):
         raise InvalidRequest("license must be a string or a list of strings")
+    if isinstance(license_, list):  # each is a layer the store writes and hashes
+        checked(LICENSES.check, "license", len(license_))
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean")

@@ -284,6 +284,9 @@ class ModelStore:
             MEDIA_MESSAGES: json.dumps(messages) if messages else None,
         }
         licenses = [license] if isinstance(license, str) else list(license or [])
+        for media, text in [*texts.items(), *((MEDIA_LICENSE, t) for t in licenses)]:
+            if text and len(text) > MAX_TEXT_LAYER // 4:  # else within it however encoded
+                self._check_text_layer(media, str(text))
         with self.lock:  # from the base's layers until the manifest is written
             if from_model:
                 layers, kept, config = self._base_layers(from_model)
@@ -305,6 +308,14 @@ class ModelStore:
             if drafted is not None and not drafted[1]:
                 self._uploads_used([drafted[0]])
             return self.get(name)
+
+    @staticmethod
+    def _check_text_layer(media: str, text: str) -> None:
+        """Refuse, before anything is written, a text ``get`` could not read back."""
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > MAX_TEXT_LAYER:
+            kind = media.rsplit(".", 1)[-1]
+            raise InvalidRequest(f"{kind} is too large ({size} bytes, at most {MAX_TEXT_LAYER})")
 
     def _text_layers(
         self, texts: dict[str, str | None], licenses: list[Any], kept: dict[str, Any]

@@ -73,11 +73,19 @@ DECODE_ON_LOOP_BYTES = 64 << 10  # bodies above this are parsed off the event lo
 
 TEXT_LAYER = Limit(
     "text_layer",
-    "template, system, license (/api/create; each, as UTF-8)",
+    "template, system, license, messages (/api/create; each, as UTF-8; messages as JSON)",
     4 * MiB,
     "bytes",
     "Ollama's store keeps each as a layer; real chat templates are under 20 KiB",
     shown="4 MiB",
+)
+LICENSES = Limit(
+    "licenses",
+    "license as a list (/api/create)",
+    16,
+    "licenses",
+    "a model carries one license, at times its base's too; each is a layer the store "
+    "writes and hashes while it holds the store's lock",
 )
 TEMPLATE_RENDER = Limit(
     "template_render",
@@ -476,6 +484,7 @@ TABLE: tuple[Limit, ...] = (
     BODY_DEPTH,
     JSON_VALUES,
     TEXT_LAYER,
+    LICENSES,
     TEMPLATE_RENDER,
     STOP_STRINGS,
     STOP_CHARS,

@@ -105,6 +105,15 @@ async def test_model_system_and_messages_reach_the_template(jp_fetch, installed_
         ({"model": "x", "from": "tiny", "license": 3}, "license"),
         ({"model": "x", "files": {"a.gguf": "sha256:" + "0" * 64}, "from": "tiny"}, "either"),
         ({"model": "../x", "from": "tiny"}, "invalid model name"),
+        ({"model": "x", "from": "tiny", "license": ["MIT"] * 17}, "(licenses)"),
+        (
+            {
+                "model": "x",
+                "from": "tiny",
+                "messages": [{"role": "user", "content": "m" * (5 << 20)}],
+            },
+            "messages has 5,242,",  # the layer's JSON, over text_layer's 4 MiB
+        ),
     ],
 )
 async def test_create_bad_input(jp_fetch, installed_model, body, match):
@@ -114,6 +123,29 @@ async def test_create_bad_input(jp_fetch, installed_model, body, match):
     assert match in json.loads(info.value.response.body)["error"]
     names = [m["name"] for m in json.loads((await jp_fetch("llm", "api", "tags")).body)["models"]]
     assert "x:latest" not in names
+    with pytest.raises(HTTPClientError) as info:  # not even a manifest /api/tags hides
+        await show(jp_fetch, "x")
+    assert info.value.code == 404
+
+
+async def test_a_model_the_store_cannot_read_is_still_deleted(
+    jp_fetch, installed_model, models_dir, monkeypatch
+):
+    from jupyter_llm.models import store as store_module
+
+    messages = [{"role": "user", "content": "m" * 100}]
+    store_module.ModelStore(models_dir).create("broken", None, from_model="tiny", messages=messages)
+    # its layer over the limit as read now (an older version's, or a store edited by hand)
+    monkeypatch.setattr(store_module, "MAX_TEXT_LAYER", 50)
+    with pytest.raises(HTTPClientError, match="400"):
+        await show(jp_fetch, "broken")
+    body = json.dumps({"model": "broken"})
+    await jp_fetch(
+        "llm", "api", "delete", method="DELETE", body=body, allow_nonstandard_methods=True
+    )
+    with pytest.raises(HTTPClientError) as info:
+        await show(jp_fetch, "broken")
+    assert info.value.code == 404
 
 
 MODELFILE = '''

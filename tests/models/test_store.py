@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelStore
 from jupyter_llm.request.errors import InvalidRequest, ModelNotFound
 
@@ -117,3 +118,27 @@ def test_a_huge_text_layer_is_refused_not_read(tmp_path, demo_gguf, monkeypatch)
     with pytest.raises(InvalidRequest, match="too large"):
         store.get("big")
     assert [e.name.display for e in store.list()] == ["small:latest"]
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        {"messages": [{"role": "user", "content": "m" * 1000}]},
+        {"license": ["MIT", "x" * 1001]},
+        {"template": "t" * 1001},
+    ],
+    ids=["messages", "license", "template"],
+)
+def test_a_text_too_large_to_read_back_is_refused_before_anything_is_written(
+    tmp_path, demo_gguf, monkeypatch, texts
+):
+    from jupyter_llm.models import store as store_module
+
+    store = ModelStore(tmp_path)
+    digest = store.add_blob_from_file(demo_gguf)
+    store.create("base", {"m.gguf": digest})
+    monkeypatch.setattr(store_module, "MAX_TEXT_LAYER", 1000)
+    with pytest.raises(InvalidRequest, match="too large"):
+        store.create("big", None, from_model="base", **texts)
+    assert not store.manifest_path(parse_model_name("big")).exists()
+    assert [e.name.display for e in store.list()] == ["base:latest"]
