@@ -28,8 +28,10 @@ from jupyter_llm.api.openai_responses_shapes import (
     responses_call,
 )
 from jupyter_llm.api.openai_shapes import openai_error
+from jupyter_llm.api.requests import checked
 from jupyter_llm.api.response_store import ResponseStore, Stored
 from jupyter_llm.request.errors import InvalidRequest, LLMError
+from jupyter_llm.request.limits import CONVERSATION_BYTES
 
 
 class ResponseNotFound(LLMError):
@@ -77,7 +79,9 @@ class ResponsesHandler(ResponseStoreHandler):
         call = await self.blocking(responses_call, body, history)
         head = Head(call.generation.model.display, call.echo, call.previous_response_id)
         asked = [*history, *call.chat]
-        size = await self.blocking(conversation_bytes, asked) if call.store else 0
+        size = await self.blocking(conversation_bytes, asked) if call.store or history else 0
+        if history:  # a chain of responses sends the runner what one body could
+            checked(CONVERSATION_BYTES.check, "previous_response_id's conversation", size)
         if call.stream:
             events = ResponseEvents(head)
 

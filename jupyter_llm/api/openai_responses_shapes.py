@@ -110,17 +110,38 @@ def responses_call(body: dict[str, Any], history: list[dict[str, Any]]) -> Respo
     echo = {
         "instructions": body.get("instructions"),
         "metadata": metadata_of(body.get("metadata")),
-        "tools": body.get("tools") or [],
-        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": [echoed(tool, TOOL_KEYS) for tool in body.get("tools") or []],
+        "tool_choice": echoed_choice(body.get("tool_choice", "auto")),
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         "temperature": request.options.get("temperature"),
         "top_p": request.options.get("top_p"),
         "max_output_tokens": body.get("max_output_tokens"),
         "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
-        "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
+        "text": {"format": echoed((body.get("text") or {}).get("format"), FORMAT_KEYS)},
         "store": store,
     }
     return ResponsesCall(request, chat, stream_flag(body), store, previous_id(body), echo)
+
+
+# what the response object echoes of a tool and of text.format: the fields
+# OpenAI's has, never others a client added (they would be written into every
+# event that carries the response, and kept for GET)
+TOOL_KEYS = ("type", "name", "description", "parameters", "strict")
+FORMAT_KEYS = ("type", "name", "description", "schema", "strict")
+
+
+def echoed(value: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``value``'s ``keys`` (a text format's type is "text" when none was sent)."""
+    if not isinstance(value, dict):
+        return {"type": "text"}
+    return {key: value[key] for key in keys if key in value}
+
+
+def echoed_choice(choice: Any) -> Any:
+    """``tool_choice`` as it was read (``choice_of``): a word, or the function named."""
+    if isinstance(choice, dict):
+        return {"type": choice.get("type"), "name": choice.get("name")}
+    return choice
 
 
 def options_of(body: dict[str, Any]) -> dict[str, Any]:

@@ -367,6 +367,15 @@ STORED_BYTES = Limit(
     "held in the server's memory: the oldest are dropped first to stay under it",
     shown="256 MiB",
 )
+CONVERSATION_BYTES = Limit(
+    "conversation_bytes",
+    "a conversation continued by previous_response_id, with the new input (/v1/responses; as JSON)",
+    BODY_BYTES.value,
+    "bytes",
+    "as much as one body may carry: a chain of responses would otherwise send a runner up "
+    "to the whole store (stored_bytes) in one request",
+    shown="32 MiB",
+)
 STORED_SECONDS = Limit(
     "stored_seconds",
     "how long a stored response stays usable as previous_response_id",
@@ -517,6 +526,7 @@ TABLE: tuple[Limit, ...] = (
     METADATA_KEYS,
     STORED_RESPONSES,
     STORED_BYTES,
+    CONVERSATION_BYTES,
     STORED_SECONDS,
     ORIGIN_CHARS,
     USAGE_KERNELS,

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from jupyter_llm.request.errors import AllocationFailed, InvalidRequest, RunnerFailed
+from jupyter_llm.request.limits import DECODE_ON_LOOP_BYTES
 from jupyter_llm.runner.protocol import (
     ALLOCATION,
     INVALID,
@@ -165,7 +166,12 @@ class RunnerProcess:
         finished = False
         try:
             self._raise_if_dead()
-            self._send({**args, "id": rid, "op": op})
+            message = {**args, "id": rid, "op": op}
+            if small(message, DECODE_ON_LOOP_BYTES):
+                self._send(message)
+            else:  # a 32 MiB prompt takes a quarter of a second to encode
+                data = await asyncio.get_running_loop().run_in_executor(None, encode, message)
+                self._send_encoded(data)
             while not finished:
                 batch = [await queue.get()]
                 while not queue.empty():
@@ -191,9 +197,12 @@ class RunnerProcess:
 
     # -- internals -----------------------------------------------------------------
     def _send(self, message: dict[str, Any]) -> None:
+        self._send_encoded(encode(message))
+
+    def _send_encoded(self, data: bytes) -> None:
         if self._writer is None:
             raise RunnerFailed(f"{self.label} is not started")
-        self._writer.write(encode(message))
+        self._writer.write(data)
 
     def _raise_if_dead(self) -> None:
         if self._dead is not None:
@@ -284,3 +293,23 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited unexpectedly with status {code}"
+
+
+def small(value: Any, budget: int) -> bool:
+    """Is ``value`` surely under ``budget`` bytes as JSON? Counted until it is
+    not (each value at least a few bytes), so the count costs at most a few
+    thousand steps, however large the value."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            budget -= len(item) + 2
+        elif isinstance(item, dict | list | tuple):
+            budget -= 8 * len(item)
+            if budget >= 0:
+                stack.extend([*item.keys(), *item.values()] if isinstance(item, dict) else item)
+        else:
+            budget -= 8
+        if budget < 0:
+            return False
+    return True

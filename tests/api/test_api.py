@@ -509,6 +509,43 @@ async def test_embed_truncate(jp_fetch, installed_model):
     )
 
 
+async def test_a_long_prompt_reaches_the_runner_encoded_off_the_event_loop(
+    jp_fetch, installed_model, monkeypatch
+):
+    import threading
+
+    from jupyter_llm.runner_client import process
+
+    encoded_where: list[tuple[int, bool]] = []
+
+    def encode(message):
+        encoded_where.append(
+            (
+                len(message.get("prompt") or ""),
+                threading.current_thread() is threading.main_thread(),
+            )
+        )
+        return original(message)
+
+    original = process.encode
+    monkeypatch.setattr(process, "encode", encode)
+    prompt = "ab " * 70_000  # 210 KB: longer than the context, truncated in the runner
+    r = await post(
+        jp_fetch,
+        "api/generate",
+        {
+            "model": "tiny",
+            "prompt": prompt,
+            "raw": True,
+            "stream": False,
+            "options": {"num_predict": 1},
+        },
+    )
+    assert json.loads(r.body)["done"]
+    assert (len(prompt), False) in encoded_where  # not on the loop's thread
+    assert all(on_loop for size, on_loop in encoded_where if size < 1000)  # small ones are
+
+
 # -- embedding batches larger than one message of the runner channel --------------------
 def serving_runner(jp_serverapp):
     (loaded,) = jp_serverapp.web_app.settings["jupyter_llm"].scheduler.loaded_models()

@@ -411,3 +411,41 @@ async def test_an_error_mid_stream_is_an_error_event(client, installed_model, mo
         async for event in stream:
             seen.append(event.type)
     assert seen[0] == "response.created"
+
+
+async def test_the_response_echoes_only_the_fields_openai_has(client, hermes):
+    """Keys a client adds to a tool or to text.format are not written into the
+    response (three times in a stream, and kept for GET)."""
+    raw = await client.responses.with_raw_response.create(
+        model=hermes,
+        input="x",
+        max_output_tokens=1,
+        extra_body={
+            "tools": [{**WEATHER, "pad": "p" * 1000}],
+            "tool_choice": {"type": "function", "name": "get_weather", "pad": "c"},
+            "text": {"format": {"type": "text", "pad": "q" * 1000}},
+        },
+    )
+    made = raw.http_response.json()
+    assert made["tools"] == [WEATHER]
+    assert made["tool_choice"] == FORCED
+    assert made["text"] == {"format": {"type": "text"}}
+
+
+async def test_a_conversation_continued_past_its_limit_is_a_400(
+    client, installed_model, monkeypatch
+):
+    from dataclasses import replace
+
+    from jupyter_llm.api import openai_responses
+    from jupyter_llm.request.limits import CONVERSATION_BYTES
+
+    monkeypatch.setattr(
+        openai_responses, "CONVERSATION_BYTES", replace(CONVERSATION_BYTES, value=2000)
+    )
+    first = await client.responses.create(model="tiny", input="x " * 600, max_output_tokens=1)
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.responses.create(
+            model="tiny", input="y " * 600, previous_response_id=first.id, max_output_tokens=1
+        )
+    assert "the limit is 2,000 bytes (conversation_bytes)" in e.value.body["message"]
