@@ -30,6 +30,11 @@ from jupyter_llm.runner.protocol import (
 # Characters of one token message: even escaped (6 bytes a character at most)
 # its line stays far below the server's limit on a reply line (64 MiB).
 PART_CHARS = 1 << 20
+# Logprobs entries held at most (about 1.2 KB each with 20 alternatives): they
+# go with their text, but a reader may hold text back for long (blanks before
+# a call, a harmony header), and one reply line over the server's limit would
+# end the whole runner
+LOGPROBS_HELD = 256
 
 Send = Callable[[dict[str, Any]], None]
 
@@ -97,6 +102,14 @@ class CompletionReplies:
         self.out = TokenStream(self.send_tokens, interval)
         self.calls = 0
         self.thinking_tokens = 0  # tokens whose text the reader read as thinking
+
+    def add_logprob(self, entry: dict[str, Any]) -> None:
+        """A token's logprobs; sent on their own once ``LOGPROBS_HELD`` wait."""
+        self.logprobs.append(entry)
+        if len(self.logprobs) >= LOGPROBS_HELD:
+            self.out.flush()  # with the text waiting for the interval, if any
+            if self.logprobs:  # text a reader holds back comes later
+                self.send_tokens("")
 
     def send_tokens(self, text: str, thinking: str = "") -> None:
         token = Token(text, thinking, self.logprobs[:])

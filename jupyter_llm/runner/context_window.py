@@ -122,6 +122,10 @@ def fit_history(
         dropped = set(droppable[:n])
         return [m for i, m in enumerate(messages) if i not in dropped]
 
+    if not droppable or not fits(least := without(len(droppable))):
+        # not even the system prompt and the latest message: no search (a long
+        # system message rendered and tokenized at each of its steps took a minute)
+        return without(len(droppable))
     low, high = 1, len(droppable)  # the fewest drops that fit: binary search
     while low < high:
         mid = (low + high) // 2
@@ -129,7 +133,7 @@ def fit_history(
             high = mid
         else:
             low = mid + 1
-    return without(high)
+    return least if high == len(droppable) else without(high)
 
 
 def swa_reusable(keep: int, pos_min: int, n_swa: int) -> int:

@@ -20,6 +20,7 @@ Runs in the runner process only; everything here blocks.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections import deque
@@ -69,6 +70,9 @@ Emit = Callable[[str], None]
 Cancelled = Callable[[], bool]
 
 
+# a text of at most this many characters a context token is tokenized, whatever
+# the vocabulary: tokens hold about 4 characters of prose
+SHORTEST_LONG = 8
 FLASH_ATTN_TYPES = {
     "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -219,8 +223,41 @@ class Engine:
         return prompt.cut(head, tail)
 
     def fits(self, text: str) -> bool:
-        """Does a rendered prompt leave room in the context for an answer?"""
+        """Does a rendered prompt leave room in the context for an answer? A
+        text surely too long is not tokenized (megabytes take seconds of the
+        loop every stream waits on)."""
+        if self.surely_too_long(text):
+            return False
         return len(self.model.tokenize(text, add_special=self.model.add_bos)) < self.n_ctx
+
+    def surely_too_long(self, text: str, tokens: int | None = None) -> bool:
+        """Is ``text`` more than ``tokens`` (the context) tokens, whatever its
+        words? Each token holds at most ``longest`` characters."""
+        tokens = self.n_ctx if tokens is None else tokens
+        return len(text) > tokens * SHORTEST_LONG and len(text) >= tokens * self.longest_token
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        return self.model.tokens.longest()
+
+    def prompt_tokens(
+        self, prompt: str, context: list[int] | None, suffix: str | None, truncate: bool
+    ) -> list[int]:
+        """``Model.prompt_tokens``, less the middle of a prompt surely too long
+        for the context: truncation keeps its head and its end, so only as
+        much of each as the context could hold is tokenized (a 32 MiB prompt
+        took seconds of the loop). Refused at once where it may not be cut."""
+        if suffix is not None or not self.surely_too_long(prompt, 2 * self.n_ctx):
+            return self.model.prompt_tokens(prompt, context, suffix)
+        if not truncate:
+            raise InputError(
+                f"the prompt (over {len(prompt) // self.longest_token:,} tokens) does not fit "
+                f"the context length ({self.n_ctx}); shorten it, raise num_ctx, or allow truncate"
+            )
+        span = self.n_ctx * self.longest_token  # characters holding at least n_ctx tokens
+        head = self.model.prompt_tokens(prompt[:span], context, None)
+        tail = self.model.tokenize(prompt[-span:], add_special=False)
+        return head + tail  # the cut falls in what truncation drops
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, job: Job) -> None:

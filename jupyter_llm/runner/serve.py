@@ -220,7 +220,9 @@ class RunnerService:
             media = self.image_prompt(engine, request, plan.parts)
             tokens = media.tokens
         else:
-            tokens = engine.model.prompt_tokens(plan.prompt, request.context, request.suffix)
+            tokens = engine.prompt_tokens(
+                plan.prompt, request.context, request.suffix, request.truncate
+            )
             tokens = engine.fit_prompt(tokens, num_keep(request.options), request.truncate)
         replies = CompletionReplies(
             rid,
@@ -242,7 +244,7 @@ class RunnerService:
             triggers=plan.triggers,
             preserve=plan.preserve,
             logprobs=logprobs_count(request),
-            on_logprob=replies.logprobs.append,
+            on_logprob=replies.add_logprob,
             priority=request.priority,
         )
         if media is not None:

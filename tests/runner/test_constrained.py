@@ -19,6 +19,7 @@ from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.grammar.gbnf import literal
 from jupyter_llm.grammar.json_schema import schema_to_grammar
 from jupyter_llm.runner.constrained import (
+    TRIGGER_LOOKBACK,
     Triggers,
     compile_triggers,
     trigger_start,
@@ -49,7 +50,15 @@ def test_trigger_start(patterns, output, new, expected):
 def test_a_trigger_is_sought_near_the_end_only():
     far = b"<b>" + b"x" * 10_000
     assert trigger_start(compile_triggers((r"<b>",)), far, 1) is None
-    assert trigger_start(compile_triggers((r"^(<b>)[\s\S]*$",)), far, 1) == 0
+
+
+def test_a_trigger_of_the_whole_output_is_watched_for_its_first_4_kib():
+    # it would have matched before: a model that has not begun by then answers in text
+    whole = compile_triggers((r"^\s*(\{[\s\S]*)$",))
+    assert trigger_start(whole, b" " * (TRIGGER_LOOKBACK - 1) + b"{", 1) == TRIGGER_LOOKBACK - 1
+    assert trigger_start(whole, b" " * TRIGGER_LOOKBACK + b"{", 1) is None
+    # its cost stays that of 4 KiB however long the blanks (13 ms a token at 1 MB)
+    assert trigger_start(whole, b" " * (4 << 20) + b"{", 1) is None
 
 
 def test_a_trigger_that_does_not_compile_is_refused():

@@ -160,3 +160,19 @@ def test_fit_history(messages, budget, kept):
 )
 def test_swa_reusable(keep, pos_min, n_swa, reusable):
     assert swa_reusable(keep, pos_min, n_swa) == reusable
+
+
+def test_fit_history_tries_the_least_first_when_even_it_may_not_fit():
+    """A system message too long for the context alone: two checks, not a
+    binary search that renders and tokenizes it at each step (a minute)."""
+    messages = [{"role": "system", "content": "s" * 1000}] + [
+        {"role": "user", "content": f"m{i}"} for i in range(16_384)
+    ]
+    tried: list[int] = []
+
+    def fits(kept: list[dict]) -> bool:
+        tried.append(len(kept))
+        return False
+
+    assert [m["content"] for m in fit_history(messages, fits)][1:] == ["m16383"]
+    assert tried == [16_385, 2]

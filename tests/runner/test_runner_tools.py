@@ -394,3 +394,28 @@ def test_template_variables_reach_the_template_but_never_replace_its_own():
     chat = [{"role": "user", "content": "hi"}]
     assert template.render(chat, None, {"enable_thinking": False, "messages": []}) == "False|1"
     assert template.render(chat) == "|1"
+
+
+def test_logprobs_behind_held_back_text_go_out_in_bounded_messages():
+    """Blanks a tool-call reader holds back (a call may follow them) held their
+    tokens' logprobs too: 56k tokens of them made one reply line over the
+    server's 64 MiB limit, and the server killed the runner with every
+    stream on it. They go out on their own, ``LOGPROBS_HELD`` at a time."""
+    from jupyter_llm.chat_formats import OutputStream, detect_format, read_template
+    from jupyter_llm.runner.completion import LOGPROBS_HELD, CompletionReplies
+
+    sent: list[dict] = []
+    reader = OutputStream(
+        detect_format(read_template("Qwen-Qwen2.5-7B-Instruct")), tools=True, split_thinking=False
+    )
+    replies = CompletionReplies(1, sent.append, 0.0, reader, lambda: None)
+    for _ in range(3 * LOGPROBS_HELD + 10):
+        replies.add_logprob({"token": " ", "logprob": -0.5, "top_logprobs": []})
+        replies.emit(" ")
+    assert [len(m.get("logprobs", ())) for m in sent] == [LOGPROBS_HELD] * 3
+    assert all(not m.get("text") for m in sent)  # the blanks are still held
+    replies.emit("done")
+    replies.finish(Done(done_reason="stop"))
+    entries = sum(len(m.get("logprobs", ())) for m in sent if m["type"] == "token")
+    assert entries == 3 * LOGPROBS_HELD + 10
+    assert "".join(m.get("text", "") for m in sent if m["type"] == "token").endswith("done")
