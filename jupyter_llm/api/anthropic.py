@@ -58,7 +58,7 @@ class MessagesHandler(AnthropicHandler):
             events = MessageEvents(request.model.display)
             await self.stream_generation(request, events.batch, NAMED_SSE)
         elif (reply := await self.whole_completion(request)) is not None:  # None: the client left
-            self.write_json(message(request.model.display, reply))
+            await self.write_answer(message(request.model.display, reply))
 
 
 class CountTokensHandler(AnthropicHandler):

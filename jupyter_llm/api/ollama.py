@@ -281,7 +281,7 @@ class CompletionHandler(LLMHandler):
         elif call.stream:
             await self.stream_generation(request, encoder.batch, NDJSON)
         elif (reply := await self.whole_completion(request)) is not None:  # None: the client left
-            self.write_json(encoder.whole(reply, request.logprobs is not None))
+            await self.write_answer(encoder.whole(reply, request.logprobs is not None))
 
     async def load_or_unload(self, request: GenerationRequest) -> str:
         """A request with nothing to generate: the model loaded (kept), or

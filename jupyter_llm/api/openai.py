@@ -52,7 +52,7 @@ class ChatCompletionsHandler(OpenAIHandler):
             chunks = ChatChunks(head, call.include_usage)
             await self.stream_generation(request, chunks.batch, SSE)
         elif (reply := await self.whole_completion(request)) is not None:  # None: the client left
-            self.write_json(chat_completion(head, reply, request.logprobs is not None))
+            await self.write_answer(chat_completion(head, reply, request.logprobs is not None))
 
 
 class CompletionsHandler(OpenAIHandler):
@@ -68,7 +68,7 @@ class CompletionsHandler(OpenAIHandler):
             chunks = CompletionChunks(head, call.include_usage)
             await self.stream_generation(request, chunks.batch, SSE)
         elif (reply := await self.whole_completion(request)) is not None:  # None: the client left
-            self.write_json(text_completion(head, reply, request.logprobs is not None))
+            await self.write_answer(text_completion(head, reply, request.logprobs is not None))
 
 
 class EmbeddingsHandler(OpenAIHandler):

@@ -96,7 +96,7 @@ class ResponsesHandler(ResponseStoreHandler):
         elif (reply := await self.whole_completion(call.generation)) is not None:
             done = head.response(whole_output(reply), reply.finished)
             self.keep(call, asked, size, done)
-            self.write_json(done)
+            await self.write_answer(done)
 
     def keep(self, call: ResponsesCall, asked: list[Any], size: int, done: dict[str, Any]) -> None:
         """Store the conversation for ``previous_response_id``, unless ``store:
@@ -126,7 +126,7 @@ class StoredResponseHandler(ResponseStoreHandler):
     async def get(self, response_id: str) -> None:
         if self.get_query_argument("stream", "false").lower() == "true":
             raise InvalidRequest("a stored response cannot be streamed again: omit stream")
-        self.write_json(self.found(response_id).response)
+        await self.write_answer(self.found(response_id).response)
 
     @web.authenticated
     @authorized("execute")

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from jupyter_llm.request.errors import AllocationFailed, InvalidRequest, RunnerFailed
+from jupyter_llm.request.json_size import small
 from jupyter_llm.request.limits import DECODE_ON_LOOP_BYTES
 from jupyter_llm.runner.protocol import (
     ALLOCATION,
@@ -293,23 +294,3 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited unexpectedly with status {code}"
-
-
-def small(value: Any, budget: int) -> bool:
-    """Is ``value`` surely under ``budget`` bytes as JSON? Counted until it is
-    not (each value at least a few bytes), so the count costs at most a few
-    thousand steps, however large the value."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            budget -= len(item) + 2
-        elif isinstance(item, dict | list | tuple):
-            budget -= 8 * len(item)
-            if budget >= 0:
-                stack.extend([*item.keys(), *item.values()] if isinstance(item, dict) else item)
-        else:
-            budget -= 8
-        if budget < 0:
-            return False
-    return True

@@ -546,6 +546,31 @@ async def test_a_long_prompt_reaches_the_runner_encoded_off_the_event_loop(
     assert all(on_loop for size, on_loop in encoded_where if size < 1000)  # small ones are
 
 
+async def test_a_large_whole_answer_is_encoded_off_the_event_loop(
+    jp_fetch, installed_model, monkeypatch
+):
+    import threading
+
+    from jupyter_llm.api import base
+
+    encoded_on_loop: list[bool] = []
+
+    def json_chunks(value):
+        encoded_on_loop.append(threading.current_thread() is threading.main_thread())
+        return original(value)
+
+    original = base.json_chunks
+    monkeypatch.setattr(base, "json_chunks", json_chunks)
+    body = {"model": "tiny", "prompt": "hi", "stream": False, "logprobs": True, "top_logprobs": 20}
+    r = await post(jp_fetch, "api/generate", {**body, "options": {"num_predict": 120}})
+    answer = json.loads(r.body)
+    assert len(answer["logprobs"]) == answer["eval_count"] and len(r.body) > 64 << 10
+    assert int(r.headers["Content-Length"]) == len(r.body)
+    assert encoded_on_loop == [False]
+    r = await post(jp_fetch, "api/generate", {**body, "options": {"num_predict": 2}})
+    assert json.loads(r.body)["done"] and encoded_on_loop == [False]  # small: as it was
+
+
 # -- embedding batches larger than one message of the runner channel --------------------
 def serving_runner(jp_serverapp):
     (loaded,) = jp_serverapp.web_app.settings["jupyter_llm"].scheduler.loaded_models()

@@ -1,5 +1,5 @@
-"""``small``: whether a message to a runner is surely small enough to encode
-on the event loop, found in a bounded number of steps."""
+"""``small``: whether a value (a message to a runner, an answer) is surely
+small enough to encode on the event loop, found in a bounded number of steps."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from jupyter_llm.runner_client.process import small
+from jupyter_llm.request.json_size import small
 
 BUDGET = 64 << 10
 
