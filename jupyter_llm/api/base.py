@@ -106,6 +106,9 @@ MAX_JSON_BODY = BODY_BYTES.value
 JSON_PIECE = 1 << 16  # characters encoded in one call: well under a millisecond
 LIST_PIECE = JSON_PIECE // 16  # list items encoded in one call
 FLUSH_CHARS = 1 << 20  # written to the client before more is encoded
+# a stream whose client has read nothing for this long is closed (its generation
+# cancelled, its runner slot freed): a connection left open but never read
+STALLED_CLIENT_SECONDS = 120
 JSON_SEPARATORS = (", ", ": ")  # json.dumps's
 COMPACT = (",", ":")
 
@@ -406,7 +409,7 @@ class LLMHandler(APIHandler):
                         self._begin(framing)
                         begun = True
                     self.write("".join(framing.encode(v) for v in values))
-                    await self.flush()
+                    await self.flush_or_close()
         except StreamClosedError:
             return  # the client left while we wrote: batches are closed already
         except Exception as e:
@@ -422,6 +425,20 @@ class LLMHandler(APIHandler):
             self._begin(framing)
         self.write(framing.trailer)
         self.finish()
+
+    async def flush_or_close(self) -> None:
+        """``flush``, unless the client reads nothing for ``STALLED_CLIENT_SECONDS``:
+        then the connection is closed as if the client had left."""
+        try:
+            await asyncio.wait_for(self.flush(), STALLED_CLIENT_SECONDS)
+        except TimeoutError:
+            log.warning(
+                "%s %s: the client read nothing for %g s; its stream is closed",
+                self.request.method, self.request.path, STALLED_CLIENT_SECONDS,
+            )  # fmt: skip
+            self._client_gone = True
+            self.request.connection.close()
+            raise StreamClosedError() from None
 
     async def stream_generation(
         self,

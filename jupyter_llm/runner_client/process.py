@@ -35,6 +35,10 @@ from jupyter_llm.runner.protocol import (
 log = logging.getLogger(__name__)
 
 STREAM_LIMIT = 64 * 1024 * 1024  # the longest reply line; embeddings come in parts below it
+# replies one request may have waiting for its reader (at most about 1.5 KB
+# each, with 20 logprobs): a reader that stopped (a client that reads nothing,
+# its flush waiting) would otherwise hold the whole answer in the server
+MAX_BACKLOG = 16384
 _EOF = object()
 
 
@@ -234,9 +238,17 @@ class RunnerProcess:
                 except ValueError:
                     log.warning("%s sent a malformed message: %r", self.label, line[:200])
                     continue
-                queue = self._pending.get(message.get("id", -1))
-                if queue is not None:
-                    queue.put_nowait(message)
+                rid = message.get("id", -1)
+                queue = self._pending.get(rid)
+                if queue is None:
+                    continue
+                if queue.qsize() >= MAX_BACKLOG:  # the reader stopped: stop the request
+                    del self._pending[rid]
+                    queue.put_nowait(backlog_error(rid))
+                    with contextlib.suppress(Exception):
+                        self._send({"id": 0, "op": "cancel", "target": rid})
+                    continue
+                queue.put_nowait(message)
         except (ConnectionError, ValueError, asyncio.LimitOverrunError) as e:
             level = logging.DEBUG if self._closing else logging.WARNING
             log.log(level, "%s channel failed: %s", self.label, e)
@@ -294,3 +306,12 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited unexpectedly with status {code}"
+
+
+def backlog_error(rid: int) -> dict[str, Any]:
+    """What a request whose reader fell ``MAX_BACKLOG`` replies behind gets last."""
+    return {
+        "id": rid,
+        "type": "error",
+        "error": f"cancelled: its reader fell {MAX_BACKLOG} replies behind (a client not reading)",
+    }

@@ -92,6 +92,27 @@ async def test_cancel_stops_generation(runner):
     assert done["eval_count"] == 2
 
 
+async def test_a_request_whose_reader_stopped_is_cancelled_past_its_backlog(runner, monkeypatch):
+    """A reader that takes nothing more (a client that reads nothing, its
+    flush waiting) would hold the whole answer in the server: past
+    ``MAX_BACKLOG`` replies the request is cancelled in the runner."""
+    from jupyter_llm.runner_client import process
+
+    monkeypatch.setattr(process, "MAX_BACKLOG", 16)
+    options = {**GREEDY, "num_predict": 100000}
+    stream = runner.complete(Complete(prompt="hello", options=options, stream_interval=0))
+    async for _ in stream:
+        break  # the first batch; then nothing is read
+    await until(lambda: not runner.process._pending, 60, "the backlog to cancel the request")
+    with pytest.raises(RunnerFailed, match="fell 16 replies behind"):
+        async for _ in stream:
+            pass
+    _, done = await asyncio.wait_for(
+        collect(runner, prompt="x", options={**GREEDY, "num_predict": 2}), 30
+    )
+    assert done["eval_count"] == 2  # the runner is free: the request was cancelled there
+
+
 async def test_health_while_generating(runner):
     stream = runner.complete(Complete(prompt="hello", options={**GREEDY, "num_predict": 100000}))
     async for _ in stream:
