@@ -18,6 +18,7 @@ a flavour overrides for its error shape; there is one ``write_error``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -239,9 +240,21 @@ class LLMHandler(APIHandler):
     _received = 0
     _client_gone = False  # streams stop (and cancel their generation) once this is set
 
+    _gone: asyncio.Event | None = None  # set when the client leaves (``until_gone``)
+
     def on_connection_close(self) -> None:
         self._client_gone = True
+        if self._gone is not None:
+            self._gone.set()
         super().on_connection_close()
+
+    async def until_gone(self) -> None:
+        """Returns once the client has left."""
+        if self._gone is None:
+            self._gone = asyncio.Event()
+            if self._client_gone:
+                self._gone.set()
+        await self._gone.wait()
 
     def check_xsrf_cookie(self) -> None:
         """A request that is not a GET and has no valid token is refused with
@@ -384,6 +397,26 @@ class LLMHandler(APIHandler):
         closed, which cancels a generation and releases its runner. Use it
         under ``contextlib.aclosing``."""
         try:
+            # the first item may wait long (a queue, a load, the prompt): a
+            # client that leaves meanwhile withdraws its request at once, rather
+            # than keep its place and have its prompt run for no one
+            first = asyncio.ensure_future(anext(source))
+            gone = asyncio.ensure_future(self.until_gone())
+            try:
+                await asyncio.wait((first, gone), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                if not first.done():
+                    first.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await first
+            if first.cancelled() or self._client_gone:
+                return
+            try:
+                item = first.result()
+            except StopAsyncIteration:
+                return
+            yield item
             async for item in source:
                 if self._client_gone:
                     return

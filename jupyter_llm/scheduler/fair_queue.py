@@ -6,7 +6,8 @@ so one user's batch of 500 prompts does not starve another user's chat.
 A user at the per-user limit of concurrent requests is passed over (their
 requests stay queued), and so is a request whose model has no free slot.
 Priority comes before fairness: interactive requests go before batch ones,
-unless batch work on that model is due (``scheduler.priority``).
+unless batch work on that model is due (``scheduler.priority``). The queue
+itself is shared too (``may_wait``): one user cannot fill it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,17 @@ from dataclasses import dataclass, field
 
 from jupyter_llm.request.priority import INTERACTIVE
 from jupyter_llm.scheduler.priority import batch_due, order, passes_after
+
+
+def may_wait(waiting: int, mine: int, max_queue: int) -> bool:
+    """May a user holding ``mine`` of the ``waiting`` requests queue one more?
+    Never past ``max_queue``; its last quarter is kept for users holding less
+    than a quarter of it, so one user's flood (512 requests sent at once)
+    leaves the others room rather than a 503."""
+    if waiting >= max_queue:
+        return False
+    share = max(1, max_queue // 4)
+    return waiting < max_queue - share or mine < share
 
 
 @dataclass(frozen=True, eq=False)

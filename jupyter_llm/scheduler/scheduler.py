@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from functools import partial
@@ -45,7 +46,7 @@ from jupyter_llm.request.identity import LOCAL, Requester
 from jupyter_llm.request.priority import INTERACTIVE
 from jupyter_llm.runner_client.launch import LoadRequest, gpu_library
 from jupyter_llm.scheduler import fit, policy
-from jupyter_llm.scheduler.fair_queue import Waiter, unload_now
+from jupyter_llm.scheduler.fair_queue import Waiter, may_wait, unload_now
 from jupyter_llm.scheduler.keep_alive import start_timer, stop_timer
 from jupyter_llm.scheduler.load_progress import LoadProgress
 from jupyter_llm.scheduler.model_facts import ModelFacts
@@ -82,6 +83,7 @@ class Scheduler:
         self._loaded: dict[str, Loaded] = {}
         self._load_lock = asyncio.Lock()
         self._waiting = 0
+        self._waiting_by_user: Counter[str] = Counter()
         self._changed = asyncio.Condition()
         self._closing = False
         self._background: set[asyncio.Future[None]] = set()
@@ -117,9 +119,11 @@ class Scheduler:
         here (for a load or a slot) counts against ``max_queue``; free slots go
         to the waiting users in turn (``fair_queue``), interactive requests
         before batch ones (``priority``)."""
-        if self._waiting >= self.settings.max_queue:
+        user = requester.name
+        if not may_wait(self._waiting, self._waiting_by_user[user], self.settings.max_queue):
             raise ServerBusy()
         self._waiting += 1
+        self._waiting_by_user[user] += 1
         try:
             while True:
                 loaded, fresh_ns = await self._get_loaded(entry, options, keep_alive)
@@ -133,6 +137,9 @@ class Scheduler:
                     loaded.waiting -= 1
         finally:
             self._waiting -= 1
+            self._waiting_by_user[user] -= 1
+            if not self._waiting_by_user[user]:
+                del self._waiting_by_user[user]
         loaded.last_used = time.monotonic()
         stop_timer(loaded)
         if keep_alive is not None:

@@ -13,7 +13,7 @@ from jupyter_llm.api.ps import ps_body
 from jupyter_llm.request.errors import AllocationFailed, ModelLoadFailed
 from jupyter_llm.request.identity import LOCAL, Requester, requester_of
 from jupyter_llm.scheduler import LoadOptions
-from jupyter_llm.scheduler.fair_queue import FairQueue, Waiter, next_waiter, unload_now
+from jupyter_llm.scheduler.fair_queue import FairQueue, Waiter, may_wait, next_waiter, unload_now
 
 
 def waiters(spec: str) -> list[Waiter]:
@@ -221,3 +221,21 @@ async def test_shutdown_fails_the_queued_requests():
     await scheduler.shutdown()
     with pytest.raises(ModelLoadFailed, match="shutting down"):
         await asyncio.wait_for(bob, 10)
+
+
+@pytest.mark.parametrize(
+    ("waiting", "mine", "max_queue", "allowed"),
+    [
+        (0, 0, 512, True),
+        (383, 383, 512, True),  # one user alone: three quarters of the queue
+        (384, 384, 512, False),
+        (384, 0, 512, True),  # the last quarter: for users holding less than a quarter
+        (500, 127, 512, True),
+        (500, 128, 512, False),
+        (512, 0, 512, False),  # never past max_queue
+        (0, 0, 1, True),
+        (1, 0, 1, False),
+    ],
+)
+def test_may_wait(waiting, mine, max_queue, allowed):
+    assert may_wait(waiting, mine, max_queue) is allowed

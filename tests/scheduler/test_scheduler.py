@@ -25,6 +25,7 @@ from jupyter_llm.api.ps import describe_loaded
 from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceSource
 from jupyter_llm.request.errors import AllocationFailed, InsufficientMemory, ServerBusy
+from jupyter_llm.request.identity import Requester
 from jupyter_llm.scheduler import LoadOptions, Scheduler, choose_victim, vram
 
 
@@ -93,6 +94,21 @@ async def test_queue_full_is_503():
         await s.acquire(a, LoadOptions(), None)
     lease.release()
     (await waiting).release()
+
+
+async def test_one_user_cannot_fill_the_queue():
+    s, _ = make(ONE_GPU, max_queue=4)
+    a, ann, bob = entry("a"), Requester("ann"), Requester("bob")
+    lease = await s.acquire(a, LoadOptions(), None, ann)  # holds the only slot
+    queued = [asyncio.ensure_future(s.acquire(a, LoadOptions(), None, ann)) for _ in range(3)]
+    await until(lambda: s.pending == 3)
+    with pytest.raises(ServerBusy):  # the last quarter is kept for the others
+        await s.acquire(a, LoadOptions(), None, ann)
+    bobs = asyncio.ensure_future(s.acquire(a, LoadOptions(), None, bob))
+    await until(lambda: s.pending == 4)
+    lease.release()
+    for granted in asyncio.as_completed([*queued, bobs]):  # bob's first: the least served
+        (await granted).release()
 
 
 async def test_num_parallel_slots_and_kv_size():

@@ -1,0 +1,61 @@
+"""Attack: send requests and close their connections while they wait for a
+slot. They kept their places in the queue (and later ran their prompts for
+no one): forty sent and dropped at once still showed 40 queued, and all ran.
+A request whose client leaves while it waits is withdrawn at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+
+@pytest.fixture
+def llm_config() -> dict:
+    return {"num_parallel": 1, "num_threads": 1}
+
+
+async def counts(jp_fetch) -> tuple[int, int]:
+    """(running, queued) on the loaded models, as /api/ps counts them."""
+    models = json.loads((await jp_fetch("llm", "api", "ps")).body)["models"]
+    states = [s for m in models for s in m["priorities"].values()]
+    return sum(s["running"] for s in states), sum(s["queued"] for s in states)
+
+
+async def until_counts(jp_fetch, expected: tuple[int, int]) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while (seen := await counts(jp_fetch)) != expected:
+        assert loop.time() < deadline, f"(running, queued) is {seen}, not {expected}"
+        await asyncio.sleep(0.05)
+
+
+async def open_request(port: int, base_url: str, token: str, body: dict):
+    """A generate request on its own connection, sent and not read."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data = json.dumps(body).encode()
+    writer.write(
+        f"POST {base_url}llm/api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: token {token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def test_requests_whose_clients_left_while_queued_are_withdrawn(
+    jp_fetch, jp_serverapp, jp_base_url, http_server_port, installed_model
+):
+    port, token = http_server_port[1], jp_serverapp.identity_provider.token
+    long = {"model": "tiny", "prompt": "hi", "options": {"num_predict": 100_000}}
+    holder = await open_request(port, jp_base_url, token, long)  # takes the one slot
+    await until_counts(jp_fetch, (1, 0))
+    left = [await open_request(port, jp_base_url, token, long) for _ in range(5)]
+    await until_counts(jp_fetch, (1, 5))
+    for _, writer in left:
+        writer.close()
+    await until_counts(jp_fetch, (1, 0))  # withdrawn, not run later
+    holder[1].close()  # the stream's client leaves: its generation ends
+    await until_counts(jp_fetch, (0, 0))
