@@ -43,16 +43,22 @@ def choose_victim(loaded: list[Loaded]) -> Loaded | None:
 
 def needs_reload(loaded: Loaded, entry: ModelEntry, wanted: Wanted) -> bool:
     """A different file, or a load-time option that differs. A smaller or equal
-    num_ctx reuses the runner; num_gpu -1 accepts any layout."""
+    num_ctx reuses the runner; num_gpu -1 accepts any layout. The options that
+    tune speed only (num_batch, num_thread, use_mmap) reload an idle model, not
+    one that requests run on: the request runs on it as loaded (one user's
+    num_batch 511, then 510, reloaded a shared model for everyone each time)."""
     have = loaded.wanted
+    tuned = (
+        wanted.num_batch != have.num_batch
+        or wanted.num_thread != have.num_thread
+        or wanted.use_mmap != have.use_mmap
+    )
     return (
         loaded.entry.digest != entry.digest
         or wanted.num_ctx > have.num_ctx
-        or wanted.num_batch != have.num_batch
-        or wanted.num_thread != have.num_thread
-        or wanted.use_mmap != have.use_mmap
         or wanted.main_gpu != have.main_gpu
         or (wanted.num_gpu != -1 and wanted.num_gpu != have.num_gpu)
+        or (tuned and loaded.refcount == 0)
     )
 
 

@@ -75,6 +75,23 @@ def test_needs_reload(change, reload):
     assert needs_reload(loaded(), entry("a"), replace(WANTED, **change)) is reload
 
 
+@pytest.mark.parametrize(
+    ("change", "reload"),
+    [
+        ({"num_batch": 256}, False),  # speed only: it runs on the model as loaded
+        ({"num_thread": 4}, False),
+        ({"use_mmap": False}, False),
+        ({"num_ctx": 8192}, True),  # what the model can do: a reload, once it drains
+        ({"main_gpu": 1}, True),
+        ({"num_gpu": 10}, True),
+    ],
+)
+def test_needs_reload_while_requests_run_on_it(change, reload):
+    busy = loaded()
+    busy.refcount = 1
+    assert needs_reload(busy, entry("a"), replace(WANTED, **change)) is reload
+
+
 def test_needs_reload_for_another_file():
     other = replace(entry("a"), digest="d-other")
     assert needs_reload(loaded(), other, WANTED)
