@@ -462,8 +462,11 @@ class LLMHandler(APIHandler):
     async def flush_or_close(self) -> None:
         """``flush``, unless the client reads nothing for ``STALLED_CLIENT_SECONDS``:
         then the connection is closed as if the client had left."""
+        flushed = self.flush()
+        if flushed.done():  # as a rule: the socket took it (no timer per token)
+            return await flushed
         try:
-            await asyncio.wait_for(self.flush(), STALLED_CLIENT_SECONDS)
+            await asyncio.wait_for(flushed, STALLED_CLIENT_SECONDS)
         except TimeoutError:
             log.warning(
                 "%s %s: the client read nothing for %g s; its stream is closed",
