@@ -17,7 +17,7 @@ from typing import Literal
 
 from jupyter_llm.chat_formats import harmony
 from jupyter_llm.chat_formats.detect import ChatFormat
-from jupyter_llm.chat_formats.markers import held_back
+from jupyter_llm.chat_formats.markers import MAX_HELD_BLANKS, held_back
 
 
 @dataclass
@@ -70,7 +70,13 @@ class ThinkingStream:
         self._buffer += text
         if self._blank and text.isspace():
             # blanks held back stay held: not stripped again (quadratic in blanks)
-            return ThinkingDelta()
+            if len(self._buffer) <= MAX_HELD_BLANKS:
+                return ThinkingDelta()
+            held, self._buffer = self._buffer, ""  # so many blanks are text
+            if self._state == "thinking":
+                return ThinkingDelta(thinking=held)
+            self._state = "content"
+            return ThinkingDelta(content=held)
         out = self._advance(final=False)
         self._blank = self._state in ("start", "thinking") and (
             not self._buffer or self._buffer.isspace()

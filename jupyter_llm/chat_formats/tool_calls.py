@@ -51,7 +51,7 @@ from jupyter_llm.chat_formats.detect import (
     DEEPSEEK_CALLS_END,
     ChatFormat,
 )
-from jupyter_llm.chat_formats.markers import find_first, held_back
+from jupyter_llm.chat_formats.markers import MAX_HELD_BLANKS, find_first, held_back
 
 # Characters of one call, held back until it closes: past them it is content
 # (a call that never closes would otherwise be held, and sent, whole).
@@ -190,7 +190,11 @@ class ToolCallStream:
         self._buffer += text
         if self._blank and text.isspace():
             # blanks held back stay held: not stripped again (quadratic in blanks)
-            return ToolCallDelta()
+            if len(self._buffer) <= MAX_HELD_BLANKS:
+                return ToolCallDelta()
+            held, self._buffer = self._buffer, ""  # so many blanks are the answer's
+            self._state = "content"
+            return ToolCallDelta(content=held)
         if self._state == "call" and len(self._buffer) > MAX_CALL_CHARS:
             # no call is this long: what was held goes out, and reading goes on after it
             held, self._buffer, self._state, self._blank = self._buffer, "", "content", True

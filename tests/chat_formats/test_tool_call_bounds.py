@@ -269,3 +269,20 @@ def test_a_call_that_never_closes_is_content_past_its_bound():
     after = stream.feed(' <tool_call>{"name": "f", "arguments": {}}</tool_call>')
     after += stream.finish()
     assert [c.name for c in after.tool_calls] == ["f"]
+
+
+@pytest.mark.parametrize("template", ["hermes", "qwq"])
+def test_blanks_held_back_go_out_past_their_bound(template):
+    """A model writing only blanks (a call or a tag may follow them) cost every
+    token a copy of all held so far: past ``MAX_HELD_BLANKS`` they are text."""
+    from jupyter_llm.chat_formats.markers import MAX_HELD_BLANKS
+
+    f = fmt(template)
+    stream = OutputStream(f, tools=True, split_thinking=f.can_think, tool_names=["f"])
+    out = stream.feed("    ")
+    for _ in range(MAX_HELD_BLANKS):
+        out += stream.feed("    ")
+    assert MAX_HELD_BLANKS < len(out.content + out.thinking) <= 4 * (MAX_HELD_BLANKS + 1)
+    after = stream.feed('<tool_call>{"name": "f", "arguments": {}}</tool_call>')
+    after += stream.finish()
+    assert [c.name for c in after.tool_calls] == ["f"]  # calls are still read after them
