@@ -9,6 +9,7 @@ import asyncio
 import json
 
 import pytest
+from raw_http import open_post
 
 
 @pytest.fixture
@@ -31,28 +32,14 @@ async def until_counts(jp_fetch, expected: tuple[int, int]) -> None:
         await asyncio.sleep(0.05)
 
 
-async def open_request(port: int, base_url: str, token: str, body: dict):
-    """A generate request on its own connection, sent and not read."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    data = json.dumps(body).encode()
-    writer.write(
-        f"POST {base_url}llm/api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Authorization: token {token}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n".encode()
-        + data
-    )
-    await writer.drain()
-    return reader, writer
-
-
 async def test_requests_whose_clients_left_while_queued_are_withdrawn(
     jp_fetch, jp_serverapp, jp_base_url, http_server_port, installed_model
 ):
     port, token = http_server_port[1], jp_serverapp.identity_provider.token
     long = {"model": "tiny", "prompt": "hi", "options": {"num_predict": 100_000}}
-    holder = await open_request(port, jp_base_url, token, long)  # takes the one slot
+    holder = await open_post(port, jp_base_url, token, "api/generate", long)  # takes the one slot
     await until_counts(jp_fetch, (1, 0))
-    left = [await open_request(port, jp_base_url, token, long) for _ in range(5)]
+    left = [await open_post(port, jp_base_url, token, "api/generate", long) for _ in range(5)]
     await until_counts(jp_fetch, (1, 5))
     for _, writer in left:
         writer.close()

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 from loopback import DEADLINE, Pause, etag, pull_events, sha
+from raw_http import open_post
 from tornado.httpclient import HTTPClientError
 from waiting import until
 
@@ -233,19 +234,8 @@ async def test_a_client_leaving_during_the_backoff_cancels_the_pull(
 
 async def open_pull(jp_serverapp, jp_base_url, http_server_port, body):
     """A streaming pull on a raw connection the test can close: (reader, writer)."""
-    import asyncio
-
-    data = json.dumps(body).encode()
-    port = http_server_port[1]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        f"POST {jp_base_url}llm/api/pull HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Authorization: token {jp_serverapp.identity_provider.token}\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n".encode()
-        + data
-    )
-    await writer.drain()
-    return reader, writer
+    token = jp_serverapp.identity_provider.token
+    return await open_post(http_server_port[1], jp_base_url, token, "api/pull", body)
 
 
 async def test_a_shared_download_outlives_the_pull_that_began_it(
