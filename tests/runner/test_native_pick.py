@@ -37,7 +37,7 @@ def answers(gguf: Path) -> dict[str, list[int]]:
     try:
         out = {}
         for name, options in CASES.items():
-            run = Run(engine, PROMPT, **{**DEFAULT_OPTIONS, **options, "num_predict": 48})
+            run = Run(engine, PROMPT, **{**DEFAULT_OPTIONS, **options, "num_predict": 32})
             finish(engine, run)
             assert not run.errors and run.done is not None
             out[name] = run.done.context[-run.done.eval_count :]
