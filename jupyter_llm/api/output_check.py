@@ -22,7 +22,7 @@ from jupyter_llm.grammar.check import OutputFormat, check_output
 from jupyter_llm.request import helper_process
 from jupyter_llm.request.limits import OUTPUT_CHECK_CPU
 
-log = logging.getLogger("jupyter_llm.api.generation")
+log = logging.getLogger(__name__)
 
 # checks under way at most (each holds its answer's text and schema); past it
 # an answer is not checked, and the log says so

@@ -70,8 +70,8 @@ Emit = Callable[[str], None]
 Cancelled = Callable[[], bool]
 
 
-# a text of at most this many characters a context token is tokenized, whatever
-# the vocabulary: tokens hold about 4 characters of prose
+# characters per context token below which a text is simply tokenized, without
+# asking the vocabulary for its longest token: prose holds about 4 a token
 SHORTEST_LONG = 8
 FLASH_ATTN_TYPES = {
     "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,

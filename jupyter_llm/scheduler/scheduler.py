@@ -82,8 +82,7 @@ class Scheduler:
         self._facts = ModelFacts(read_info, read_projector)
         self._loaded: dict[str, Loaded] = {}
         self._load_lock = asyncio.Lock()
-        self._waiting = 0
-        self._waiting_by_user: Counter[str] = Counter()
+        self._waiting: Counter[str] = Counter()  # requests waiting, per user
         self._changed = asyncio.Condition()
         self._closing = False
         self._background: set[asyncio.Future[None]] = set()
@@ -120,10 +119,9 @@ class Scheduler:
         to the waiting users in turn (``fair_queue``), interactive requests
         before batch ones (``priority``)."""
         user = requester.name
-        if not may_wait(self._waiting, self._waiting_by_user[user], self.settings.max_queue):
+        if not may_wait(self.pending, self._waiting[user], self.settings.max_queue):
             raise ServerBusy()
-        self._waiting += 1
-        self._waiting_by_user[user] += 1
+        self._waiting[user] += 1
         try:
             while True:
                 loaded, fresh_ns = await self._get_loaded(entry, options, keep_alive)
@@ -136,10 +134,9 @@ class Scheduler:
                 finally:
                     loaded.waiting -= 1
         finally:
-            self._waiting -= 1
-            self._waiting_by_user[user] -= 1
-            if not self._waiting_by_user[user]:
-                del self._waiting_by_user[user]
+            self._waiting[user] -= 1
+            if not self._waiting[user]:
+                del self._waiting[user]
         loaded.last_used = time.monotonic()
         stop_timer(loaded)
         if keep_alive is not None:
@@ -179,7 +176,7 @@ class Scheduler:
     @property
     def pending(self) -> int:
         """Requests waiting for a load or a slot (bounded by ``max_queue``)."""
-        return self._waiting
+        return self._waiting.total()
 
     def loaded_models(self) -> list[Loaded]:
         return [m for m in self._loaded.values() if m.runner.alive]

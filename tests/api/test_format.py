@@ -614,7 +614,7 @@ async def test_output_the_grammar_cannot_hold_to_the_schema_is_logged(
         "max_tokens": 8,
         "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
     }
-    with caplog.at_level(logging.WARNING, logger="jupyter_llm.api.generation"):
+    with caplog.at_level(logging.WARNING, logger="jupyter_llm.api.output_check"):
         r = await post(jp_fetch, {**body, "seed": 3}, "v1", "chat", "completions")
         await jp_fetch(
             "llm", "v1", "chat", "completions", method="POST",

@@ -36,7 +36,7 @@ async def test_a_check_that_would_backtrack_for_hours_stops_at_its_cpu_limit(
         "format": FORTY_XS,
         "options": {"num_predict": 200, "temperature": 0},
     }
-    with caplog.at_level(logging.WARNING, logger="jupyter_llm.api.generation"):
+    with caplog.at_level(logging.WARNING, logger="jupyter_llm.api.output_check"):
         status, answer = await attacker.json("api/generate", body)
         assert status == 200, answer
         assert answer["response"].replace(" ", "") == '{"a":"' + "x" * 40 + '"}'
