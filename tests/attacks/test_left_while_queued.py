@@ -5,11 +5,11 @@ A request whose client leaves while it waits is withdrawn at once."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 from raw_http import open_post
+from waiting import until
 
 
 @pytest.fixture
@@ -25,11 +25,10 @@ async def counts(jp_fetch) -> tuple[int, int]:
 
 
 async def until_counts(jp_fetch, expected: tuple[int, int]) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while (seen := await counts(jp_fetch)) != expected:
-        assert loop.time() < deadline, f"(running, queued) is {seen}, not {expected}"
-        await asyncio.sleep(0.05)
+    async def seen() -> bool:
+        return await counts(jp_fetch) == expected
+
+    await until(seen, 60, f"(running, queued) to be {expected}", poll=0.05)
 
 
 async def test_requests_whose_clients_left_while_queued_are_withdrawn(
