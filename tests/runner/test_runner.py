@@ -101,10 +101,12 @@ async def test_a_request_whose_reader_stopped_is_cancelled_past_its_backlog(runn
     monkeypatch.setattr(process, "MAX_BACKLOG", 16)
     options = {**GREEDY, "num_predict": 100000}
     stream = runner.complete(Complete(prompt="hello", options=options, stream_interval=0))
-    async for _ in stream:
-        break  # the first batch; then nothing is read
+    # sent, and at most its first batch read (on a busy machine, not even that
+    # before the backlog fills); then nothing is read
+    first = asyncio.ensure_future(anext(stream))
     await until(lambda: not runner.process._pending, 60, "the backlog to cancel the request")
     with pytest.raises(RunnerFailed, match="fell 16 replies behind"):
+        await first
         async for _ in stream:
             pass
     _, done = await asyncio.wait_for(
