@@ -25,6 +25,10 @@ START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", 
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
 _BODY_STOPS = (*ENDS, START, CHANNEL)
 _RECIPIENT = re.compile(r"to=(\S+?)(?=\s|<\||$)")
+# A header is held until its ``<|message|>``; one the model never closes is
+# text past this many characters (a real header is a few dozen), so a prompt
+# injection cannot make the reader hold the whole output until the end.
+MAX_HEADER_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,11 @@ class HarmonyReader:
             return True
         if self._state == "header":
             at = buf.find(MESSAGE, self._searched)
+            if at < 0 and len(buf) > MAX_HEADER_CHARS:  # never a header: text, in no message
+                self._searched, self._header, self._state = 0, Header(), "body"
+                events += [Event("header", self._header), Event("text", self._header, buf)]
+                self._buffer = ""
+                return False
             if at < 0:  # next time, only what is new (and a marker across the join)
                 self._searched = max(0, len(buf) - len(MESSAGE) + 1)
                 return False

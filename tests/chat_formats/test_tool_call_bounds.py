@@ -286,3 +286,23 @@ def test_blanks_held_back_go_out_past_their_bound(template):
     after = stream.feed('<tool_call>{"name": "f", "arguments": {}}</tool_call>')
     after += stream.finish()
     assert [c.name for c in after.tool_calls] == ["f"]  # calls are still read after them
+
+
+@pytest.mark.parametrize("tools", [True, False])
+def test_a_harmony_header_never_closed_goes_out_past_its_bound(tools):
+    """A header is held until its ``<|message|>``: one a prompt injection never
+    closes was held to the end of the output (one character a token, with no
+    end under context shift). Past ``MAX_HEADER_CHARS`` it is text, and later
+    messages are still read."""
+    from jupyter_llm.chat_formats.harmony import MAX_HEADER_CHARS
+
+    stream = OutputStream(fmt("gpt_oss"), tools=tools, split_thinking=True, tool_names=["f"])
+    out = stream.feed("<|start|>assistant<|channel|>final")
+    held = 0
+    while len(out.content) <= MAX_HEADER_CHARS and held < 65536:
+        out += stream.feed("x" * 16)
+        held += 16
+    assert "xxxx" in out.content and held <= MAX_HEADER_CHARS + 16
+    after = stream.feed("<|end|><|start|>assistant<|channel|>final<|message|>Hi")
+    after += stream.finish()
+    assert after.content.endswith("Hi")
