@@ -130,6 +130,17 @@ DRAFT_TOKENS = Limit(
     "the starting draft length; each drafted token costs a logit row and a cell per "
     "step, and a sequence's drafts grow to this cap only while accepted whole",
 )
+PREDICT_CONTEXTS = Limit(
+    "predict_contexts",
+    "tokens in one answer (options.num_predict, max_tokens; -1, the default, until a stop)",
+    10,
+    "contexts",
+    "an answer shifting past the context's end has no end of its own when the model never "
+    "stops, and a whole answer is held in memory until done. Ollama stops at 10 contexts "
+    "too; a larger num_predict is lowered to this, and the answer ends with "
+    '"length"',
+    shown="10 x num_ctx tokens",
+)
 DRAFT_LOOKUP = Limit(
     "draft_lookup",
     "the prompt tokens searched for drafts",
@@ -490,6 +501,7 @@ TABLE: tuple[Limit, ...] = (
     BODY_BYTES,
     DRAFT_TOKENS,
     DRAFT_LOOKUP,
+    PREDICT_CONTEXTS,
     BODY_DEPTH,
     JSON_VALUES,
     TEXT_LAYER,
@@ -550,8 +562,8 @@ BY_KEY = {limit.key: limit for limit in TABLE}
 SCALAR = "a number the sampler uses; no allocation or work grows with it"
 LOAD = "a load option: the memory estimate and the fit check bound what it costs"
 OPTION_BOUNDS: dict[str, Limit | str] = {
-    "num_predict": "generation ends at the context's end unless shift is on; "
-    "a client's cancel stops it",
+    "num_predict": "lowered to predict_contexts (10 contexts) in the runner; a client's "
+    "cancel stops it sooner",
     "temperature": SCALAR,
     "seed": SCALAR,
     "top_k": "llama.cpp clamps it to the vocabulary",

@@ -29,7 +29,7 @@ from typing import Any
 
 import llama_cpp
 
-from jupyter_llm.request.limits import repeat_window
+from jupyter_llm.request.limits import PREDICT_CONTEXTS, repeat_window
 from jupyter_llm.request.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
 from jupyter_llm.request.priority import BATCH, seq_ids
 from jupyter_llm.runner.constrained import Candidates
@@ -290,6 +290,9 @@ class Engine:
             raise
         if seq.limit == -2:  # fill the context, then stop (Ollama)
             seq.limit, job.shift = -1, False
+        longest = PREDICT_CONTEXTS.value * self.n_ctx
+        if seq.limit < 0 or seq.limit > longest:  # shifting, it would have no end
+            seq.limit = longest
         self.waiting.append(seq)
         self._assign()
 

@@ -12,6 +12,7 @@ import pytest
 from cores import cores
 from runner_streams import text_and_done
 
+from jupyter_llm.request.limits import PREDICT_CONTEXTS
 from jupyter_llm.runner.chat_plan import chat_prompt
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.protocol import Complete, Done, InputError, LoadParams
@@ -153,6 +154,16 @@ def test_generation_runs_past_the_context_by_shifting(tmp_path):
         fill = Run(small, "go", grammar=ENDLESS, num_predict=-2)  # Ollama: fill the context
         drain(small)
         assert fill.done.done_reason == "length" and fill.done.eval_count < small.n_ctx
+        # no end of its own: at most predict_contexts contexts (Ollama's 10), -1 or larger
+        # (the count itself ends an answer as num_predict=past did above)
+        longest = PREDICT_CONTEXTS.value * small.n_ctx
+        for asked in (-1, longest + 1):
+            endless = Run(small, "go", grammar=ENDLESS, num_predict=asked)
+            seqs = [s.seq for s in small.slots if s.seq] + list(small.waiting)
+            assert [q.limit for q in seqs if q.job is endless.job] == [longest]
+            endless.cancel = True
+            drain(small)
+            assert endless.done.done_reason == "cancel"
     finally:
         small.close()
 
