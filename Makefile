@@ -10,6 +10,10 @@
 # points .venv's server at it; `make lab` without GPU goes back to the CPU build.
 
 PYTHON ?= python3
+# Python caches compiled modules (and pytest its rewritten tests) only where
+# bytecode may be written: a shell that forbids it made every pytest process,
+# and every server a test starts, compile the project again (about 10 s each)
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -85,7 +89,8 @@ test: lint browser hub-proxy vulkan-env
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m "not alone" \
 		--junitxml=$(REPORTS)/parallel.xml || \
 		{ $(BIN)/python scripts/test-failures $(REPORTS)/parallel.xml; exit 1; }
-	$(BIN)/python -m pytest -m alone --junitxml=$(REPORTS)/alone.xml || \
+	$(BIN)/python -m pytest -m alone --junitxml=$(REPORTS)/alone.xml \
+		$$(grep -rl --include='test_*.py' 'pytest.mark.alone' tests) || \
 		{ $(BIN)/python scripts/test-failures $(REPORTS)/alone.xml; exit 1; }
 
 # llama.cpp's Vulkan backend on Mesa's software driver (lavapipe): real layers

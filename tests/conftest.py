@@ -38,6 +38,18 @@ def keep_to_own_cpus() -> None:
 
 keep_to_own_cpus()
 
+# ``make test`` runs the tests marked "alone" by themselves, collecting only the
+# files that hold this text (the whole suite's collection took 20 s more)
+ALONE_MARK = "pytest.mark.alone"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked "alone" some other way would be run by neither pass."""
+    files = {item.path for item in items if item.get_closest_marker("alone")}
+    for path in files:
+        if ALONE_MARK not in path.read_text():
+            raise pytest.UsageError(f"{path}: mark tests that run alone as @{ALONE_MARK}")
+
 
 # pytest-jupyter's per-test folders, and pytest's own: nothing a backend reads
 PER_TEST_VARIABLES = {

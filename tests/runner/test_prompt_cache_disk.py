@@ -233,7 +233,8 @@ def test_off_switch_and_another_model_digest(tmp_path: Path) -> None:
 def test_gemma_second_turn_after_unload(gemma_gguf: Path, tmp_path: Path) -> None:
     """Gemma 3's sliding-window layers hold only their window: the whole
     saved prefix is restored and the rest evaluated, as a cold run would."""
-    first = "Summarise this notebook cell and explain each step in detail. " * 70  # > window
+    # 626 tokens: past the 512-token window
+    first = "Summarise this notebook cell and explain each step in detail. " * 52
     unload_and_return(gemma_gguf, tmp_path, first, " Now explain the second cell.")
 
 

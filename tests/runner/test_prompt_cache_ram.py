@@ -150,9 +150,10 @@ def test_generated_model_cache_dropped_for_room_is_kept(tmp_path: Path) -> None:
 def test_gemma_second_turn_after_the_slot_was_taken(gemma_gguf: Path) -> None:
     """Gemma 3's sliding-window layers hold only their window: the whole kept
     prefix is restored and the rest evaluated, as a cold run would."""
-    first = "Summarise this notebook cell and explain each step in detail. " * 70  # > window
-    other = "Plot the sales by region as a bar chart with labelled axes. " * 40
-    slot_taken_and_back(gemma_gguf, first, other, " Now explain the second cell.")
+    # 626 tokens: past the 512-token window
+    first = "Summarise this notebook cell and explain each step in detail. " * 52
+    other = "Plot the sales by region as a bar chart with labelled axes. " * 4
+    slot_taken_and_back(gemma_gguf, first, other, " Now explain the second cell.", n_batch=512)
 
 
 def test_zero_disables_and_the_budget_holds(tmp_path: Path) -> None:
