@@ -262,7 +262,7 @@ async def test_the_runner_falls_back_to_f16_where_llama_cpp_refuses_q8_0_keys(tm
     assert abs(estimated_kv(narrow, 2048, "f16", "f16") - measured) <= LOG_PRECISION
 
 
-async def answer(runner: RunnerProxy, prompt: str, draft: int, n: int = 200) -> dict:
+async def answer(runner: RunnerProxy, prompt: str, draft: int, n: int = 96) -> dict:
     options = {"temperature": 0, "num_predict": n, "draft_num_predict": draft}
     replies = [m async for batch in runner.complete(Complete(prompt=prompt, options=options))
                for m in batch]  # fmt: skip
@@ -288,10 +288,10 @@ async def test_gemma_greedy_output_is_identical_with_drafts_and_beside_another_r
     runner = await start_runner_with(spec, load_timeout=120)
     try:
         plain = await answer(runner, QUOTE_PROMPT, draft=0)
-        assert len(plain["context"]) > 256 and plain["eval_count"] == 200
+        assert len(plain["context"]) > 256 and plain["eval_count"] == 96
         spec_done = await answer(runner, QUOTE_PROMPT, draft=4)
         assert spec_done["context"] == plain["context"]
-        assert spec_done["draft_accepted"] > 100, spec_done
+        assert spec_done["draft_accepted"] > 60, spec_done
         other = QUOTE_PROMPT.replace("word for word", "in reverse order, word for word")
         both = await asyncio.gather(
             answer(runner, QUOTE_PROMPT, draft=4), answer(runner, other, draft=4)
