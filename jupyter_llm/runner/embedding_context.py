@@ -27,6 +27,7 @@ from jupyter_llm.runner.embedding import (
     embed_context_size,
     vector_text,
 )
+from jupyter_llm.runner.last_rows import LastRows
 from jupyter_llm.runner.model import Model
 from jupyter_llm.runner.pooling import POOLING_NAMES, embedding_pooling, finish_vector, fit_tokens
 from jupyter_llm.runner.protocol import EngineError, InputError
@@ -56,6 +57,9 @@ class EmbeddingContext:
         self._size: EmbedContextSize | None = None  # of _ctx, as asked
         self._pooling: int | None = None  # once the first context has read it
         self._splits = False  # may a long input be decoded in pieces?
+        # set where the model pools by its last token and its graph names its final
+        # norm: contexts made for generation, outputs only the rows pooled (last_rows)
+        self._last_rows: LastRows | None = None
         self.jobs: deque[EmbedJob] = deque()  # advanced a turn at a time (``turn``)
         self.share = FairShare()
 
@@ -68,8 +72,12 @@ class EmbeddingContext:
         cp.n_batch = cp.n_ubatch = size.n_batch
         cp.n_seq_max = EMBED_SEQS  # the inputs of one chunk, one sequence each
         cp.kv_unified = True  # and any one of them may fill the context
-        cp.embeddings = True
-        cp.pooling_type = pooling
+        if self._last_rows is not None:  # every token an output would run the output layer
+            cp.cb_eval = self._last_rows.callback
+            cp.n_outputs_max = EMBED_SEQS  # a row per input: the graph's logits are this many
+        else:
+            cp.embeddings = True
+            cp.pooling_type = pooling
         cp.n_threads, cp.n_threads_batch = self._n_threads, self._n_threads
         cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         return llama_cpp.llama_init_from_model(self.model.llama_model, cp) or None
@@ -102,34 +110,66 @@ class EmbeddingContext:
 
     def _open_first(self) -> None:
         """The first context: it reads what pooling the model declares, and
-        how this model may embed (``_splits``); kept where it pools so."""
-        size = embed_context_size(0, self.limit, pieces=False)
-        ctx = self._make(llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED, size)
+        how this model may embed (``_splits``, ``_last_rows``)."""
+        # it decodes nothing (llama.cpp wants room for an output per sequence)
+        probe_size = EmbedContextSize(min(256, self.limit), EMBED_SEQS)
+        ctx = self._make(llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED, probe_size)
         if ctx is None:
-            raise context_failure(size, 0, self.limit, pieces=False)
-        declared = llama_cpp.llama_pooling_type(ctx)
+            raise context_failure(probe_size, 0, self.limit, pieces=False)
         try:
+            declared = llama_cpp.llama_pooling_type(ctx)
             pooling = embedding_pooling(declared)
-        except InputError:
+            # An input longer than a chunk may be decoded in pieces only where
+            # the vector is the last token's state under causal attention (a
+            # cache carries the earlier pieces); mean or CLS pooling, or an
+            # encoder that attends both ways, needs the whole input in one batch.
+            self._splits = (
+                pooling == llama_cpp.LLAMA_POOLING_TYPE_LAST
+                and bool(llama_cpp.llama_get_memory(ctx))
+                and bool(llama_cpp.llama_get_causal_attn(ctx))
+            )
+        finally:
             llama_cpp.llama_free(ctx)
-            raise
-        # An input longer than a chunk may be decoded in pieces only where
-        # the vector is the last token's state under causal attention (a
-        # cache carries the earlier pieces); mean or CLS pooling, or an
-        # encoder that attends both ways, needs the whole input in one batch.
-        self._splits = (
-            pooling == llama_cpp.LLAMA_POOLING_TYPE_LAST
-            and bool(llama_cpp.llama_get_memory(ctx))
-            and bool(llama_cpp.llama_get_causal_attn(ctx))
-        )
         self._pooling = pooling
-        if pooling == declared:  # the smallest context, as needed at first
+        size = embed_context_size(0, self.limit, self._splits)
+        if self._splits:
+            self._last_rows = LastRows(self.model.n_embd)
+            ctx = self._make(pooling, size)
+            if ctx is not None and self._reads_last_rows(ctx):
+                self._use(ctx, size)
+            else:  # its graph names no final norm: pooled by llama.cpp
+                if ctx is not None:
+                    llama_cpp.llama_free(ctx)
+                self._last_rows = None
+        if self._ctx is None:
+            ctx = self._make(pooling, size)
+            if ctx is None:
+                raise context_failure(size, 0, self.limit, self._splits)
             self._use(ctx, size)
-        else:
-            llama_cpp.llama_free(ctx)
         name = POOLING_NAMES.get(pooling, str(pooling))
         declares = POOLING_NAMES.get(declared, "none")
-        sys.stderr.write(f"embeddings pool by {name} (the model declares {declares})\n")
+        how = ", reading the last rows only" if self._last_rows is not None else ""
+        sys.stderr.write(f"embeddings pool by {name} (the model declares {declares}){how}\n")
+
+    def _reads_last_rows(self, ctx: Any) -> bool:
+        """Whether a decode of one token in ``ctx`` gives its final norm's row
+        (a model's graph may name it otherwise)."""
+        assert self._last_rows is not None
+        batch = llama_cpp.llama_batch_init(1, 0, 1)
+        try:
+            bos = llama_cpp.llama_vocab_bos(self.model.vocab)
+            batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.logits[0] = max(bos, 0), 0, 1, 1
+            batch.seq_id[0][0] = 0
+            batch.n_tokens = 1
+            self._last_rows.clear()
+            ok = llama_cpp.llama_decode(ctx, batch) == 0
+            ok = ok and len(self._last_rows.rows) == 1 and not self._last_rows.failed
+        finally:
+            llama_cpp.llama_batch_free(batch)
+            self._last_rows.clear()
+        if ok:
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), False)
+        return ok
 
     def _use(self, ctx: Any, size: EmbedContextSize) -> None:
         self._ctx, self._size = ctx, size
@@ -240,15 +280,17 @@ class EmbeddingContext:
             llama_cpp.llama_memory_clear(memory, False)  # the cells; zeroing the buffers is waste
         first = job.embedded
         b = self._batch
+        every = self._last_rows is None  # pooled by llama.cpp: all tokens are its outputs
         n = 0
         for seq in range(count):
-            for i, token in enumerate(job.tokens[first + seq]):
-                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = token, i, 1, 1
+            tokens = job.tokens[first + seq]
+            last = len(tokens) - 1
+            for i, token in enumerate(tokens):
+                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = token, i, 1, every or i == last
                 b.seq_id[n][0] = seq
                 n += 1
         b.n_tokens = n
-        if llama_cpp.llama_decode(self._ctx, b) != 0:
-            raise EngineError("llama_decode failed while embedding")
+        self._decode(b, outputs=count)
         vectors = [self._vector(seq, job) for seq in range(count)]
         for seq in range(count):
             job.tokens[first + seq] = job.tokens[first + seq][:0]  # done with them
@@ -256,14 +298,30 @@ class EmbeddingContext:
         job.emit(vectors)
         return n
 
+    def _decode(self, batch: Any, outputs: int) -> None:
+        """``llama_decode`` of an embedding batch whose sequences end in
+        ``outputs`` pooled rows (read by ``_vector``)."""
+        if self._last_rows is not None:
+            self._last_rows.clear()
+        if llama_cpp.llama_decode(self._ctx, batch) != 0:
+            raise EngineError("llama_decode failed while embedding")
+        if self._last_rows is not None and (
+            self._last_rows.failed or len(self._last_rows.rows) != outputs
+        ):
+            why = self._last_rows.failed or f"{len(self._last_rows.rows)} rows for {outputs}"
+            raise EngineError(f"the model produced no embedding ({why})")
+
     def _vector(self, seq: int, job: EmbedJob) -> str:
-        """The pooled vector of sequence ``seq`` as the response holds it."""
-        pointer = llama_cpp.llama_get_embeddings_seq(self._ctx, seq)
-        if not pointer:
-            raise EngineError("the model produced no embedding")
-        vector = finish_vector(
-            list(pointer[: self.model.n_embd]), job.dimensions, bool(job.normalize)
-        )
+        """The pooled vector of sequence ``seq`` (its place among the outputs
+        of the last decode) as the response holds it."""
+        if self._last_rows is not None:
+            row = self._last_rows.rows[seq]
+        else:
+            pointer = llama_cpp.llama_get_embeddings_seq(self._ctx, seq)
+            if not pointer:
+                raise EngineError("the model produced no embedding")
+            row = pointer[: self.model.n_embd]
+        vector = finish_vector(list(row), job.dimensions, bool(job.normalize))
         return vector_text(vector, job.encoding)
 
     def _embed_piece(self, job: EmbedJob, budget: int) -> int:
@@ -278,12 +336,13 @@ class EmbeddingContext:
         if start == 0:
             llama_cpp.llama_memory_clear(memory, False)  # the cells; zeroing the buffers is waste
         b = self._batch
+        every = self._last_rows is None  # pooled by llama.cpp: all tokens are its outputs
         for i in range(end - start):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tokens[start + i], start + i, 1, 1
+            out = every or start + i == len(tokens) - 1
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tokens[start + i], start + i, 1, out
             b.seq_id[i][0] = 0
         b.n_tokens = end - start
-        if llama_cpp.llama_decode(self._ctx, b) != 0:
-            raise EngineError("llama_decode failed while embedding")
+        self._decode(b, outputs=int(end == len(tokens)))
         job.fed = end
         if end == len(tokens):
             vector = self._vector(0, job)

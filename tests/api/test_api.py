@@ -7,6 +7,7 @@ import signal
 import psutil
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from vectors import vectors_close
 from waiting import until
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
@@ -597,7 +598,8 @@ async def test_an_embedding_batch_larger_than_one_channel_message(
         alone = json.loads(
             (await post(jp_fetch, "api/embed", {"model": "tiny", "input": texts[i]})).body
         )
-        assert alone["embeddings"][0] == body["embeddings"][i]
+        # (its last bits may differ: the final layer runs on one row alone, on 64 in a chunk)
+        assert vectors_close(alone["embeddings"][0], body["embeddings"][i])
     assert serving_runner(jp_serverapp) is runner  # the same runner all along
 
 

@@ -1,0 +1,82 @@
+"""A generative model embeds by its last token's row alone (``last_rows``):
+on the real Gemma 3 270M (a 262k vocabulary) llama.cpp's own pooled context
+ran the output layer over every token, 1 MiB of logits each (a 512-token
+piece held 1 GiB more in the runner) and 2.2x the time. The vectors are
+llama.cpp's own last-token pooling, for inputs in one chunk and for an input
+decoded in pieces; the runner's memory does not grow by the logits."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import llama_cpp
+import psutil
+import pytest
+from cores import cores
+
+from jupyter_llm.runner.embedding import EmbedJob
+from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.protocol import LoadParams
+
+LONG = " ".join(f"word{i}" for i in range(160))  # 580 tokens: two pieces of 512
+TEXTS = ["a", "the cat sat on the mat", LONG]
+MiB = 1 << 20
+
+
+def embed(engine: Engine, texts: list[str]) -> list[list[float]]:
+    vectors: list[str] = []
+    done: list[int] = []
+    failed: list[Exception] = []
+    job = EmbedJob(
+        rid=1, texts=texts, truncate=True, dimensions=None, normalize=False,
+        encoding="float", emit=vectors.extend, finish=done.append, fail=failed.append,
+    )  # fmt: skip
+    engine.embeddings.submit(job)
+    while not (done or failed):
+        assert engine.embeddings.turn(None, streams=False)
+    assert not failed, failed
+    return [[float(x) for x in v.strip("[]").split(",")] for v in vectors]
+
+
+def pooled_by_llama_cpp(path: Path, texts: list[str]) -> list[list[float]]:
+    """llama.cpp's own last-token pooling, each input whole in one batch."""
+    model = llama_cpp.Llama(
+        str(path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_LAST,
+        n_ctx=2048, n_batch=2048, n_ubatch=2048, n_threads=cores(), verbose=False,
+    )  # fmt: skip
+    try:
+        return [model.embed(text, normalize=False) for text in texts]
+    finally:
+        model.close()
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+@pytest.mark.timeout(300)
+def test_gemma_embeds_by_its_last_rows_as_llama_cpp_pools(gemma_gguf: Path) -> None:
+    engine = Engine(LoadParams(path=str(gemma_gguf), n_ctx=2048, n_seq=1, n_threads=cores()))
+    try:
+        process = psutil.Process()
+        before = process.memory_info().rss
+        alone = [embed(engine, [text])[0] for text in TEXTS]
+        grew = process.memory_info().rss - before
+        assert engine.embeddings._last_rows is not None
+        together = embed(engine, TEXTS)  # one chunk: a row for each input, in order
+    finally:
+        engine.close()
+    # the pooled context's logits alone were 512 rows of 262,144 floats, twice
+    assert grew < 256 * MiB, f"the runner grew {grew / MiB:.0f} MiB"
+    expected = pooled_by_llama_cpp(gemma_gguf, TEXTS)
+    for text, a, b in zip(TEXTS, alone, expected, strict=True):
+        assert len(a) == len(b) == 640
+        scale = max(abs(x) for x in b)
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4 * scale, text[:20]
+    # several inputs in one decode take llama.cpp's batched kernels (their last
+    # bits differ, and Gemma's activations grow that to a cosine of 0.999)
+    for i, vector in enumerate(together):
+        near = [cosine(vector, other) for other in alone]
+        assert near[i] > 0.998 and near[i] == max(near), (TEXTS[i][:20], near)

@@ -1,0 +1,12 @@
+"""Comparing embedding vectors."""
+
+from __future__ import annotations
+
+# An input embedded alone and in a chunk of others differs in its last bits at
+# most (llama.cpp's kernels sum a row of one and a row of many in another
+# order); different inputs differ in their first digits.
+CLOSE = 1e-6
+
+
+def vectors_close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) < CLOSE
