@@ -152,15 +152,17 @@ class EmbeddingContext:
         sys.stderr.write(f"embeddings pool by {name} (the model declares {declares}){how}\n")
 
     def _reads_last_rows(self, ctx: Any) -> bool:
-        """Whether a decode of one token in ``ctx`` gives its final norm's row
-        (a model's graph may name it otherwise)."""
+        """Whether a decode of two tokens, the second the only output, gives
+        that one row of the final norm in ``ctx`` (a model's graph may name it
+        otherwise, or keep every token's row)."""
         assert self._last_rows is not None
-        batch = llama_cpp.llama_batch_init(1, 0, 1)
+        batch = llama_cpp.llama_batch_init(2, 0, 1)
+        token = max(llama_cpp.llama_vocab_bos(self.model.vocab), 0)
         try:
-            bos = llama_cpp.llama_vocab_bos(self.model.vocab)
-            batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.logits[0] = max(bos, 0), 0, 1, 1
-            batch.seq_id[0][0] = 0
-            batch.n_tokens = 1
+            for i in range(2):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, i, 1, i
+                batch.seq_id[i][0] = 0
+            batch.n_tokens = 2
             self._last_rows.clear()
             ok = llama_cpp.llama_decode(ctx, batch) == 0
             ok = ok and len(self._last_rows.rows) == 1 and not self._last_rows.failed

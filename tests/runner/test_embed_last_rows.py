@@ -80,3 +80,28 @@ def test_gemma_embeds_by_its_last_rows_as_llama_cpp_pools(gemma_gguf: Path) -> N
     for i, vector in enumerate(together):
         near = [cosine(vector, other) for other in alone]
         assert near[i] > 0.998 and near[i] == max(near), (TEXTS[i][:20], near)
+
+
+def test_a_graph_without_the_named_norm_keeps_llama_cpps_pooling(tmp_path, monkeypatch) -> None:
+    """Not every architecture's graph names its final norm ``result_norm``: the
+    probe's decode finds no row there, and llama.cpp pools as before."""
+    from jupyter_llm.demo import DemoModelSpec, write_demo_model
+    from jupyter_llm.runner import last_rows
+
+    path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
+    texts = ["hello there", "the cat sat on the mat"]
+    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_seq=1, n_threads=1))
+    try:
+        by_rows = [embed(engine, [text])[0] for text in texts]
+        assert engine.embeddings._last_rows is not None  # noqa: SLF001
+    finally:
+        engine.close()
+    monkeypatch.setattr(last_rows, "NORM", b"no such tensor")
+    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_seq=1, n_threads=1))
+    try:
+        pooled = [embed(engine, [text])[0] for text in texts]
+        assert engine.embeddings._last_rows is None  # noqa: SLF001
+    finally:
+        engine.close()
+    for a, b in zip(by_rows, pooled, strict=True):
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5 * max(map(abs, b))
