@@ -93,14 +93,14 @@ def test_a_graph_without_the_named_norm_keeps_llama_cpps_pooling(tmp_path, monke
     engine = Engine(LoadParams(path=str(path), n_ctx=512, n_seq=1, n_threads=1))
     try:
         by_rows = [embed(engine, [text])[0] for text in texts]
-        assert engine.embeddings._last_rows is not None  # noqa: SLF001
+        assert engine.embeddings._last_rows is not None
     finally:
         engine.close()
     monkeypatch.setattr(last_rows, "NORM", b"no such tensor")
     engine = Engine(LoadParams(path=str(path), n_ctx=512, n_seq=1, n_threads=1))
     try:
         pooled = [embed(engine, [text])[0] for text in texts]
-        assert engine.embeddings._last_rows is None  # noqa: SLF001
+        assert engine.embeddings._last_rows is None
     finally:
         engine.close()
     for a, b in zip(by_rows, pooled, strict=True):
