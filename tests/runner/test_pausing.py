@@ -201,11 +201,13 @@ def test_batch_sequences_sit_out_an_interactive_prompts_steps_within_the_bound(m
 
 
 # -- real runner processes -----------------------------------------------------------------------
-async def test_a_runner_pauses_batch_work_for_an_interactive_request(model_path: Path):
+async def test_a_runner_pauses_batch_work_for_an_interactive_request(tmp_path: Path):
     """Every slot (one) holds a batch request that never ends by itself; an
     interactive request still starts and ends, the batch request goes on
     afterwards, and its greedy output is the output of a run never paused."""
-    spec = LoadSpec(path=str(model_path), n_ctx=2048, n_batch=64, n_seq=1)
+    # -1 ends at 10 contexts (predict_contexts): 163,840 tokens, far past the test
+    model_path = write_demo_model(tmp_path / "long.gguf", DemoModelSpec(context_length=16384))
+    spec = LoadSpec(path=str(model_path), n_ctx=16384, n_batch=64, n_seq=1)
     runner = await start_runner_with(spec, load_timeout=60)
     endless = {**GREEDY, "num_predict": -1}
     try:
