@@ -132,7 +132,7 @@ class EmbeddingContext:
             llama_cpp.llama_free(ctx)
         self._pooling = pooling
         size = embed_context_size(0, self.limit, self._splits)
-        if self._splits:
+        if self._splits and not self._reorders_outputs():
             self._last_rows = LastRows(self.model.n_embd)
             ctx = self._make(pooling, size)
             if ctx is not None and self._reads_last_rows(ctx):
@@ -150,6 +150,17 @@ class EmbeddingContext:
         declares = POOLING_NAMES.get(declared, "none")
         how = ", reading the last rows only" if self._last_rows is not None else ""
         sys.stderr.write(f"embeddings pool by {name} (the model declares {declares}){how}\n")
+
+    def _reorders_outputs(self) -> bool:
+        """Whether llama.cpp may compute a chunk's outputs out of its inputs'
+        order: recurrent and hybrid memories split a batch into equal-length
+        ubatches (a short input ends first) and put the outputs back in order
+        only where it copies them out, after the eval callback has seen them."""
+        llama_model = self.model.llama_model
+        return bool(
+            llama_cpp.llama_model_is_recurrent(llama_model)
+            or llama_cpp.llama_model_is_hybrid(llama_model)
+        )
 
     def _reads_last_rows(self, ctx: Any) -> bool:
         """Whether a decode of two tokens, the second the only output, gives

@@ -90,3 +90,25 @@ def test_a_graph_without_the_named_norm_keeps_llama_cpps_pooling(tmp_path, monke
         engine.close()
     for a, b in zip(by_rows, pooled, strict=True):
         assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5 * max(map(abs, b))
+
+
+def test_a_recurrent_model_keeps_each_vector_with_its_input(tmp_path) -> None:
+    """A recurrent memory splits a chunk into equal-length ubatches, so a short
+    input's row is computed before a long one's: read from the graph, the
+    vectors came back swapped. Such models keep llama.cpp's pooling, which
+    puts the rows back in order."""
+    from mamba_gguf import write_mamba
+
+    path = write_mamba(tmp_path / "mamba.gguf")
+    texts = ["the cat sat on the mat and then it went away", "hi"]
+    engine = Engine(LoadParams(path=str(path), n_ctx=512, n_seq=1, n_threads=1))
+    try:
+        alone = [embed(engine, [text])[0] for text in texts]
+        together = embed(engine, texts)
+        reads_rows = engine.embeddings._last_rows is not None
+    finally:
+        engine.close()
+    for i, vector in enumerate(together):
+        far = [max(abs(x - y) for x, y in zip(vector, other, strict=True)) for other in alone]
+        assert far[i] < 1e-4 < far[1 - i], (i, far)
+    assert not reads_rows
