@@ -133,9 +133,13 @@ class HarmonyReader:
             at = buf.find(MESSAGE, self._searched)
             if at < 0 and len(buf) > MAX_HEADER_CHARS:  # never a header: text, in no message
                 self._searched, self._header, self._state = 0, Header(), "body"
-                events += [Event("header", self._header), Event("text", self._header, buf)]
-                self._buffer = ""
-                return False
+                # up to the first marker past its start (at least one character, so a
+                # buffer that opens with one moves on), or as a body holds it back
+                stop = min((i for m in _BODY_STOPS if (i := buf.find(m, 1)) > 0), default=0)
+                cut = stop or max(1, len(buf) - held_back(buf, _BODY_STOPS))
+                events += [Event("header", self._header), Event("text", self._header, buf[:cut])]
+                self._buffer = buf[cut:]
+                return True
             if at < 0:  # next time, only what is new (and a marker across the join)
                 self._searched = max(0, len(buf) - len(MESSAGE) + 1)
                 return False

@@ -306,3 +306,16 @@ def test_a_harmony_header_never_closed_goes_out_past_its_bound(tools):
     after = stream.feed("<|end|><|start|>assistant<|channel|>final<|message|>Hi")
     after += stream.finish()
     assert after.content.endswith("Hi")
+
+
+def test_markers_in_a_harmony_header_past_its_bound_are_still_read():
+    """A header over its bound goes out as text (its own opening included); the
+    markers after it (an end, a new message) are read, not shown, also when
+    one is split across pieces."""
+    stream = OutputStream(fmt("gpt_oss"), tools=False, split_thinking=True)
+    out = stream.feed("<|start|>assistant<|channel|>final")
+    out += stream.feed("x" * 1100 + "<|en")
+    out += stream.feed("d|><|start|>assistant<|channel|>final<|message|>Hi")
+    out += stream.finish()
+    assert "x" * 1000 in out.content and out.content.endswith("Hi")
+    assert "<|end|>" not in out.content and "<|start|>" not in out.content
