@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     files = {item.path for item in items if item.get_closest_marker("alone")}
     for path in files:
         if ALONE_MARK not in path.read_text():
-            raise pytest.UsageError(f"{path}: mark tests that run alone as @{ALONE_MARK}")
+            message = f"{path}: mark tests that run alone as @{ALONE_MARK}"
+            sys.stderr.write(f"\n{message}\n")  # a pytest-xdist worker's error shows no message
+            raise pytest.UsageError(message)
 
 
 # pytest-jupyter's per-test folders, and pytest's own: nothing a backend reads
