@@ -132,13 +132,12 @@ DRAFT_TOKENS = Limit(
 )
 PREDICT_CONTEXTS = Limit(
     "predict_contexts",
-    "tokens in one answer (options.num_predict, max_tokens; -1, the default, until a stop)",
+    "tokens in an answer without a num_predict of its own (-1, the default: until a stop)",
     10,
     "contexts",
     "an answer shifting past the context's end has no end of its own when the model never "
-    "stops, and a whole answer is held in memory until done. Ollama stops at 10 contexts "
-    "too; a larger num_predict is lowered to this, and the answer ends with "
-    '"length"',
+    'stops, and a whole answer is held in memory until done; it ends with "length" here, '
+    "as Ollama's does. A num_predict the client gives is its own bound",
     shown="10 x num_ctx tokens",
 )
 DRAFT_LOOKUP = Limit(
@@ -562,8 +561,8 @@ BY_KEY = {limit.key: limit for limit in TABLE}
 SCALAR = "a number the sampler uses; no allocation or work grows with it"
 LOAD = "a load option: the memory estimate and the fit check bound what it costs"
 OPTION_BOUNDS: dict[str, Limit | str] = {
-    "num_predict": "lowered to predict_contexts (10 contexts) in the runner; a client's "
-    "cancel stops it sooner",
+    "num_predict": "-1 ends at predict_contexts (10 contexts) in the runner; a given "
+    "count is the client's own bound, and its cancel stops it sooner",
     "temperature": SCALAR,
     "seed": SCALAR,
     "top_k": "llama.cpp clamps it to the vocabulary",

@@ -290,9 +290,8 @@ class Engine:
             raise
         if seq.limit == -2:  # fill the context, then stop (Ollama)
             seq.limit, job.shift = -1, False
-        longest = PREDICT_CONTEXTS.value * self.n_ctx
-        if seq.limit < 0 or seq.limit > longest:  # shifting, it would have no end
-            seq.limit = longest
+        if seq.limit < 0:  # shifting, a model that never stops would have no end
+            seq.limit = PREDICT_CONTEXTS.value * self.n_ctx
         self.waiting.append(seq)
         self._assign()
 

@@ -157,10 +157,10 @@ def test_generation_runs_past_the_context_by_shifting(tmp_path):
         # no end of its own: at most predict_contexts contexts (Ollama's 10), -1 or larger
         # (the count itself ends an answer as num_predict=past did above)
         longest = PREDICT_CONTEXTS.value * small.n_ctx
-        for asked in (-1, longest + 1):
+        for asked, limit in ((-1, longest), (longest + 1, longest + 1)):  # a count is its own
             endless = Run(small, "go", grammar=ENDLESS, num_predict=asked)
             seqs = [s.seq for s in small.slots if s.seq] + list(small.waiting)
-            assert [q.limit for q in seqs if q.job is endless.job] == [longest]
+            assert [q.limit for q in seqs if q.job is endless.job] == [limit]
             endless.cancel = True
             drain(small)
             assert endless.done.done_reason == "cancel"
