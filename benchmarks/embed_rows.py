@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import statistics
@@ -36,6 +35,7 @@ from speculative import start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from engine_embed import embed
+from vectors import cosine
 
 LONG = " ".join(f"word{i}" for i in range(400))  # 1,491 tokens on Gemma
 SHORT = [f"Row {i}: the quarterly sales of region {i % 7} grew by {i} percent." for i in range(32)]
@@ -61,11 +61,6 @@ def serve(path: str, pooled: bool, conn: Connection) -> None:
         seconds = time.perf_counter() - started
         conn.send((seconds, process.memory_info().rss - before, vectors))
     engine.close()
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
 
 def post(url: str, body: dict) -> dict:

@@ -7,7 +7,6 @@ decoded in pieces; the runner's memory does not grow by the logits."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import llama_cpp
@@ -15,6 +14,7 @@ import psutil
 import pytest
 from cores import cores
 from engine_embed import embed
+from vectors import cosine
 
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.protocol import LoadParams
@@ -34,11 +34,6 @@ def pooled_by_llama_cpp(path: Path, texts: list[str]) -> list[list[float]]:
         return [model.embed(text, normalize=False) for text in texts]
     finally:
         model.close()
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
 
 @pytest.mark.timeout(300)

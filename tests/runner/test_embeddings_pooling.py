@@ -12,6 +12,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 from tornado.httpclient import HTTPClientError
+from vectors import cosine
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.runner.pooling import (
@@ -200,11 +201,6 @@ def assert_close(got: list[list[float]], expected: list[list[float]]) -> None:
     for g, e in zip(got, expected, strict=True):
         assert len(g) == len(e)
         assert max(abs(a - b) for a, b in zip(g, e, strict=True)) < TOLERANCE
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
