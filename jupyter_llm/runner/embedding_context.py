@@ -134,18 +134,15 @@ class EmbeddingContext:
         size = embed_context_size(0, self.limit, self._splits)
         if self._splits and not self._reorders_outputs():
             self._last_rows = LastRows(self.model.n_embd)
+        ctx = self._make(pooling, size)
+        if self._last_rows is not None and not (ctx and self._reads_last_rows(ctx)):
+            if ctx:  # its graph names no final norm: pooled by llama.cpp
+                llama_cpp.llama_free(ctx)
+            self._last_rows = None
             ctx = self._make(pooling, size)
-            if ctx is not None and self._reads_last_rows(ctx):
-                self._use(ctx, size)
-            else:  # its graph names no final norm: pooled by llama.cpp
-                if ctx is not None:
-                    llama_cpp.llama_free(ctx)
-                self._last_rows = None
-        if self._ctx is None:
-            ctx = self._make(pooling, size)
-            if ctx is None:
-                raise context_failure(size, 0, self.limit, self._splits)
-            self._use(ctx, size)
+        if ctx is None:
+            raise context_failure(size, 0, self.limit, self._splits)
+        self._use(ctx, size)
         name = POOLING_NAMES.get(pooling, str(pooling))
         declares = POOLING_NAMES.get(declared, "none")
         how = ", reading the last rows only" if self._last_rows is not None else ""
