@@ -154,6 +154,19 @@ def _check_spec(spec: DemoModelSpec) -> None:
         raise ValueError("a bert model has n_head_kv == n_head")
 
 
+def write_tokenizer(writer: Any, tokens: list[str], types: list[int], merges: list[str]) -> None:
+    """The demo vocabulary's tokenizer keys (``vocabulary``): a byte-level BPE
+    whose BOS is ``<s>`` and whose EOS ends a chat turn."""
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokens.index(BOS))
+    writer.add_eos_token_id(tokens.index(IM_END))
+
+
 def _write_metadata(
     writer: Any, spec: DemoModelSpec, tokens: list[str], types: list[int], merges: list[str]
 ) -> None:
@@ -177,14 +190,7 @@ def _write_metadata(
         writer.add_layer_norm_rms_eps(1e-5)
     if spec.pooling_type is not None:
         writer.add_pooling_type(gguf.PoolingType(spec.pooling_type))
-    writer.add_vocab_size(len(tokens))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(tokens.index(BOS))
-    writer.add_eos_token_id(tokens.index(IM_END))
+    write_tokenizer(writer, tokens, types, merges)
     # A bert model starts every input with its CLS token (here BOS).
     writer.add_add_bos_token(spec.arch == "bert")
     if spec.arch != "bert":
