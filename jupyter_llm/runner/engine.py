@@ -290,8 +290,9 @@ class Engine:
             raise
         if seq.limit == -2:  # fill the context, then stop (Ollama)
             seq.limit, job.shift = -1, False
-        if seq.limit < 0:  # shifting, a model that never stops would have no end
-            seq.limit = PREDICT_CONTEXTS.value * self.n_ctx
+        longest = PREDICT_CONTEXTS.value * self.n_ctx  # shifting, a model that never stops
+        if seq.limit < 0 or seq.limit > longest:  # would have no end (Ollama's bound)
+            seq.limit = longest
         self.waiting.append(seq)
         self._assign()
 

@@ -6,6 +6,7 @@ import signal
 
 import psutil
 import pytest
+from endless import FOREVER
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from vectors import vectors_close
 from waiting import until
@@ -267,9 +268,9 @@ async def test_unauthenticated_requests_refused(jp_base_url, http_server, http_s
 
 
 async def test_runner_killed_mid_stream_then_recovers(
-    jp_fetch, jp_serverapp, jp_base_url, http_server_port, installed_model
+    jp_fetch, jp_serverapp, jp_base_url, http_server_port, endless_model
 ):
-    await post(jp_fetch, "api/generate", {"model": "tiny"})  # load
+    await post(jp_fetch, "api/generate", {"model": "endless"})  # load
     scheduler = jp_serverapp.web_app.settings["jupyter_llm"].scheduler
     pid = scheduler.loaded_models()[0].runner.pid
     runner = psutil.Process(pid)  # psutil refuses to signal a pid that was reused
@@ -285,7 +286,7 @@ async def test_runner_killed_mid_stream_then_recovers(
 
     client = AsyncHTTPClient(force_instance=True)
     token = jp_serverapp.identity_provider.token
-    body = {"model": "tiny", "prompt": "go", "options": {**GREEDY, "num_predict": 1_000_000}}
+    body = {"model": "endless", "prompt": "go", "options": {**GREEDY, "num_predict": FOREVER}}
     await client.fetch(
         f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/generate",
         method="POST",
@@ -303,7 +304,7 @@ async def test_runner_killed_mid_stream_then_recovers(
         jp_fetch,
         "api/generate",
         {
-            "model": "tiny",
+            "model": "endless",
             "prompt": "again",
             "stream": False,
             "options": {**GREEDY, "num_predict": 3},
@@ -332,16 +333,16 @@ async def test_bearer_token_accepted(jp_serverapp, jp_base_url, http_server, htt
 
 
 async def test_client_disconnect_cancels_generation(
-    jp_fetch, jp_serverapp, jp_base_url, http_server_port, installed_model
+    jp_fetch, jp_serverapp, jp_base_url, http_server_port, endless_model
 ):
     import asyncio
 
-    await post(jp_fetch, "api/generate", {"model": "tiny"})  # load
+    await post(jp_fetch, "api/generate", {"model": "endless"})  # load
     scheduler = jp_serverapp.web_app.settings["jupyter_llm"].scheduler
     loaded = scheduler.loaded_models()[0]
     token = jp_serverapp.identity_provider.token
     body = json.dumps(
-        {"model": "tiny", "prompt": "go", "options": {"num_predict": 1_000_000, "temperature": 0}}
+        {"model": "endless", "prompt": "go", "options": {"num_predict": FOREVER, "temperature": 0}}
     ).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", http_server_port[1])
     writer.write(

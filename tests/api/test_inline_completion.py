@@ -8,6 +8,7 @@ import asyncio
 import json
 from pathlib import Path
 
+from endless import FOREVER
 from waiting import until
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
@@ -20,7 +21,7 @@ COMPLETION = {
     "suffix": "\n\nprint(add(1, 2))\n",
     "raw": True,
     "stream": True,
-    "options": {"num_predict": 1_000_000, "temperature": 0.2, "top_p": 0.9, "stop": ["\n\n"]},
+    "options": {"num_predict": FOREVER, "temperature": 0.2, "top_p": 0.9, "stop": ["\n\n"]},
 }
 
 
@@ -50,13 +51,13 @@ async def test_a_fill_in_the_middle_completion_streams(jp_fetch, installed_model
 
 
 async def test_an_aborted_completion_cancels_its_generation(
-    jp_fetch, jp_serverapp, jp_base_url, http_server_port, installed_model
+    jp_fetch, jp_serverapp, jp_base_url, http_server_port, endless_model
 ):
-    await jp_fetch("llm", "api", "generate", method="POST", body=json.dumps({"model": "tiny"}))
+    await jp_fetch("llm", "api", "generate", method="POST", body=json.dumps({"model": "endless"}))
     scheduler = jp_serverapp.web_app.settings["jupyter_llm"].scheduler
     loaded = scheduler.loaded_models()[0]
     token = jp_serverapp.identity_provider.token
-    body = json.dumps(COMPLETION).encode()
+    body = json.dumps({**COMPLETION, "model": "endless"}).encode()
     port = http_server_port[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+from endless import FOREVER
 from tornado.httpclient import HTTPClientError
 from waiting import until
 
@@ -102,13 +103,13 @@ async def test_each_api_takes_priority_in_its_body_and_the_header(jp_fetch, inst
 
 
 async def test_ps_shows_a_running_requests_priority(
-    jp_fetch, installed_model, jp_serverapp, http_server_port, jp_base_url
+    jp_fetch, endless_model, jp_serverapp, http_server_port, jp_base_url
 ):
     """A streaming request sent with the header shows as batch in /api/ps
     while it runs, and no longer once it ended."""
     token = jp_serverapp.identity_provider.token
     body = json.dumps(
-        {"model": "tiny", "prompt": "go", "options": {**GREEDY, "num_predict": 1_000_000}}
+        {"model": "endless", "prompt": "go", "options": {**GREEDY, "num_predict": FOREVER}}
     ).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", http_server_port[1])
     writer.write(

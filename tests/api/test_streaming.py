@@ -17,8 +17,6 @@ from jupyter_llm.api import base
 from jupyter_llm.api.base import NDJSON, SSE, LLMHandler
 from jupyter_llm.api.generation import Finished
 from jupyter_llm.api.openai import OpenAIHandler
-from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.models.store import ModelStore
 from jupyter_llm.request.errors import ModelNotFound, RunnerFailed
 
 closed = asyncio.Event()  # set when a stream's source is closed
@@ -182,22 +180,15 @@ async def test_a_client_that_leaves_a_whole_answer_cancels_it(
     jp_serverapp,
     jp_base_url,
     http_server_port,
-    models_dir,
-    installed_model,
+    endless_model,
     recorded,
     path,
     body,
 ):
-    # a context far longer than it takes to notice a closed connection (an answer
-    # without num_predict ends at 10 contexts: predict_contexts)
-    store = ModelStore(models_dir)
-    long = write_demo_model(models_dir / "long.gguf", DemoModelSpec(context_length=32768))
-    digest = store.add_blob_from_file(long)
-    store.create("long", {"long.gguf": digest}, parameters={"num_ctx": 32768})
-    long.unlink()
-    await jp_fetch("llm", "api", "generate", method="POST", body='{"model": "long"}')  # load
+    # an answer far longer than it takes to notice a closed connection
+    await jp_fetch("llm", "api", "generate", method="POST", body='{"model": "endless"}')  # load
     loaded = jp_serverapp.web_app.settings["jupyter_llm"].scheduler.loaded_models()[0]
-    data = json.dumps({"model": "long", **body}).encode()
+    data = json.dumps({"model": endless_model, **body}).encode()
     token = jp_serverapp.identity_provider.token
     __reader, writer = await asyncio.open_connection("127.0.0.1", http_server_port[1])
     writer.write(

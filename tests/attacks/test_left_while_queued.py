@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from endless import FOREVER
 from raw_http import open_post
 from waiting import until
 
@@ -32,10 +33,10 @@ async def until_counts(jp_fetch, expected: tuple[int, int]) -> None:
 
 
 async def test_requests_whose_clients_left_while_queued_are_withdrawn(
-    jp_fetch, jp_serverapp, jp_base_url, http_server_port, installed_model
+    jp_fetch, jp_serverapp, jp_base_url, http_server_port, endless_model
 ):
     port, token = http_server_port[1], jp_serverapp.identity_provider.token
-    long = {"model": "tiny", "prompt": "hi", "options": {"num_predict": 100_000}}
+    long = {"model": "endless", "prompt": "hi", "options": {"num_predict": FOREVER}}
     holder = await open_post(port, jp_base_url, token, "api/generate", long)  # takes the one slot
     await until_counts(jp_fetch, (1, 0))
     left = [await open_post(port, jp_base_url, token, "api/generate", long) for _ in range(5)]

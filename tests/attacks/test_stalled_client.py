@@ -12,6 +12,7 @@ import logging
 
 import httpx
 import pytest
+from endless import FOREVER
 from tornado.web import RequestHandler
 from waiting import until
 
@@ -25,7 +26,7 @@ async def running(victim) -> int:
 
 
 async def test_a_stream_nobody_reads_is_closed_and_frees_its_slot(
-    users, installed_model, monkeypatch, caplog
+    users, endless_model, monkeypatch, caplog
 ):
     attacker, victim = users
     monkeypatch.setattr(base, "STALLED_CLIENT_SECONDS", 0.5)
@@ -37,7 +38,7 @@ async def test_a_stream_nobody_reads_is_closed_and_frees_its_slot(
         return flush(self, include_footers)
 
     monkeypatch.setattr(RequestHandler, "flush", unread)
-    body = {"model": "tiny", "prompt": "hi", "options": {"num_predict": 100_000}}
+    body = {"model": "endless", "prompt": "hi", "options": {"num_predict": FOREVER}}
     with caplog.at_level(logging.WARNING, logger="jupyter_llm.api.base"):
         with pytest.raises(httpx.HTTPError):  # closed before a byte went out
             await attacker.fetch("api/generate", body)

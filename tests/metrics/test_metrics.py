@@ -155,14 +155,15 @@ def test_label_sets_past_the_cap_are_counted_as_other():
 
 
 async def test_a_client_that_leaves_is_counted_as_cancelled(
-    jp_serverapp, jp_base_url, http_server, http_server_port, installed_model
+    jp_serverapp, jp_base_url, http_server, http_server_port, endless_model
 ):
     """Counted once, when the generation stops, as ``cancelled``."""
     import httpx
+    from endless import FOREVER
     from prometheus_client import REGISTRY
     from waiting import until
 
-    labels = {"route": "api/generate", "model": installed_model, "user": "local"}
+    labels = {"route": "api/generate", "model": f"{endless_model}:latest", "user": "local"}
 
     def count(outcome: str) -> float:
         name = "jupyter_llm_requests_total"
@@ -171,7 +172,7 @@ async def test_a_client_that_leaves_is_counted_as_cancelled(
     before = {o: count(o) for o in ("ok", "cancelled")}
     url = f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/api/generate"
     token = {"Authorization": f"token {jp_serverapp.identity_provider.token}"}
-    body = {"model": "tiny", "prompt": PROMPT, "options": {"num_predict": 100000, "num_ctx": 4096}}
+    body = {"model": endless_model, "prompt": PROMPT, "options": {"num_predict": FOREVER}}
     async with httpx.AsyncClient(timeout=60) as client:
         async with client.stream("POST", url, headers=token, json=body) as r:
             async for line in r.aiter_lines():

@@ -154,16 +154,18 @@ def test_generation_runs_past_the_context_by_shifting(tmp_path):
         fill = Run(small, "go", grammar=ENDLESS, num_predict=-2)  # Ollama: fill the context
         drain(small)
         assert fill.done.done_reason == "length" and fill.done.eval_count < small.n_ctx
-        # no end of its own: at most predict_contexts contexts (Ollama's 10), -1 or larger
-        # (the count itself ends an answer as num_predict=past did above)
+        # at most predict_contexts contexts (Ollama's 10), asked as -1 or as a larger count
         longest = PREDICT_CONTEXTS.value * small.n_ctx
-        for asked, limit in ((-1, longest), (longest + 1, longest + 1)):  # a count is its own
+        for asked, limit in ((-1, longest), (longest + 1, longest), (longest - 1, longest - 1)):
             endless = Run(small, "go", grammar=ENDLESS, num_predict=asked)
             seqs = [s.seq for s in small.slots if s.seq] + list(small.waiting)
             assert [q.limit for q in seqs if q.job is endless.job] == [limit]
             endless.cancel = True
             drain(small)
             assert endless.done.done_reason == "cancel"
+        capped = Run(small, "go", grammar=ENDLESS, num_predict=10**9)
+        drain(small)
+        assert (capped.done.done_reason, capped.done.eval_count) == ("length", longest)
     finally:
         small.close()
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from cores import cores
+from endless import ENDLESS_CONTEXT
 from engine_run import GREEDY
 from engine_run import EngineRun as Run
 from runner_streams import text_and_done
@@ -201,13 +202,11 @@ def test_batch_sequences_sit_out_an_interactive_prompts_steps_within_the_bound(m
 
 
 # -- real runner processes -----------------------------------------------------------------------
-async def test_a_runner_pauses_batch_work_for_an_interactive_request(tmp_path: Path):
+async def test_a_runner_pauses_batch_work_for_an_interactive_request(endless_gguf: Path):
     """Every slot (one) holds a batch request that never ends by itself; an
     interactive request still starts and ends, the batch request goes on
     afterwards, and its greedy output is the output of a run never paused."""
-    # -1 ends at 10 contexts (predict_contexts): 163,840 tokens, far past the test
-    model_path = write_demo_model(tmp_path / "long.gguf", DemoModelSpec(context_length=16384))
-    spec = LoadSpec(path=str(model_path), n_ctx=16384, n_batch=64, n_seq=1)
+    spec = LoadSpec(path=str(endless_gguf), n_ctx=ENDLESS_CONTEXT, n_batch=64, n_seq=1)
     runner = await start_runner_with(spec, load_timeout=60)
     endless = {**GREEDY, "num_predict": -1}
     try:

@@ -8,6 +8,7 @@ from typing import Any
 
 import psutil
 import pytest
+from endless import ENDLESS_CONTEXT, FOREVER
 from waiting import until
 
 from jupyter_llm.request.errors import (
@@ -37,14 +38,25 @@ async def collect(runner, **request):
     return "".join(texts), done
 
 
+def running(spec: LoadSpec, loop: asyncio.AbstractEventLoop):
+    """A real runner loaded with ``spec`` (the test's loop drives it), closed after."""
+    r = loop.run_until_complete(start_runner_with(spec, load_timeout=60))
+    yield r
+    loop.run_until_complete(r.close())
+    assert not psutil.pid_exists(r.pid) or psutil.Process(r.pid).status() == "zombie"
+
+
 @pytest.fixture
 def runner(demo_gguf, jp_asyncio_loop):
-    """A real runner with the demo model loaded (the test's loop drives it)."""
-    spec = LoadSpec(path=str(demo_gguf), n_ctx=512, n_threads=1)
-    r = jp_asyncio_loop.run_until_complete(start_runner_with(spec, load_timeout=60))
-    yield r
-    jp_asyncio_loop.run_until_complete(r.close())
-    assert not psutil.pid_exists(r.pid) or psutil.Process(r.pid).status() == "zombie"
+    """A real runner with the demo model loaded."""
+    yield from running(LoadSpec(path=str(demo_gguf), n_ctx=512, n_threads=1), jp_asyncio_loop)
+
+
+@pytest.fixture
+def endless_runner(endless_gguf, jp_asyncio_loop):
+    """A real runner whose answers outlast the test (tests/support/endless.py)."""
+    spec = LoadSpec(path=str(endless_gguf), n_ctx=ENDLESS_CONTEXT, n_threads=1)
+    yield from running(spec, jp_asyncio_loop)
 
 
 async def test_generate_is_deterministic_and_counted(runner):
@@ -80,59 +92,73 @@ async def test_stop_sequence(runner):
     assert done["stop_sequence"] == ""  # none ended it
 
 
-async def test_cancel_stops_generation(runner):
-    stream = runner.complete(Complete(prompt="hello", options={**GREEDY, "num_predict": 100000}))
+async def test_cancel_stops_generation(endless_runner):
+    stream = endless_runner.complete(
+        Complete(prompt="hello", options={**GREEDY, "num_predict": FOREVER})
+    )
     async for _ in stream:
         break
     await stream.aclose()  # closing the stream sends cancel
     # the runner is free again and answers the next request promptly
     _, done = await asyncio.wait_for(
-        collect(runner, prompt="x", options={**GREEDY, "num_predict": 2}), 10
+        collect(endless_runner, prompt="x", options={**GREEDY, "num_predict": 2}), 10
     )
     assert done["eval_count"] == 2
 
 
-async def test_a_request_whose_reader_stopped_is_cancelled_past_its_backlog(runner, monkeypatch):
+async def test_a_request_whose_reader_stopped_is_cancelled_past_its_backlog(
+    endless_runner, monkeypatch
+):
     """A reader that takes nothing more (a client that reads nothing, its
     flush waiting) would hold the whole answer in the server: past
     ``MAX_BACKLOG`` replies the request is cancelled in the runner."""
     from jupyter_llm.runner_client import process
 
     monkeypatch.setattr(process, "MAX_BACKLOG", 16)
-    options = {**GREEDY, "num_predict": 100000}
-    stream = runner.complete(Complete(prompt="hello", options=options, stream_interval=0))
+    options = {**GREEDY, "num_predict": FOREVER}
+    stream = endless_runner.complete(Complete(prompt="hello", options=options, stream_interval=0))
     # sent, and at most its first batch read (on a busy machine, not even that
     # before the backlog fills); then nothing is read
     first = asyncio.ensure_future(anext(stream))
-    await until(lambda: not runner.process._pending, 60, "the backlog to cancel the request")
+    # its first batch read (or failed), then no longer pending: cancelled by the backlog
+    # (pending is empty too before the request is sent)
+    await until(
+        lambda: first.done() and not endless_runner.process._pending,
+        60,
+        "the backlog to cancel the request",
+    )
     with pytest.raises(RunnerFailed, match="fell 16 replies behind"):
         await first
         async for _ in stream:
             pass
     _, done = await asyncio.wait_for(
-        collect(runner, prompt="x", options={**GREEDY, "num_predict": 2}), 30
+        collect(endless_runner, prompt="x", options={**GREEDY, "num_predict": 2}), 30
     )
     assert done["eval_count"] == 2  # the runner is free: the request was cancelled there
 
 
-async def test_health_while_generating(runner):
-    stream = runner.complete(Complete(prompt="hello", options={**GREEDY, "num_predict": 100000}))
+async def test_health_while_generating(endless_runner):
+    stream = endless_runner.complete(
+        Complete(prompt="hello", options={**GREEDY, "num_predict": FOREVER})
+    )
     async for _ in stream:
         break
-    assert await runner.health(timeout=5)
+    assert await endless_runner.health(timeout=5)
     await stream.aclose()
 
 
-async def test_sigkill_fails_in_flight_request_with_cause(runner):
-    process = psutil.Process(runner.pid)  # psutil refuses to signal a reused pid
-    stream = runner.complete(Complete(prompt="hello", options={**GREEDY, "num_predict": 100000}))
+async def test_sigkill_fails_in_flight_request_with_cause(endless_runner):
+    process = psutil.Process(endless_runner.pid)  # psutil refuses to signal a reused pid
+    stream = endless_runner.complete(
+        Complete(prompt="hello", options={**GREEDY, "num_predict": FOREVER})
+    )
     with pytest.raises(RunnerFailed, match="SIGKILL"):
         async for _ in stream:
             if process.is_running():
                 process.send_signal(signal.SIGKILL)
-    assert not runner.alive
+    assert not endless_runner.alive
     with pytest.raises(RunnerFailed, match="SIGKILL"):
-        await collect(runner, prompt="x", options={"num_predict": 1})
+        await collect(endless_runner, prompt="x", options={"num_predict": 1})
 
 
 async def test_load_failure_names_cause_and_leaves_no_runner(tmp_path):
@@ -191,16 +217,18 @@ async def test_other_load_failures_are_not_allocation_failures(tmp_path):
     assert not isinstance(failure.value, AllocationFailed)
 
 
-async def test_health_reports_main_loop_progress(runner):
-    idle = await runner.process.call("health")
+async def test_health_reports_main_loop_progress(endless_runner):
+    idle = await endless_runner.process.call("health")
     assert idle["busy"] is None and idle["stalled_for"] == 0
-    stream = runner.complete(Complete(prompt="hello", options={**GREEDY, "num_predict": 100000}))
+    stream = endless_runner.complete(
+        Complete(prompt="hello", options={**GREEDY, "num_predict": FOREVER})
+    )
     async for _ in stream:
         break
-    first = await runner.process.call("health")
+    first = await endless_runner.process.call("health")
     async for _ in stream:  # more tokens: more progress
         break
-    second = await runner.process.call("health")
+    second = await endless_runner.process.call("health")
     await stream.aclose()
     assert first["busy"] is not None and second["progress"] > first["progress"]
 
