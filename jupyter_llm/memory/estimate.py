@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from jupyter_llm.memory.draft import DraftMemory, draft_memory
 from jupyter_llm.memory.model_info import ModelInfo
+from jupyter_llm.memory.outputs import output_rows
 from jupyter_llm.memory.projector import ProjectorInfo, projector_graph
 from jupyter_llm.request.priority import seq_ids  # paused batch sequences' ids count
 
@@ -158,17 +159,25 @@ def estimate(
     head_dim, heads_kv = model.head_dim_k, model.n_head_kv
     # the runner runs flash attention (llama.cpp's auto): the graph's peak is
     # either a block's (its f16 mask over every cell, the residual stream and
-    # the feed-forward activations) or the output's (the logits of a batch)
+    # the feed-forward activations) or the output's (the logits of the rows a
+    # step samples, memory.outputs: the last block runs on those rows only)
     n_ff = model.n_ff or 4 * embd
-    graph_full = max(
+    ids = seq_ids(opts.num_parallel)
+    rows = output_rows(batch, opts.num_parallel, ids)
+    output_buffer = 4 * vocab * ids  # the logits copied out: a row per sequence id at first
+    graph_full = output_buffer + max(
         2 * context * batch + 4 * batch * (4 * embd + 3 * n_ff),
-        4 * batch * (vocab + n_ff + 2 * embd),
+        4 * rows * (vocab + n_ff + 2 * embd),
     )
-    graph_partial = 4 * batch * embd + max(
-        4 * batch * (1 + embd + max(context, embd))
-        + embd * embd * 9 // 16
-        + 4 * context * (batch * heads + head_dim * heads_kv),
-        4 * batch * (embd + vocab) + embd * vocab * 105 // 128,
+    graph_partial = (
+        output_buffer
+        + 4 * batch * embd
+        + max(
+            4 * batch * (1 + embd + max(context, embd))
+            + embd * embd * 9 // 16
+            + 4 * context * (batch * heads + head_dim * heads_kv),
+            4 * rows * (embd + vocab) + embd * vocab * 105 // 128,
+        )
     )
     gpu = gpu_graphs(
         model,
@@ -177,6 +186,7 @@ def estimate(
         cells_swa if any(windowed) else 0,
         opts.num_parallel,
         opts.gpu_max_tensor,
+        rows,
     )
     return Estimate(
         layer_weights=model.layer_bytes,
@@ -192,7 +202,7 @@ def estimate(
         gpu_graph_partial=gpu.device_partial,
         host_graph_full=gpu.host_full,
         host_graph_partial=gpu.host_partial,
-        output_on_cpu=not output_placement(model, batch, opts.gpu_max_tensor).weights_on_gpu,
+        output_on_cpu=not output_placement(model, rows, opts.gpu_max_tensor).weights_on_gpu,
         # the draft's context has the model's options but never batch-invariant keys
         draft=draft_memory(estimate(draft, replace(opts, kv_type_k=""))) if draft else None,
     )
@@ -209,20 +219,21 @@ class OutputPlacement:
     logits_on_gpu: bool  # the GPU runs the output product (its weights copied there if need be)
 
 
-def output_placement(model: ModelInfo, batch: int, max_tensor: int) -> OutputPlacement:
+def output_placement(model: ModelInfo, rows: int, max_tensor: int) -> OutputPlacement:
     """Where the output layer lands beside a GPU backend that takes no tensor
     over ``max_tensor`` bytes (ggml-vulkan's supports_op: an operation with a
     bigger source or result runs on the CPU). Measured on lavapipe: Gemma 3's
     170 MiB output matrix stays on the CPU with its logits; a 70k vocabulary
     of 256 keeps its 69 MiB matrix on the CPU (512 tokens' logits are 137
-    MiB), and a batch of 256 runs on the GPU with that matrix copied over."""
+    MiB), and a batch of 256 runs on the GPU with that matrix copied over.
+    ``rows``: the logit rows of a step (memory.outputs)."""
     if not max_tensor:
         return OutputPlacement(True, True)
     matrix = model.output_bytes
     logits = 4 * model.n_vocab
     return OutputPlacement(
         weights_on_gpu=max(matrix, logits * PROBE_TOKENS) <= max_tensor,
-        logits_on_gpu=max(matrix, logits * batch) <= max_tensor,
+        logits_on_gpu=max(matrix, logits * rows) <= max_tensor,
     )
 
 
@@ -235,7 +246,13 @@ class GpuGraphs:
 
 
 def gpu_graphs(
-    model: ModelInfo, context: int, batch: int, cells_swa: int, n_seq: int, max_tensor: int = 0
+    model: ModelInfo,
+    context: int,
+    batch: int,
+    cells_swa: int,
+    n_seq: int,
+    max_tensor: int,
+    rows: int,
 ) -> GpuGraphs:
     """The compute buffers ggml's scheduler reserves with a GPU backend, for a
     batch of ``batch`` tokens (n_ubatch) over ``context`` cells, flash attention on.
@@ -248,27 +265,30 @@ def gpu_graphs(
     its compute buffer: the largest block weight more. The CPU's buffer holds
     the inputs (token embeddings, the masks) and, split, a K projection, plus
     the logits' output buffer, and the output's peak when the GPU cannot
-    take the output product (output_placement).
+    take the output product (output_placement). ``rows``: the logit rows of
+    a step (memory.outputs).
     """
     embd, n_ff, vocab = model.n_embd, model.n_ff or 4 * model.n_embd, model.n_vocab
     q_dim = model.n_head * model.head_dim_k
     kv_dim = model.n_head_kv * model.head_dim_k
     masks = 2 * batch * (context + cells_swa)  # f16, one per cache
     block = masks + 4 * batch * (embd + max(embd, q_dim) + 3 * n_ff)
-    output = 4 * batch * (vocab + 2 * embd)
+    rows = min(rows, batch)
+    output = 4 * rows * (vocab + 2 * embd)
     # the largest block weight: a feed-forward matrix's share of the block's parameters
     params = embd * (2 * q_dim + 2 * kv_dim) + 3 * embd * n_ff
     biggest = max(model.layer_bytes, default=0) * embd * n_ff // max(1, params)
-    output_buffer = 4 * vocab * max(1, n_seq)
-    host_full = masks + 8 * batch * embd + output_buffer
-    placed = output_placement(model, batch, max_tensor)
+    output_buffer = 4 * vocab * seq_ids(n_seq)  # a row per sequence id at first
+    inputs = masks + 8 * batch * embd
+    placed = output_placement(model, rows, max_tensor)
     if not placed.logits_on_gpu:
-        host_full, output = host_full + output, 0  # the output runs on the CPU
+        # the output runs on the CPU, after the last block has used the masks
+        inputs, output = max(inputs, output), 0
     elif not placed.weights_on_gpu:
         output += model.output_bytes  # its matrix copied to the GPU for each batch
     return GpuGraphs(
         device_full=max(block, output),
         device_partial=max(block + biggest, output),
-        host_full=host_full,
-        host_partial=host_full + 4 * batch * kv_dim,
+        host_full=inputs + output_buffer,
+        host_partial=inputs + output_buffer + 4 * batch * kv_dim,
     )

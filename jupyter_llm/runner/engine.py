@@ -29,6 +29,7 @@ from typing import Any
 
 import llama_cpp
 
+from jupyter_llm.memory.outputs import output_rows
 from jupyter_llm.request.limits import PREDICT_CONTEXTS, repeat_window
 from jupyter_llm.request.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
 from jupyter_llm.request.priority import BATCH, seq_ids
@@ -91,7 +92,7 @@ def context_params(params: LoadParams, n_ctx_train: int) -> Any:
     # every generating sequence's token fits in a step beside a prompt chunk
     cp.n_batch = cp.n_ubatch = max(1, n_seq, min(params.n_batch, n_ctx))
     cp.n_seq_max = seq_ids(n_seq)  # and spare ids for paused batch sequences (pausing)
-    cp.n_outputs_max = max(cp.n_batch, cp.n_seq_max)  # llama.cpp reserves a row per id
+    cp.n_outputs_max = output_rows(cp.n_batch, n_seq, cp.n_seq_max)  # a step's logit rows
     cp.kv_unified = True
     # windowed layers keep only their window (as llama-server and Ollama);
     # a cached prefix is then reusable only while its window is still held
@@ -128,6 +129,7 @@ class Engine:
         self.model = model = Model(params, progress)
         cp = context_params(params, model.n_ctx_train)
         self.n_seq, self.n_batch = max(1, min(params.n_seq, 256)), cp.n_batch  # decode slots
+        self.n_outputs = cp.n_outputs_max  # rows of logits a step may ask for (memory.outputs)
         self.ctx, self.kv_fallback = open_context(model.llama_model, cp, params)  # f16 if refused
         if not self.ctx:
             model.close()
@@ -589,6 +591,8 @@ class Engine:
         ``self.shape`` (``runner.step_costs``)."""
         b = self.batch
         n = 0
+        # rows of logits left for drafts: llama.cpp aborts on a step asking for more
+        rows = self.n_outputs - len(generating) - len(prompting)
         for seq in generating:
             slot = self.slots[seq.slot]
             b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = (
@@ -599,8 +603,9 @@ class Engine:
             )
             b.seq_id[n][0] = seq.slot
             outputs.append((seq, n))
-            k = add_draft(self, seq, n + 1, room)  # then its draft (runner.speculative)
-            n, room, self.shape.drafted = n + 1 + k, room - k, self.shape.drafted + k
+            k = add_draft(self, seq, n + 1, max(0, min(room, rows)))  # then its draft
+            n, room, rows = n + 1 + k, room - k, rows - k  # (runner.speculative)
+            self.shape.drafted += k
         for seq in prompting:
             if room <= 0:
                 break

@@ -267,27 +267,27 @@ WIDE_2048 = demo_info(2048, 3, 5632, 16, 16, 8265, 205537280)
 @pytest.mark.parametrize(
     ("model", "num_ctx", "num_batch", "split", "gpu_mib", "host_mib"),
     [
-        (SMALL, 2048, 512, False, 13.01, 4.01),
-        (SMALL, 2048, 512, True, 15.0, 5.01),
+        (SMALL, 2048, 512, False, 13.01, 4.02),
+        (SMALL, 2048, 512, True, 15.0, 5.02),
         (SMALL, 1024, 512, False, 12.01, 3.01),
         (SMALL, 1024, 512, True, 14.0, 4.01),
         (SMALL, 512, 512, False, 11.51, 2.51),
         (SMALL, 2048, 256, False, 6.51, 2.01),
         (SMALL, 2048, 256, True, 10.0, 2.51),
-        (VOCAB_20K, 2048, 512, False, 41.58, 4.32),
-        (VOCAB_20K, 2048, 512, True, 44.59, 5.32),
-        (VOCAB_20K, 8192, 512, False, 41.58, 10.32),
-        (VOCAB_20K, 8192, 512, True, 40.58, 11.32),
+        (VOCAB_20K, 2048, 512, False, 13.01, 4.63),
+        (VOCAB_20K, 2048, 512, True, 15.0, 5.63),
+        (VOCAB_20K, 8192, 512, False, 19.01, 10.63),
+        (VOCAB_20K, 4096, 512, True, 19.0, 7.63),
         (GQA_1024, 2048, 512, False, 22.51, 6.01),
         (GQA_1024, 2048, 512, True, 34.0, 6.01),
         (GQA_1024, 8192, 512, False, 28.51, 12.01),
         (GQA_1024, 8192, 512, True, 40.5, 12.01),
         (GQA_1024, 2048, 256, True, 22.5, 3.01),
-        (VOCAB_50K, 4096, 512, False, 99.17, 5.78),
-        (VOCAB_50K, 4096, 512, True, 98.67, 6.28),
-        (WIDE_2048, 4096, 512, False, 45.01, 12.14),
-        (WIDE_2048, 1024, 512, False, 42.01, 9.14),
-        (WIDE_2048, 1024, 512, True, 90.0, 13.14),
+        (VOCAB_50K, 4096, 512, False, 13.17, 6.54),
+        (VOCAB_50K, 4096, 512, True, 13.11, 7.04),
+        (WIDE_2048, 4096, 512, False, 45.01, 12.26),
+        (WIDE_2048, 1024, 512, False, 42.01, 9.26),
+        (WIDE_2048, 1024, 512, True, 90.0, 13.26),
     ],
 )
 def test_gpu_graphs_match_ggml_vulkan(model, num_ctx, num_batch, split, gpu_mib, host_mib):
@@ -305,6 +305,21 @@ def test_gpu_graphs_match_ggml_vulkan(model, num_ctx, num_batch, split, gpu_mib,
     [(SMALL, 512, 12.5), (WIDE_2048, 4096, 79.0)],
 )
 def test_gpu_graph_split_within_twenty_percent(model, num_ctx, gpu_mib):
+    est = estimate(model, EstimateOptions(num_ctx=num_ctx))
+    assert abs(est.gpu_graph_partial / MiB - gpu_mib) <= 0.20 * gpu_mib
+
+
+# A known gap: past about 4k cells a split's GPU peak grows by about four
+# masks per 1k cells, not one (measured on lavapipe; the 20k vocabulary's
+# logits hid it at 8k before a step's output rows were counted). The layout
+# leaves a GPU's headroom (gpu_overhead), not this much: fixing it must turn
+# these into passes, and strict xfail says so.
+@pytest.mark.xfail(strict=True, reason="a split's GPU peak past 4k cells is under-estimated")
+@pytest.mark.parametrize(
+    ("model", "num_ctx", "gpu_mib"),
+    [(SMALL, 8192, 35.0), (VOCAB_20K, 8192, 35.0), (SMALL, 16384, 67.0)],
+)
+def test_gpu_graph_split_at_long_contexts(model, num_ctx, gpu_mib):
     est = estimate(model, EstimateOptions(num_ctx=num_ctx))
     assert abs(est.gpu_graph_partial / MiB - gpu_mib) <= 0.20 * gpu_mib
 
@@ -329,11 +344,11 @@ LAVAPIPE = 128 * MiB  # its storage buffer range
 @pytest.mark.parametrize(
     ("model", "num_ctx", "num_batch", "gpu_mib", "host_mib", "matrix_on_gpu"),
     [
-        # 512 tokens' logits (137 MiB) are past it: the output on the CPU
-        (VOCAB_70K, 2048, 512, 7.51, 139.31, False),
-        # 256 tokens' fit: the GPU runs the product, the matrix copied there
-        (VOCAB_70K, 2048, 256, 137.74, 2.58, False),
-        (VOCAB_50K, 4096, 512, 99.17, 5.78, True),  # under it: as without a limit
+        # its 69 MiB matrix is kept off the GPU (512 probe tokens' logits are
+        # past it), but a step's 68 rows of logits (18 MiB) are not: the GPU
+        # runs the product, the matrix copied there
+        (VOCAB_70K, 2048, 512, 86.98, 5.15, False),
+        (VOCAB_50K, 4096, 512, 13.17, 6.54, True),  # under it: as without a limit
     ],
 )
 def test_gpu_graphs_past_the_tensor_limit(
@@ -358,11 +373,11 @@ def test_an_output_matrix_the_gpu_refuses_stays_on_the_cpu():
 @pytest.mark.parametrize(
     ("num_ctx", "num_batch", "num_gpu", "gpu_mib", "host_mib"),
     [
-        (2048, 512, -1, 20.52, 518.5),
-        (8192, 512, -1, 27.02, 518.5),
-        (2048, 128, -1, 5.13, 132.63),
-        (2048, 512, 10, 22.18, 518.5),
-        (8192, 512, 10, 31.43, 518.5),
+        (2048, 512, -1, 20.52, 77.42),
+        (8192, 512, -1, 29.02, 77.42),
+        (2048, 128, -1, 5.13, 76.48),
+        (2048, 512, 10, 22.18, 77.42),
+        (8192, 512, 10, 33.68, 77.42),
     ],
 )
 def test_gemma_on_lavapipe(gemma_gguf, num_ctx, num_batch, num_gpu, gpu_mib, host_mib):

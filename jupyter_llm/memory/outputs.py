@@ -1,0 +1,25 @@
+"""How many rows of logits the batch loop's context is made for.
+
+llama.cpp sizes a context's worst-case graph, and the buffer its logits are
+copied to, for ``n_outputs_max`` rows: a row per token of a batch unless told
+fewer. The batch loop never asks for more than one row per sequence (the
+token it samples next) plus one per drafted token being verified, so its
+context is made for that many, not the whole batch: on Gemma 3 (a 262k
+vocabulary, 1 MiB of logits a row) the compute buffer at the defaults falls
+from 514.5 MiB to about 70 MiB. The runner, the draft model's context and the
+memory estimate all read the count here, and the runner never fills a batch
+with more rows than it (``runner.engine``), since llama.cpp aborts on a
+decode that asks for more.
+"""
+
+from __future__ import annotations
+
+from jupyter_llm.request.limits import DRAFT_TOKENS
+
+
+def output_rows(n_batch: int, n_seq: int, n_seq_max: int) -> int:
+    """The most logit rows one step asks for: each of the ``n_seq``
+    sequences decoded at once samples one token and verifies its longest
+    draft, within the batch; at least one row per sequence id (llama.cpp
+    keeps one for each of ``n_seq_max``, paused sequences' included)."""
+    return max(n_seq_max, min(n_batch, n_seq * (1 + DRAFT_TOKENS.value)))

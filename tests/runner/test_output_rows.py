@@ -1,0 +1,66 @@
+"""The batch loop's context is made for the rows of logits a step can ask
+for (``memory.outputs``), not a row per batch token, and a step never asks
+for more: llama.cpp aborts the runner on a decode past ``n_outputs_max``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cores import cores
+from engine_run import EngineRun as Run
+
+from jupyter_llm.demo import DemoModelSpec, write_demo_model
+from jupyter_llm.memory.outputs import output_rows
+from jupyter_llm.request.limits import DRAFT_TOKENS
+from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.protocol import LoadParams
+from jupyter_llm.runner.step_costs import StepCosts
+
+
+@pytest.mark.parametrize(
+    ("n_batch", "n_seq", "n_seq_max", "rows"),
+    [
+        (512, 4, 8, 4 * (1 + DRAFT_TOKENS.value)),  # the defaults: 68, not 512
+        (512, 1, 2, 1 + DRAFT_TOKENS.value),
+        (32, 4, 8, 32),  # the batch holds fewer
+        (4, 4, 8, 8),  # a row per sequence id, whatever the batch
+        (512, 64, 128, 512),
+    ],
+)
+def test_output_rows(n_batch, n_seq, n_seq_max, rows):
+    assert output_rows(n_batch, n_seq, n_seq_max) == rows
+
+
+def test_a_step_never_asks_for_more_rows_than_the_context_holds(tmp_path: Path):
+    """Four sequences drafting 16 tokens each want 68 rows a step; with a
+    context made for 10, their drafts are cut to the rows left, and every
+    answer is still the undrafted one."""
+    path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
+    engine = Engine(LoadParams(path=str(path), n_ctx=2048, n_seq=4, n_threads=cores()))
+    try:
+        assert engine.n_outputs == output_rows(engine.n_batch, 4, len(engine.slots)) == 68
+        engine.step_costs = StepCosts(engine.n_seq, engine.n_batch, pinned=0.0)  # drafts are free
+        prompts = [f"{w} hello world hello world hello world" for w in ("a", "b", "c", "d")]
+        plain = {}
+        for p in prompts:
+            run = Run(engine, p, num_predict=48, draft_num_predict=0)
+            while not run.ended:
+                engine.step()
+            plain[p] = run.output
+        engine.n_outputs = 10
+        rows: list[int] = []
+        decode = engine._decode
+
+        def counted(n, outputs, fed):
+            rows.append(sum(engine.batch.logits[i] for i in range(n)))
+            return decode(n, outputs, fed)
+
+        engine._decode = counted
+        runs = [Run(engine, p, num_predict=48, draft_num_predict=16) for p in prompts]
+        while not all(r.ended for r in runs):
+            engine.step()
+        assert max(rows) == 10  # drafts ran, cut to the rows left
+        assert {p: r.output for p, r in zip(prompts, runs, strict=True)} == plain
+    finally:
+        engine.close()
