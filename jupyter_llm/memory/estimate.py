@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from jupyter_llm.memory.draft import DraftMemory, draft_memory
 from jupyter_llm.memory.model_info import ModelInfo
-from jupyter_llm.memory.outputs import output_rows
+from jupyter_llm.memory.outputs import draft_rows, output_rows
 from jupyter_llm.memory.projector import ProjectorInfo, projector_graph
 from jupyter_llm.request.priority import seq_ids  # paused batch sequences' ids count
 
@@ -70,6 +70,9 @@ class EstimateOptions:
     # the largest tensor the GPUs' backend takes (ggml-vulkan: the device's
     # storage buffer range); 0: no limit, as CUDA. See output_placement.
     gpu_max_tensor: int = 0
+    # a draft model's context (memory.draft), whose decodes ask for a logit
+    # row per sequence id at most, not the batch loop's (memory.outputs)
+    draft_context: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,10 +166,11 @@ def estimate(
     # step samples, memory.outputs: the last block runs on those rows only)
     n_ff = model.n_ff or 4 * embd
     ids = seq_ids(opts.num_parallel)
-    rows = output_rows(batch, opts.num_parallel, ids)
+    rows = draft_rows(ids) if opts.draft_context else output_rows(batch, opts.num_parallel, ids)
     output_buffer = 4 * vocab * ids  # the logits copied out: a row per sequence id at first
+    masks = 2 * batch * (context + (cells_swa if any(windowed) else 0))  # f16, one per cache
     graph_full = output_buffer + max(
-        2 * context * batch + 4 * batch * (4 * embd + 3 * n_ff),
+        masks + 4 * batch * (4 * embd + 3 * n_ff),
         4 * rows * (vocab + n_ff + 2 * embd),
     )
     graph_partial = (
@@ -204,7 +208,9 @@ def estimate(
         host_graph_partial=gpu.host_partial,
         output_on_cpu=not output_placement(model, rows, opts.gpu_max_tensor).weights_on_gpu,
         # the draft's context has the model's options but never batch-invariant keys
-        draft=draft_memory(estimate(draft, replace(opts, kv_type_k=""))) if draft else None,
+        draft=draft_memory(estimate(draft, replace(opts, kv_type_k="", draft_context=True)))
+        if draft
+        else None,
     )
 
 

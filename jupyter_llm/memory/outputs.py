@@ -7,7 +7,8 @@ token it samples next) plus one per drafted token being verified, so its
 context is made for that many, not the whole batch: on Gemma 3 (a 262k
 vocabulary, 1 MiB of logits a row) the compute buffer at the defaults falls
 from 514.5 MiB to about 70 MiB. The runner, the draft model's context and the
-memory estimate all read the count here, and the runner never fills a batch
+memory estimate all read the count here (a draft model's context asks for
+one row per sequence at most: ``draft_rows``), and the runner never fills a batch
 with more rows than it (``runner.engine``), since llama.cpp aborts on a
 decode that asks for more.
 """
@@ -23,3 +24,9 @@ def output_rows(n_batch: int, n_seq: int, n_seq_max: int) -> int:
     draft, within the batch; at least one row per sequence id (llama.cpp
     keeps one for each of ``n_seq_max``, paused sequences' included)."""
     return max(n_seq_max, min(n_batch, n_seq * (1 + DRAFT_TOKENS.value)))
+
+
+def draft_rows(n_seq_max: int) -> int:
+    """A draft model's context: each decode holds a slot's catch-up (its
+    last token's row) or one drafted token per drafting slot."""
+    return n_seq_max

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 import numpy as np
 
-from jupyter_llm.memory.outputs import output_rows
+from jupyter_llm.memory.outputs import draft_rows
 from jupyter_llm.runner.context_window import common_prefix, swa_reusable
 from jupyter_llm.runner.kv_cache import cache_types
 from jupyter_llm.runner.model import model_params
@@ -127,7 +127,7 @@ class DraftModel:
         cp.n_ctx = engine.n_ctx
         cp.n_batch = cp.n_ubatch = engine.n_batch
         cp.n_seq_max = len(engine.slots)
-        cp.n_outputs_max = output_rows(cp.n_batch, engine.n_seq, cp.n_seq_max)  # as the target
+        cp.n_outputs_max = draft_rows(cp.n_seq_max)  # a row per slot a decode, at most
         cp.kv_unified = True
         cp.swa_full = False
         cp.flash_attn_type = FLASH_ATTN_TYPES[params.flash_attn]

@@ -116,6 +116,29 @@ async def test_estimate_matches_llamas_allocation_for_a_draft(tmp_path):
     assert abs(d.cpu_total - sum(measured.values())) <= 0.10 * sum(measured.values())
 
 
+async def test_a_draft_context_is_made_for_a_row_per_sequence(gemma_gguf):
+    """A draft decodes at most a row per sequence id (memory.outputs.draft_rows),
+    so its context keeps that many rows of logits, not the target's 68. Gemma
+    3 270M drafting for itself: what the draft adds to the load's graph is the
+    estimate's (with the target's rows it would be 60 MiB more: a 262k vocabulary)."""
+    info = read_model_info(gemma_gguf)
+    num_ctx, n_seq = 2048, 4
+    est = estimate(info, EstimateOptions(num_ctx=num_ctx, num_parallel=n_seq), draft=info)
+    assert est.draft is not None
+    graphs = []
+    for draft in ("", str(gemma_gguf)):
+        spec = LoadSpec(
+            path=str(gemma_gguf), draft=draft, n_ctx=num_ctx, n_seq=n_seq, n_threads=cores()
+        )
+        runner = await start_runner_with(spec, load_timeout=120)
+        try:
+            graphs.append(sum(s.get("graph", 0) for s in runner.measured.values()))
+        finally:
+            await runner.close()
+    added = graphs[1] - graphs[0]
+    assert abs(est.draft.cpu_graph - added) <= 0.10 * added, (est.draft.cpu_graph, added)
+
+
 async def test_the_scheduler_loads_estimates_and_plans_with_the_draft():
     target, drafted = entry("big", TARGET), entry("small", DRAFT)
     with_draft = replace(
