@@ -6,10 +6,12 @@ fewer. The batch loop never asks for more than one row per sequence (the
 token it samples next) plus one per drafted token being verified, so its
 context is made for that many, not the whole batch: on Gemma 3 (a 262k
 vocabulary, 1 MiB of logits a row) the compute buffer at the defaults falls
-from 514.5 MiB to about 70 MiB. The runner, the draft model's context and the
-memory estimate all read the count here (a draft model's context asks for
-one row per sequence at most: ``draft_rows``), and the runner never fills a batch
-with more rows than it (``runner.engine``), since llama.cpp aborts on a
+from 514.5 MiB to about 70 MiB: device memory on a GPU, and on the CPU what
+the scheduler counts (pages the larger buffer never touched were not
+resident). A draft model's context decodes one row per sequence at most
+(``draft_rows``). The runner, the draft model's context and the memory
+estimate all read the counts here, and the runner never fills a batch with
+more rows than its context holds (``runner.engine``): llama.cpp aborts on a
 decode that asks for more.
 """
 
