@@ -167,11 +167,12 @@ def estimate(
     n_ff = model.n_ff or 4 * embd
     ids = seq_ids(opts.num_parallel)
     rows = draft_rows(ids) if opts.draft_context else output_rows(batch, opts.num_parallel, ids)
-    output_buffer = 4 * vocab * ids  # the logits copied out: a row per sequence id at first
+    output_buffer = 4 * vocab * rows  # the logits copied out, at their most rows
+    out = min(rows, batch)  # the graph is reserved for a batch's rows at most
     masks = 2 * batch * (context + (cells_swa if any(windowed) else 0))  # f16, one per cache
     graph_full = output_buffer + max(
         masks + 4 * batch * (4 * embd + 3 * n_ff),
-        4 * rows * (vocab + n_ff + 2 * embd),
+        4 * out * (vocab + n_ff + 2 * embd),
     )
     graph_partial = (
         output_buffer
@@ -180,7 +181,7 @@ def estimate(
             4 * batch * (1 + embd + max(context, embd))
             + embd * embd * 9 // 16
             + 4 * context * (batch * heads + head_dim * heads_kv),
-            4 * rows * (embd + vocab) + embd * vocab * 105 // 128,
+            4 * out * (embd + vocab) + embd * vocab * 105 // 128,
         )
     )
     gpu = gpu_graphs(
@@ -284,7 +285,7 @@ def gpu_graphs(
     # the largest block weight: a feed-forward matrix's share of the block's parameters
     params = embd * (2 * q_dim + 2 * kv_dim) + 3 * embd * n_ff
     biggest = max(model.layer_bytes, default=0) * embd * n_ff // max(1, params)
-    output_buffer = 4 * vocab * seq_ids(n_seq)  # a row per sequence id at first
+    output_buffer = 4 * vocab * max(rows, seq_ids(n_seq))  # at its most rows (memory.outputs)
     inputs = masks + 8 * batch * embd
     placed = output_placement(model, rows, max_tensor)
     if not placed.logits_on_gpu:

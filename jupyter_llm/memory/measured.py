@@ -107,6 +107,12 @@ class AllocationLog:
         elif not self.failure and is_allocation_failure_line(line):
             self.failure = line.strip()
 
+    def grows(self, device: str, kind: str, size: int) -> None:
+        """A buffer the load logged that llama.cpp grows later by its own
+        rule (the logits' output buffer: ``memory.outputs.output_growth``),
+        so the figures are what the runner will hold."""
+        self._add(device, kind, size)
+
     def _add(self, device: str, kind: str, size: int) -> None:
         sizes = self.devices.setdefault(device, dict.fromkeys(KINDS, 0))
         sizes[kind] += size

@@ -13,6 +13,11 @@ resident). A draft model's context decodes one row per sequence at most
 estimate all read the counts here, and the runner never fills a batch with
 more rows than its context holds (``runner.engine``): llama.cpp aborts on a
 decode that asks for more.
+
+The logits' output buffer starts with a row per sequence id and grows (never
+shrinks) to the most rows a decode asks for, cleared, so resident: the
+estimate counts it at its largest, and the runner adds that growth to what
+its load reports (``output_growth``).
 """
 
 from __future__ import annotations
@@ -32,3 +37,9 @@ def draft_rows(n_seq_max: int) -> int:
     """A draft model's context: each decode holds a slot's catch-up (its
     last token's row) or one drafted token per drafting slot."""
     return n_seq_max
+
+
+def output_growth(n_vocab: int, rows: int, n_seq_max: int) -> int:
+    """Bytes the logits' output buffer grows by after the load: from a row
+    per sequence id to ``rows`` (f32 logits over the vocabulary)."""
+    return 4 * n_vocab * max(0, rows - n_seq_max)

@@ -20,6 +20,8 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from jupyter_llm.memory.layout import CPU
+from jupyter_llm.memory.outputs import output_growth
 from jupyter_llm.request.priority import BATCH
 from jupyter_llm.runner.chat_plan import ChatPlanner
 from jupyter_llm.runner.completion import CompletionReplies, error_reply
@@ -190,6 +192,10 @@ class RunnerService:
                 raise AllocationError(f"{e}: {allocation_log.failure}") from e
             raise
         self.engine.beat = self.beat
+        # the logits' buffer grows to a step's rows after the load (memory.outputs)
+        engine = self.engine
+        growth = output_growth(engine.model.n_vocab, engine.n_outputs, len(engine.slots))
+        allocation_log.grows(CPU, "graph", growth)
         self.planner = ChatPlanner(self.engine)
         vision = self.engine.model.vision
         return {

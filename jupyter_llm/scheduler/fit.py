@@ -49,14 +49,18 @@ def estimate_on(
     devices: list[DeviceInfo],
     projector: ProjectorInfo | None,
     draft: ModelInfo | None = None,
+    *,
+    parallel: int,
 ) -> Estimate:
     """The model's memory with these options (and its draft model's, with the
-    same); what the serving GPUs' backend refuses (a tensor past its limit)
-    is counted on the CPU."""
+    same) for a runner serving ``parallel`` requests at once (its sequence
+    ids and its rows of logits grow with it); what the serving GPUs' backend
+    refuses (a tensor past its limit) is counted on the CPU."""
     limit = gpu_max_tensor(serving_gpus(devices))
     opts = EstimateOptions(
         num_ctx=wanted.num_ctx,
         num_batch=wanted.num_batch,
+        num_parallel=parallel,
         kv_type=wanted.kv_cache_type,
         kv_type_k=key_type(wanted.kv_cache_type, wanted.batch_invariant),
         gpu_max_tensor=limit,

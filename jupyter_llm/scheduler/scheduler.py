@@ -228,8 +228,8 @@ class Scheduler:
             return fit.reuse_plan(current, devices)
         projector = await self._facts.projector(entry.projector_path)
         draft = await self._facts.draft(entry.draft_path)
-        est = fit.estimate_on(info, wanted, devices, projector, draft)
         parallel = policy.parallel_slots(info, self.settings)
+        est = fit.estimate_on(info, wanted, devices, projector, draft, parallel=parallel)
         plan = fit.plan_load(est, wanted, parallel, devices, loaded, self.settings, current)
         if plan.placement is None:
             return plan
@@ -378,7 +378,7 @@ class Scheduler:
             if await self._drop_dead():
                 continue  # something was unloaded: look at the devices again
             devices = await self.current_devices()
-            est = fit.estimate_on(info, wanted, devices, projector, draft)
+            est = fit.estimate_on(info, wanted, devices, projector, draft, parallel=parallel)
             try:
                 move = fit.next_move(
                     est, wanted, devices, self.loaded_models(), self.settings, backoff

@@ -33,7 +33,7 @@ def _by_device(placement):
 
 
 def test_the_draft_is_its_own_estimate_at_the_targets_options():
-    alone = estimate(DRAFT, OPTS)
+    alone = estimate(DRAFT, replace(OPTS, draft_context=True))  # a row per sequence id
     d = estimate(TARGET, OPTS, draft=DRAFT).draft
     assert d == draft_memory(alone)
     assert d.kv == alone.kv_total and d.cpu_total == alone.cpu_only_total
@@ -149,7 +149,12 @@ async def test_the_scheduler_loads_estimates_and_plans_with_the_draft():
         plain_plan = await scheduler.plan(target, LoadOptions(num_ctx=8192))
         plan = await scheduler.plan(with_draft, LoadOptions(num_ctx=8192))
         w = plan.wanted
-        opts = EstimateOptions(num_ctx=w.num_ctx, num_batch=w.num_batch, kv_type=w.kv_cache_type)
+        opts = EstimateOptions(
+            num_ctx=w.num_ctx,
+            num_batch=w.num_batch,
+            kv_type=w.kv_cache_type,
+            num_parallel=scheduler.settings.num_parallel,
+        )
         d = estimate(TARGET, opts, draft=DRAFT).draft
         assert plan.placement.total == plain_plan.placement.total + d.gpu_total + d.host_total
         loaded = await use(scheduler, with_draft, num_ctx=8192)

@@ -49,7 +49,8 @@ def test_the_scheduler_estimates_and_launches_with_the_chosen_type(caplog):
     wanted = policy.wanted(LoadOptions(num_ctx=8192), LLAMA, settings)
     assert (wanted.kv_cache_type, wanted.kv_cache_fallback) == ("q8_0", "")
     f16 = policy.wanted(LoadOptions(num_ctx=8192), LLAMA, Settings.from_env({}))
-    q8, full = estimate_on(LLAMA, wanted, [], None), estimate_on(LLAMA, f16, [], None)
+    q8 = estimate_on(LLAMA, wanted, [], None, parallel=4)
+    full = estimate_on(LLAMA, f16, [], None, parallel=4)
     assert q8.kv_total * 32 == full.kv_total * 17  # 34 bytes per 32 values against 64
     off = replace(settings, flash_attention="off")
     fallback = policy.wanted(LoadOptions(), replace(LLAMA, architecture="llama-off"), off)

@@ -110,7 +110,8 @@ def test_the_scheduler_estimates_and_launches_a_batch_invariant_load(caplog):
     assert (wanted.kv_cache_type, wanted.batch_invariant) == ("f16", True)
     plain = policy.wanted(LoadOptions(num_ctx=8192), LLAMA, Settings.from_env({}))
     assert plain.batch_invariant is False
-    mixed, full = estimate_on(LLAMA, wanted, [], None), estimate_on(LLAMA, plain, [], None)
+    mixed = estimate_on(LLAMA, wanted, [], None, parallel=4)
+    full = estimate_on(LLAMA, plain, [], None, parallel=4)
     assert mixed.kv_total * 128 == full.kv_total * (34 + 64)  # q8_0 keys beside f16 values
     off = replace(settings, flash_attention="off")
     refused = policy.wanted(LoadOptions(), replace(LLAMA, architecture="llama-fa-off"), off)

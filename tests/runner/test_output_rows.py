@@ -4,18 +4,23 @@ for more: llama.cpp aborts the runner on a decode past ``n_outputs_max``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from cores import cores
 from engine_run import EngineRun as Run
+from fakes import synthetic_model
+from scheduler_env import ONE_GPU, entry, make
 
 from jupyter_llm.demo import DemoModelSpec, write_demo_model
-from jupyter_llm.memory.outputs import output_rows
+from jupyter_llm.memory import EstimateOptions, estimate
+from jupyter_llm.memory.outputs import draft_rows, output_growth, output_rows
 from jupyter_llm.request.limits import DRAFT_TOKENS
 from jupyter_llm.runner.engine import Engine
 from jupyter_llm.runner.protocol import LoadParams
 from jupyter_llm.runner.step_costs import StepCosts
+from jupyter_llm.scheduler import LoadOptions
 
 
 @pytest.mark.parametrize(
@@ -64,3 +69,29 @@ def test_a_step_never_asks_for_more_rows_than_the_context_holds(tmp_path: Path):
         assert {p: r.output for p, r in zip(prompts, runs, strict=True)} == plain
     finally:
         engine.close()
+
+
+def test_the_logits_buffer_grows_to_a_steps_rows():
+    """From a row per sequence id to the rows a step may ask for: 60 MiB on a
+    262k vocabulary at the defaults (8 ids, 68 rows), none for a draft's."""
+    assert output_growth(262144, 68, 8) == 60 << 20
+    assert output_growth(262144, draft_rows(8), 8) == 0
+
+
+async def test_the_plan_counts_the_rows_of_the_runners_slots():
+    """The scheduler's estimate has the runner's slot count (num_parallel), so
+    the rows of logits it counts are the runner's, not a fixed 4 slots'."""
+    model = replace(synthetic_model(), n_vocab=262144)
+    graphs = []
+    for num_parallel in (1, 4, 8):
+        scheduler, _ = make(ONE_GPU, num_parallel=num_parallel)
+        try:
+            plan = await scheduler.plan(entry("big", model), LoadOptions(num_ctx=8192))
+        finally:
+            await scheduler.shutdown()
+        assert plan.placement is not None
+        est = estimate(model, EstimateOptions(num_ctx=8192, num_parallel=num_parallel))
+        graph = sum(a.graph for a in plan.placement.allocations)
+        assert graph == est.gpu_graph_full + est.host_graph_full
+        graphs.append(graph)
+    assert graphs[0] < graphs[1] < graphs[2]
