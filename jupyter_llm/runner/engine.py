@@ -85,8 +85,10 @@ def context_params(params: LoadParams, n_ctx_train: int) -> Any:
     """llama.cpp's parameters for the batch loop's context: ``n_seq``
     sequences sharing ``n_ctx`` cells (at most what the model was trained
     on), and a batch that holds every generating sequence's token."""
-    n_ctx = max(16, min(params.n_ctx, n_ctx_train or params.n_ctx))
     n_seq = max(1, min(params.n_seq, 256))
+    # at least a cell per slot: llama.cpp holds n_batch to the n_ctx asked for,
+    # and a step of every slot's token past n_batch aborts the process
+    n_ctx = max(16, n_seq, min(params.n_ctx, n_ctx_train or params.n_ctx))
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx = n_ctx
     # every generating sequence's token fits in a step beside a prompt chunk
@@ -135,6 +137,10 @@ class Engine:
             model.close()
             raise EngineError("failed to create the llama context (out of memory?)")
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
+        if llama_cpp.llama_n_batch(self.ctx) < self.n_batch:  # a step would abort llama.cpp
+            llama_cpp.llama_free(self.ctx)
+            model.close()
+            raise EngineError(f"llama.cpp made a batch smaller than {self.n_batch} tokens")
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._can_shift = bool(llama_cpp.llama_memory_can_shift(self.memory))

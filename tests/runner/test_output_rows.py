@@ -17,7 +17,7 @@ from jupyter_llm.demo import DemoModelSpec, write_demo_model
 from jupyter_llm.memory import EstimateOptions, estimate
 from jupyter_llm.memory.outputs import draft_rows, output_growth, output_rows
 from jupyter_llm.request.limits import DRAFT_TOKENS
-from jupyter_llm.runner.engine import Engine
+from jupyter_llm.runner.engine import Engine, context_params
 from jupyter_llm.runner.protocol import LoadParams
 from jupyter_llm.runner.step_costs import StepCosts
 from jupyter_llm.scheduler import LoadOptions
@@ -95,3 +95,20 @@ async def test_the_plan_counts_the_rows_of_the_runners_slots():
         assert graph == est.gpu_graph_full + est.host_graph_full
         graphs.append(graph)
     assert graphs[0] < graphs[1] < graphs[2]
+
+
+def test_more_slots_than_the_context_asked_for_still_fit_a_step(tmp_path: Path):
+    """llama.cpp holds n_batch to the n_ctx asked for; 20 slots with num_ctx
+    16 made a step of 20 tokens past a batch of 16, and llama.cpp aborted the
+    runner (GGML_ASSERT). The context asks for a cell per slot at least."""
+    cp = context_params(LoadParams(path="/m", n_ctx=16, n_seq=20), 2048)
+    assert cp.n_ctx >= cp.n_batch >= 20
+    path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
+    engine = Engine(LoadParams(path=str(path), n_ctx=16, n_seq=20, n_threads=cores()))
+    try:
+        runs = [Run(engine, f"hello {i}", num_predict=3) for i in range(20)]
+        while not all(r.ended for r in runs):
+            engine.step()
+        assert [r.done.eval_count for r in runs if r.done] == [3] * 20
+    finally:
+        engine.close()
