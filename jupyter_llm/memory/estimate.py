@@ -152,11 +152,9 @@ def estimate(
         model.head_dim_k * KV_BYTES[type_k] + model.head_dim_v * KV_BYTES[opts.kv_type]
     )
     windowed = swa_layers(model.architecture, model.n_layer, model.n_swa, model.swa_pattern)
-    cells_swa = (
-        context
-        if opts.swa_full
-        else swa_cells(context, model.n_swa, seq_ids(opts.num_parallel), batch)
-    )
+    ids = seq_ids(opts.num_parallel)
+    cells_swa = context if opts.swa_full else swa_cells(context, model.n_swa, ids, batch)
+    swa_mask = cells_swa if any(windowed) else 0  # the windowed cache's mask, where there is one
     layer_kv = tuple(int((cells_swa if w else context) * per_cell) for w in windowed)
     embd, heads, vocab = model.n_embd, model.n_head, model.n_vocab
     head_dim, heads_kv = model.head_dim_k, model.n_head_kv
@@ -165,11 +163,10 @@ def estimate(
     # the feed-forward activations) or the output's (the logits of the rows a
     # step samples, memory.outputs: the last block runs on those rows only)
     n_ff = model.n_ff or 4 * embd
-    ids = seq_ids(opts.num_parallel)
     rows = draft_rows(ids) if opts.draft_context else output_rows(batch, opts.num_parallel, ids)
     output_buffer = 4 * vocab * rows  # the logits copied out, at their most rows
     out = min(rows, batch)  # the graph is reserved for a batch's rows at most
-    masks = 2 * batch * (context + (cells_swa if any(windowed) else 0))  # f16, one per cache
+    masks = 2 * batch * (context + swa_mask)  # f16, one per cache
     graph_full = output_buffer + max(
         masks + 4 * batch * (4 * embd + 3 * n_ff),
         4 * out * (vocab + n_ff + 2 * embd),
@@ -188,8 +185,7 @@ def estimate(
         model,
         context,
         batch,
-        cells_swa if any(windowed) else 0,
-        opts.num_parallel,
+        swa_mask,
         opts.gpu_max_tensor,
         rows,
     )
@@ -257,7 +253,6 @@ def gpu_graphs(
     context: int,
     batch: int,
     cells_swa: int,
-    n_seq: int,
     max_tensor: int,
     rows: int,
 ) -> GpuGraphs:
@@ -273,21 +268,21 @@ def gpu_graphs(
     the inputs (token embeddings, the masks) and, split, a K projection, plus
     the logits' output buffer, and the output's peak when the GPU cannot
     take the output product (output_placement). ``rows``: the logit rows of
-    a step (memory.outputs).
+    a step (memory.outputs), at least a row per sequence id.
     """
     embd, n_ff, vocab = model.n_embd, model.n_ff or 4 * model.n_embd, model.n_vocab
     q_dim = model.n_head * model.head_dim_k
     kv_dim = model.n_head_kv * model.head_dim_k
     masks = 2 * batch * (context + cells_swa)  # f16, one per cache
     block = masks + 4 * batch * (embd + max(embd, q_dim) + 3 * n_ff)
-    rows = min(rows, batch)
-    output = 4 * rows * (vocab + 2 * embd)
+    out = min(rows, batch)  # the graph is reserved for a batch's rows at most
+    output = 4 * out * (vocab + 2 * embd)
     # the largest block weight: a feed-forward matrix's share of the block's parameters
     params = embd * (2 * q_dim + 2 * kv_dim) + 3 * embd * n_ff
     biggest = max(model.layer_bytes, default=0) * embd * n_ff // max(1, params)
-    output_buffer = 4 * vocab * max(rows, seq_ids(n_seq))  # at its most rows (memory.outputs)
+    output_buffer = 4 * vocab * rows  # at its most rows (memory.outputs)
     inputs = masks + 8 * batch * embd
-    placed = output_placement(model, rows, max_tensor)
+    placed = output_placement(model, out, max_tensor)
     if not placed.logits_on_gpu:
         # the output runs on the CPU, after the last block has used the masks
         inputs, output = max(inputs, output), 0
