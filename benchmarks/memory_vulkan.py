@@ -36,8 +36,11 @@ CASES = [
     (512, 8, 1536, 8, 8, 20000, 8192, 4),
     (1024, 6, 2816, 16, 4, 0, 8192, -1),
     (1024, 6, 2816, 16, 4, 0, 8192, 3),
+    # split at long contexts: the CPU layers' K and V copied to the GPU dominate
+    (512, 8, 1536, 8, 8, 0, 16384, 4),
+    (1024, 6, 2816, 16, 4, 0, 32768, 3),
 ]
-GEMMA = [(2048, -1), (2048, 10), (8192, -1), (8192, 10)]
+GEMMA = [(2048, -1), (2048, 10), (8192, -1), (8192, 10), (32768, 10)]
 
 
 async def measure(python: str, path: Path, n_ctx: int, n_gpu: int) -> dict[str, dict[str, int]]:

@@ -188,6 +188,10 @@ def estimate(
         swa_mask,
         opts.gpu_max_tensor,
         rows,
+        cache_cell=(
+            heads_kv * head_dim * KV_BYTES[type_k],
+            per_cell - heads_kv * head_dim * KV_BYTES[type_k],
+        ),
     )
     return Estimate(
         layer_weights=model.layer_bytes,
@@ -255,6 +259,7 @@ def gpu_graphs(
     cells_swa: int,
     max_tensor: int,
     rows: int,
+    cache_cell: tuple[float, float] = (0.0, 0.0),
 ) -> GpuGraphs:
     """The compute buffers ggml's scheduler reserves with a GPU backend, for a
     batch of ``batch`` tokens (n_ubatch) over ``context`` cells, flash attention on.
@@ -269,6 +274,16 @@ def gpu_graphs(
     the logits' output buffer, and the output's peak when the GPU cannot
     take the output product (output_placement). ``rows``: the logit rows of
     a step (memory.outputs), at least a row per sequence id.
+
+    Split, the GPU runs the CPU layers' attention too (nothing ties it to
+    the CPU: a cache is not a weight), so a CPU layer's K and V over every
+    cell are copied into the GPU's buffer beside the masks (``GGML_SCHED_DEBUG``
+    shows them as the splits' inputs): past about 4k cells that is the GPU's
+    peak, growing with the context. ``cache_cell``: bytes of one layer's K
+    and V per cell. Where the freed copies of one layer leave room for the
+    next layer's depends on what ggml's allocator placed between them: on
+    lavapipe a batch of 512 over 8k-32k cells took from none to one mask's
+    worth more, counted here as half a mask or half a K copy, the smaller.
     """
     embd, n_ff, vocab = model.n_embd, model.n_ff or 4 * model.n_embd, model.n_vocab
     q_dim = model.n_head * model.head_dim_k
@@ -288,9 +303,13 @@ def gpu_graphs(
         inputs, output = max(inputs, output), 0
     elif not placed.weights_on_gpu:
         output += model.output_bytes  # its matrix copied to the GPU for each batch
+    key_cell, value_cell = cache_cell
+    mask_cell = 2 * batch
+    copies = context * (key_cell + value_cell + min(mask_cell, key_cell) / 2)
+    attention = masks + int(copies) + 4 * batch * (embd + 2 * q_dim)
     return GpuGraphs(
         device_full=max(block, output),
-        device_partial=max(block + biggest, output),
+        device_partial=max(block + biggest, attention, output),
         host_full=inputs + output_buffer,
         host_partial=inputs + output_buffer + 4 * batch * kv_dim,
     )

@@ -53,7 +53,13 @@ def spare_ids(slots: int) -> int:
     return max(0, min(slots, MAX_SEQ_IDS - slots))
 
 
+def decode_slots(asked: int) -> int:
+    """The decode slots a context gets for ``asked`` (``num_parallel``): at
+    least one, within llama.cpp's bound on sequence ids."""
+    return max(1, min(asked, MAX_SEQ_IDS))
+
+
 def seq_ids(slots: int) -> int:
     """All the sequence ids of a context with ``slots`` decode slots."""
-    n = max(1, min(slots, MAX_SEQ_IDS))
+    n = decode_slots(slots)
     return n + spare_ids(n)

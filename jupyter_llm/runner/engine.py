@@ -32,7 +32,7 @@ import llama_cpp
 from jupyter_llm.memory.outputs import output_rows
 from jupyter_llm.request.limits import PREDICT_CONTEXTS, repeat_window
 from jupyter_llm.request.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
-from jupyter_llm.request.priority import BATCH, seq_ids
+from jupyter_llm.request.priority import BATCH, decode_slots, seq_ids
 from jupyter_llm.runner.constrained import Candidates
 from jupyter_llm.runner.context_window import (
     SlotView,
@@ -85,7 +85,7 @@ def context_params(params: LoadParams, n_ctx_train: int) -> Any:
     """llama.cpp's parameters for the batch loop's context: ``n_seq``
     sequences sharing ``n_ctx`` cells (at most what the model was trained
     on), and a batch that holds every generating sequence's token."""
-    n_seq = max(1, min(params.n_seq, 256))
+    n_seq = decode_slots(params.n_seq)
     # at least a cell per slot: llama.cpp holds n_batch to the n_ctx asked for,
     # and a step of every slot's token past n_batch aborts the process
     n_ctx = max(16, n_seq, min(params.n_ctx, n_ctx_train or params.n_ctx))
@@ -130,7 +130,7 @@ class Engine:
     def __init__(self, params: LoadParams, progress: Callable[[float], None] | None = None) -> None:
         self.model = model = Model(params, progress)
         cp = context_params(params, model.n_ctx_train)
-        self.n_seq, self.n_batch = max(1, min(params.n_seq, 256)), cp.n_batch  # decode slots
+        self.n_seq, self.n_batch = decode_slots(params.n_seq), cp.n_batch
         self.n_outputs = cp.n_outputs_max  # rows of logits a step may ask for (memory.outputs)
         self.ctx, self.kv_fallback = open_context(model.llama_model, cp, params)  # f16 if refused
         if not self.ctx:

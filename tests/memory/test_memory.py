@@ -320,20 +320,27 @@ def test_gpu_graph_split_within_twenty_percent(model, num_ctx, gpu_mib):
     assert abs(est.gpu_graph_partial / MiB - gpu_mib) <= 0.20 * gpu_mib
 
 
-# A known gap: past about 4k cells a split's GPU peak grows by about four
-# masks per 1k cells, not one (measured on lavapipe; the 20k vocabulary's
-# logits hid it at 8k before a step's output rows were counted). Nothing in
-# the layout makes room for it (gpu_overhead is 0 unless set); a load that
-# does not fit backs off after llama.cpp's allocation failure. Fixing it must
-# turn these into passes, and strict xfail says so.
-@pytest.mark.xfail(strict=True, reason="a split's GPU peak past 4k cells is under-estimated")
+# Past about 4k cells a split's GPU peak is the CPU layers' attention, run
+# on the GPU with their K and V over every cell copied there (as the
+# scheduler's debug output lists its splits' inputs), beside the masks.
+# Measured on lavapipe: (gpu MiB), a batch of 512 unless given.
 @pytest.mark.parametrize(
-    ("model", "num_ctx", "gpu_mib"),
-    [(SMALL, 8192, 35.0), (VOCAB_20K, 8192, 35.0), (SMALL, 16384, 67.0)],
+    ("model", "num_ctx", "num_batch", "gpu_mib"),
+    [
+        (SMALL, 8192, 512, 35.0),
+        (VOCAB_20K, 8192, 512, 35.0),
+        (SMALL, 16384, 512, 67.0),
+        (SMALL, 32768, 512, 131.0),
+        (SMALL, 32768, 256, 82.0),
+        (SMALL, 32768, 128, 73.5),
+        (GQA_1024, 32768, 512, 72.0),
+        (GQA_1024, 32768, 256, 54.0),
+        (WIDE_2048, 16384, 512, 168.0),
+    ],
 )
-def test_gpu_graph_split_at_long_contexts(model, num_ctx, gpu_mib):
-    est = estimate(model, EstimateOptions(num_ctx=num_ctx))
-    assert abs(est.gpu_graph_partial / MiB - gpu_mib) <= 0.20 * gpu_mib
+def test_gpu_graph_split_at_long_contexts(model, num_ctx, num_batch, gpu_mib):
+    est = estimate(model, EstimateOptions(num_ctx=num_ctx, num_batch=num_batch))
+    assert abs(est.gpu_graph_partial / MiB - gpu_mib) <= 0.15 * gpu_mib
 
 
 def test_layout_charges_the_gpu_graphs():
