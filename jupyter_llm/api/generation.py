@@ -63,6 +63,7 @@ class GenerationRequest:
     truncate: bool = True  # Ollama's request fields: cut an over-long prompt...
     shift: bool = True  # ...and shift a full context
     priority: str | None = None  # "interactive" | "batch"; None: the header's, else interactive
+    route: str = "chat"  # or "generate" (a prompt's routes): Ollama's errors name it
 
 
 @dataclass
@@ -174,6 +175,8 @@ async def _complete(
         job.images or any(m.get("images") for m in messages or ())
     ):  # never dropped: a model without a projector cannot see them
         raise InvalidRequest(f"model '{entry.name.display}' does not support images")
+    if (await services.scheduler.model_info(entry)).embedding_only:  # as Ollama, before a load
+        raise InvalidRequest(f'"{entry.name.display}" does not support {job.route}')
     options = {**entry.params, **job.options}  # the model's parameters sit beneath
     load = load_options(options)
     priority = job.priority or INTERACTIVE

@@ -206,7 +206,8 @@ class CreateHandler(LLMHandler):
     @web.authenticated
     @authorized("write")
     async def post(self) -> None:
-        call = create_call(await self.body_json())
+        # its messages' images are decoded and measured: not on the loop
+        call = await self.blocking(create_call, await self.body_json())
         await self.blocking(create_model, self.llm.store, call)
         if call.stream:
 

@@ -151,6 +151,7 @@ def completion_call(body: dict[str, Any]) -> OpenAICall:
         prompt=prompt,
         suffix=suffix,
         priority=priority_field(body),
+        route="generate",
     )
     return OpenAICall(request, stream_flag(body), include_usage(body))
 

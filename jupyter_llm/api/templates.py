@@ -33,7 +33,7 @@ def render_go_template(
 
 @dataclass
 class _Output:
-    """The values, and the characters rendered so far against the limit."""
+    """The values, and the UTF-8 bytes rendered so far against the limit."""
 
     values: dict[str, str]
     limit: int
@@ -42,7 +42,7 @@ class _Output:
     def add(self, out: list[str], text: str, emit: bool) -> None:
         if not emit:  # inside the branch an if does not take
             return
-        self.length += len(text)
+        self.length += len(text) if text.isascii() else len(text.encode(errors="replace"))
         if self.length > self.limit:
             error = TEMPLATE_RENDER.exceeded("template", None)
             raise InvalidRequest(f"{error}: it renders a prompt longer than that")

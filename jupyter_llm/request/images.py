@@ -33,7 +33,6 @@ FORMAT_NAMES = "PNG, JPEG, GIF or BMP"
 _DATA_URL = re.compile(
     r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?),(?P<data>.*)$", re.S
 )
-_WHITESPACE = re.compile(r"\s+")
 
 
 def image_format(data: bytes) -> str | None:
@@ -70,10 +69,18 @@ def image_size(data: bytes) -> tuple[int, int] | None:
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
+# segments (and fill bytes) walked before the frame: a camera's JPEG has a few
+# dozen (EXIF, ICC profile pieces, tables); millions of empty ones took seconds
+JPEG_SEGMENTS = 4096
+
+
 def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """The size in the first SOF segment, walking the segments from SOI."""
+    """The size in the first SOF segment, walking the segments from SOI (at
+    most ``JPEG_SEGMENTS`` of them)."""
     i = 2
-    while i + 4 <= len(data):
+    for _ in range(JPEG_SEGMENTS):
+        if i + 4 > len(data):
+            return None
         if data[i] != 0xFF:
             return None
         marker = data[i + 1]
@@ -117,7 +124,7 @@ def parse_image(value: Any, field: str) -> str:
             f"{field} must be plain base64 of the image file, not a data: URL "
             "(drop the data:...;base64, prefix)"
         )
-    text = _WHITESPACE.sub("", value)
+    text = "".join(value.split())  # whitespace out (a regex took 0.3 s on 27 MB)
     if not text:
         raise ValueError(f"{field} is empty")
     if len(text) > (MAX_IMAGE_BYTES // 3 + 1) * 4:

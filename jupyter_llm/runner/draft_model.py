@@ -34,7 +34,7 @@ import numpy as np
 from jupyter_llm.memory.outputs import draft_rows
 from jupyter_llm.runner.context_window import common_prefix, swa_reusable
 from jupyter_llm.runner.kv_cache import cache_types
-from jupyter_llm.runner.model import model_params
+from jupyter_llm.runner.model import has_recurrent_state, model_params
 from jupyter_llm.runner.protocol import EngineError, LoadParams
 
 if TYPE_CHECKING:
@@ -103,9 +103,7 @@ class DraftModel:
             raise EngineError(
                 f"draft model {params.draft} does not share {params.path}'s vocabulary: {why}"
             )
-        if llama_cpp.llama_model_is_recurrent(self.llama_model) or llama_cpp.llama_model_is_hybrid(
-            self.llama_model
-        ):
+        if has_recurrent_state(self.llama_model):
             raise EngineError(f"draft model {params.draft} is recurrent: it cannot draft")
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.target_vocab = engine.model.n_vocab
@@ -162,7 +160,10 @@ class DraftModel:
             slot = engine.slots[seq.slot]
             if size <= 0 or slot.images or seq.next_token < 0:
                 continue
-            todo.append((seq.slot, size, self._sync(slot.index, [*slot.cached, seq.next_token])))
+            missing = self._sync(slot.index, [*slot.cached, seq.next_token])
+            if max(missing) >= self.n_vocab:  # a target token the draft lacks: it cannot decode it
+                continue
+            todo.append((seq.slot, size, missing))
         if not todo:
             return {}
         self._make_room({s for s, _, _ in todo}, sum(len(m) + k - 1 for _, k, m in todo))

@@ -153,11 +153,7 @@ class EmbeddingContext:
         order: recurrent and hybrid memories split a batch into equal-length
         ubatches (a short input ends first) and put the outputs back in order
         only where it copies them out, after the eval callback has seen them."""
-        llama_model = self.model.llama_model
-        return bool(
-            llama_cpp.llama_model_is_recurrent(llama_model)
-            or llama_cpp.llama_model_is_hybrid(llama_model)
-        )
+        return self.model.recurrent
 
     def _reads_last_rows(self, ctx: Any) -> bool:
         """Whether a decode of two tokens, the second the only output, gives

@@ -149,7 +149,12 @@ class Engine:
         self.logprobs = Logprobs(self.ctx, model.n_vocab, model.piece)
         self.slots = [Slot(i) for i in range(cp.n_seq_max)]  # n_seq decode at once
         self.pauses = Pauses(self.memory)  # pauses drop cells where the context is full
-        self.interrupt = StepInterrupt(self.ctx)  # interactive arrivals cut batch-only steps
+        # interactive arrivals cut batch-only steps (not where no step is taken back)
+        self.interrupt = StepInterrupt(self.ctx, rolls_back=not model.recurrent)
+        # an encoder (BERT: no cache; T5: a decoder that needs llama_encode) embeds only
+        self.generates = bool(self.memory) and not llama_cpp.llama_model_has_encoder(
+            model.llama_model
+        )
         self.disk = open_disk(params.prompt_disk)  # long prefixes kept on disk
         self.ram = open_ram(params.prompt_ram)  # and in RAM while the runner lives
         self.waiting: deque[Sequence] = deque()
@@ -272,6 +277,8 @@ class Engine:
         """Queue ``job``; it takes the best idle slot as soon as there is one.
         Its options and grammar are checked here, so a bad request fails at
         once without touching the others."""
+        if not self.generates:  # llama.cpp would abort the runner on its first decode
+            raise InputError("this model only embeds (it has an encoder): use /api/embed")
         if len(job.tokens) >= self.n_ctx:  # fit_prompt first
             raise InputError(
                 f"the prompt ({len(job.tokens)} tokens) does not fit the context length "
@@ -571,6 +578,7 @@ class Engine:
             pos = len(slot.cached)
             try:
                 vision = self.model.require_vision()
+                self.interrupt.disarm()  # a cut here would fail the request
                 seq.prompt_ns += vision.decode(self.ctx, image, pos, seq.slot, self.n_batch)
             except EngineError as e:
                 self._fail(seq, e)

@@ -19,6 +19,13 @@ Where no C library is found, steps are simply never cut.
 Bounds: only steps that hold batch work alone are armed, and a step is never
 cut twice in a row, so each interactive arrival costs batch work at most part
 of one step and batch work always advances (``may_cut``).
+
+Never armed where the model keeps a recurrent state (Mamba, RWKV, hybrids):
+llama.cpp advances that state as the step begins and cannot take it back
+(its rollback refuses a partial removal), so the step run again would start
+past its own positions and fail every sequence in it. Never armed either
+for an image's decode (``disarm``): mtmd's helper turns a cut into a failed
+request.
 """
 
 from __future__ import annotations
@@ -54,10 +61,12 @@ def _strlen() -> Any:
 class StepInterrupt:
     """The flag interactive arrivals set and the armed step's callback reads."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, rolls_back: bool = True) -> None:
+        """``rolls_back``: can the context's memory take a step back (no
+        recurrent state)? Steps are never cut where it cannot."""
         self._ctx = ctx
         self._flag = (ctypes.c_ubyte * 2)()  # [flag, terminator]
-        self._check = _strlen()
+        self._check = _strlen() if rolls_back else None
         self._armed = False
         self.cut_last = False  # the previous step was cut short
         self.cuts = 0  # steps cut so far (tests and the log read it)
@@ -82,14 +91,7 @@ class StepInterrupt:
         Returns its status; ``ABORTED`` means the step left nothing behind
         and must run again."""
         arm = self.available and may_cut(batch_only, self.cut_last)
-        if arm != self._armed:
-            if arm:
-                llama_cpp.llama_set_abort_callback(
-                    self._ctx, self._check, ctypes.cast(self._flag, ctypes.c_void_p)
-                )
-            else:
-                llama_cpp.llama_set_abort_callback(self._ctx, llama_cpp.ggml_abort_callback(), None)
-            self._armed = arm
+        self._arm(arm)
         if arm:
             hold_log()
         rc = int(llama_cpp.llama_decode(self._ctx, batch))
@@ -98,3 +100,18 @@ class StepInterrupt:
             release_log(drop=self.cut_last)  # a cut's rollback is logged as errors
         self.cuts += self.cut_last
         return rc
+
+    def disarm(self) -> None:
+        """No callback for the decodes that follow until the next ``decode``
+        (an image's, which mtmd runs on the same context)."""
+        self._arm(False)
+
+    def _arm(self, arm: bool) -> None:
+        if arm == self._armed:
+            return
+        if arm:
+            flag = ctypes.cast(self._flag, ctypes.c_void_p)
+            llama_cpp.llama_set_abort_callback(self._ctx, self._check, flag)
+        else:
+            llama_cpp.llama_set_abort_callback(self._ctx, llama_cpp.ggml_abort_callback(), None)
+        self._armed = arm

@@ -112,6 +112,13 @@ class Model:
             self.llama_model = None
 
     # -- model facts -----------------------------------------------------------------
+    @property
+    def recurrent(self) -> bool:
+        """A recurrent state (Mamba, RWKV, hybrids): llama.cpp cannot drop its
+        last positions (no drafts, no step taken back) and splits a batch into
+        equal-length ubatches."""
+        return has_recurrent_state(self.llama_model)
+
     def metadata(self, key: str) -> str:
         """A metadata value as text; a long one (a chat template over 64 KiB)
         is read again whole rather than cut."""
@@ -250,7 +257,12 @@ class Model:
         if context:
             self._check_context(context)
             tokens = list(context) + tokens
-        return tokens or [llama_cpp.llama_vocab_bos(self.vocab)]
+        if tokens:
+            return tokens
+        bos = llama_cpp.llama_vocab_bos(self.vocab)
+        if bos < 0:  # none (RWKV's and T5's vocabularies): a decode of -1 fails the whole step
+            raise InputError("the prompt is empty, and this model has no token to begin one with")
+        return [bos]
 
     def _check_context(self, context: list[int]) -> None:
         if any(not 0 <= t < self.n_vocab for t in context):
@@ -286,3 +298,11 @@ class Model:
             prompt.close()
             raise InputError("a prompt may not end with an image: put text after it")
         return prompt
+
+
+def has_recurrent_state(llama_model: Any) -> bool:
+    """Does ``llama_model`` keep a recurrent state (``Model.recurrent``)?"""
+    return bool(
+        llama_cpp.llama_model_is_recurrent(llama_model)
+        or llama_cpp.llama_model_is_hybrid(llama_model)
+    )

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import llama_cpp
 
@@ -128,7 +128,7 @@ def _draft_length(engine: Engine, seq: Sequence, room: int) -> int:
     """How many tokens ``seq`` drafts this step within ``room`` (0: none)."""
     shape = engine.shape
     wanted = int(seq.opts.get("draft_num_predict") or 0)
-    if wanted <= 0 or not can_draft(engine.model.llama_model):
+    if wanted <= 0 or engine.model.recurrent:  # it cannot drop its last positions
         return 0
     if engine.invariant and not shape.alone:
         # a rejected draft's freed cells would go to the others' next tokens,
@@ -235,14 +235,6 @@ def prepare_drafts(engine: Engine, generating: list[Sequence], room: int) -> int
         if seq is not None and seq.drafting is not None:
             seq.drafting.proposed = draft
     return time.perf_counter_ns() - t0
-
-
-def can_draft(llama_model: Any) -> bool:
-    """A recurrent state cannot drop its last positions: no drafts there."""
-    return not (
-        llama_cpp.llama_model_is_recurrent(llama_model)
-        or llama_cpp.llama_model_is_hybrid(llama_model)
-    )
 
 
 def next_tokens(engine: Engine, seq: Sequence, index: int) -> None:

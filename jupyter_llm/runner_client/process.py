@@ -188,7 +188,7 @@ class RunnerProcess:
                         raise RunnerFailed(f"{self.label} stopped answering")
                     if message.get("type") == "error":
                         finished = True
-                        raise self._failure(message)
+                        raise self._failure(message, explained=op == "load")
                     out.append(message)
                     if message.get("type") in ("done", "result"):
                         finished = True
@@ -213,8 +213,11 @@ class RunnerProcess:
         if self._dead is not None:
             raise self._dead
 
-    def _failure(self, message: dict[str, Any]) -> Exception:
-        """The exception an ``error`` reply stands for."""
+    def _failure(self, message: dict[str, Any], explained: bool) -> Exception:
+        """The exception an ``error`` reply stands for; ``explained`` with the
+        runner's last error line on stderr (a load's: llama.cpp says why
+        there). Never a request's: with other requests in flight the line
+        may be another user's."""
         try:
             error = read(Error, message)
         except ProtocolError as e:
@@ -223,7 +226,7 @@ class RunnerProcess:
             return InvalidRequest(error.error)
         if error.kind == ALLOCATION:
             return AllocationFailed(error.error)
-        return RunnerFailed(self._explain(error.error))
+        return RunnerFailed(self._explain(error.error) if explained else error.error)
 
     def _explain(self, error: str) -> str:
         if self.last_error and self.last_error not in error:

@@ -214,6 +214,10 @@ class Scheduler:
 
         return await self.devices.devices(used=used, fresh=fresh)
 
+    async def model_info(self, entry: ModelEntry) -> ModelInfo:
+        """``entry``'s GGUF facts, read off the loop once per file."""
+        return await self._facts.model(entry.model_path)
+
     async def plan(self, entry: ModelEntry, options: LoadOptions) -> fit.LoadPlan:
         """What a request for ``entry`` would do now, doing none of it: the fit
         loop's own decisions (``fit.next_move``) over a copy of the state. The

@@ -181,8 +181,13 @@ def test_a_template_may_not_render_past_its_limit():
     untaken = "{{ if .System }}" + "{{ .Prompt }}" * 8 + "{{ else }}-{{ end }}"
     assert render_go_template(untaken, values, limit=1) == "-"
     # a 1 MiB prompt written 40 times in a 440-byte template: 40 MiB is refused
-    with pytest.raises(InvalidRequest, match=r"limit is 33,554,432 characters \(template_render\)"):
+    with pytest.raises(InvalidRequest, match=r"limit is 33,554,432 bytes \(template_render\)"):
         render_go_template("{{ .Prompt }}" * 40, {"Prompt": "x" * (1 << 20)})
+    # counted in UTF-8: 1 Mi emoji (4 MiB) written 8 times is 32 MiB of text, past it
+    emoji = {"Prompt": "\N{GRINNING FACE}" * (1 << 20)}
+    with pytest.raises(InvalidRequest, match="template_render"):
+        render_go_template("{{ .Prompt }}" * 8 + "!", emoji)
+    assert len(render_go_template("{{ .Prompt }}", emoji, limit=4 << 20)) == 1 << 20
 
 
 def test_templates_still_render():

@@ -55,6 +55,21 @@ def test_a_jpeg_size_is_found_after_large_metadata_segments():
     assert image_size(data) == (300, 200)
 
 
+def test_a_jpeg_of_endless_empty_segments_is_not_walked_to_its_end():
+    """5M empty segments (20 MiB) before the frame were walked in Python
+    for 3.7 s on the event loop (``/api/create``'s messages); the walk stops
+    after ``JPEG_SEGMENTS``, so the header does not say the size."""
+    from jupyter_llm.request.images import JPEG_SEGMENTS
+
+    frame = b"\xff\xc0\x00\x11\x08" + struct.pack(">HH", 64, 64) + b"\0" * 10
+    few = b"\xff\xd8" + b"\xff\xe0\x00\x02" * (JPEG_SEGMENTS // 2) + frame
+    assert image_size(few) == (64, 64)
+    endless = b"\xff\xd8" + b"\xff\xe0\x00\x02" * 5_000_000 + frame
+    assert image_size(endless) is None
+    fill = b"\xff\xd8" + b"\xff" * 5_000_000 + frame  # fill bytes count too
+    assert image_size(fill) is None
+
+
 @pytest.mark.parametrize(
     "data",
     [b"\xff\xd8\xff\xda", b"\xff\xd8\xff\xe0\x00", b"\x89PNG\r\n\x1a\n", b"GIF8", b"BM"],

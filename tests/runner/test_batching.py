@@ -223,3 +223,16 @@ async def test_a_runner_serves_requests_while_another_streams(demo_gguf: Path):
         assert done["eval_count"] == 3
     finally:
         await runner.close()
+
+
+def test_an_empty_prompt_begins_with_the_models_first_token(engine, monkeypatch):
+    """An empty prompt is decoded as the model's BOS token. A vocabulary with
+    none (RWKV's, T5's) gave -1, and llama.cpp refused the whole step: every
+    sequence in it failed. Now the request alone is refused."""
+    import llama_cpp
+
+    bos = llama_cpp.llama_vocab_bos(engine.model.vocab)
+    assert engine.model.prompt_tokens("") == [bos] and bos >= 0
+    monkeypatch.setattr(llama_cpp, "llama_vocab_bos", lambda vocab: -1)
+    with pytest.raises(InputError, match="the prompt is empty"):
+        engine.model.prompt_tokens("")

@@ -389,3 +389,50 @@ def test_gemma_drafting_for_itself(gemma_gguf: Path, pair):
         in_step(gemma)
     finally:
         gemma.close()
+
+
+def test_a_token_past_the_drafts_vocabulary_is_never_sent_to_it(tmp_path: Path, pair):
+    """The vocabularies may differ by a few added tokens. A context holding
+    one the draft lacks (an Ollama ``context`` is checked against the
+    target's vocabulary only) made every draft decode of the slot fail, and
+    the slot's whole context was decoded again at each step, to fail again.
+    Such a slot drafts nothing; the answer is the target's own."""
+    from jupyter_llm.runner.sequence import Job
+
+    _, draft = pair
+    wide = write_demo_model(tmp_path / "wide.gguf", replace(TARGET, extra_tokens=("<a>", "<b>")))
+    engine = load(wide, draft)
+    drafter = engine.drafter
+    assert drafter is not None
+    decoded: list[int] = []
+    real_decode = drafter._decode
+
+    def counted(n: int) -> None:
+        decoded.extend(drafter.batch.token[i] for i in range(n))
+        real_decode(n)
+
+    drafter._decode = counted
+    try:
+        high = drafter.n_vocab  # "<a>": in the target's vocabulary, not in the draft's
+        tokens = engine.model.prompt_tokens(PROMPTS[0])
+        tokens = [*tokens[:3], high, *tokens[3:]]
+        pieces: list[str] = []
+        done: list[Any] = []
+        errors: list[Exception] = []
+        job = Job(
+            rid=1,
+            tokens=tokens,
+            options={"temperature": 0, "num_predict": 30},
+            emit=pieces.append,
+            finish=done.append,
+            fail=errors.append,
+        )
+        engine.submit(job)
+        while not done and not errors:
+            engine.step()
+        assert errors == [] and done[0].eval_count == 30
+        assert high not in decoded
+        assert done[0].draft_tokens == 0
+        assert solo(engine, PROMPTS[1], num_predict=30).done.draft_tokens > 0  # others draft
+    finally:
+        engine.close()

@@ -129,3 +129,73 @@ def test_a_cut_step_leaves_no_error_in_the_log(small, capfd):
     assert small.interrupt.cuts == cuts + 1
     finish(small, answer)
     assert "failed to decode" not in capfd.readouterr().err
+
+
+def test_a_recurrent_model_never_has_a_step_cut(tmp_path):
+    """A recurrent state advances as a step begins and llama.cpp cannot take
+    it back: a cut step run again failed every sequence in it ("positions
+    remain consecutive"). Such a runner's steps are never armed, and batch
+    work with interactive arrivals ends as it does without them."""
+    from mamba_gguf import write_mamba
+
+    engine = Engine(LoadParams(path=str(write_mamba(tmp_path / "mamba.gguf")), n_ctx=512, n_seq=2))
+    try:
+        assert not engine.interrupt.available
+        reference = EngineRun(engine, PROMPTS[0], "batch", num_predict=20)
+        finish(engine, reference)
+        answer = EngineRun(engine, PROMPTS[0], "batch", num_predict=20)
+        while answer.done is None and not answer.errors:
+            engine.interrupt.request()  # interactive work arrives before every step
+            engine.step()
+        engine.interrupt.clear()
+        assert answer.errors == [] and engine.interrupt.cuts == 0
+        assert answer.done.context == reference.done.context
+    finally:
+        engine.close()
+
+
+def test_an_image_is_decoded_with_no_step_armed(tmp_path):
+    """mtmd decodes an image on the same context: a callback left armed by
+    the previous batch-only step cut it, and mtmd's helper turned the cut
+    into a failed request, interactive or not."""
+    import io
+
+    from PIL import Image
+
+    from jupyter_llm.demo import write_vision_model
+    from jupyter_llm.runner.sequence import Job
+    from jupyter_llm.runner.vision import split_plain
+
+    model, projector = write_vision_model(tmp_path, "tiny-vision")
+    params = LoadParams(path=str(model), projector=str(projector), n_ctx=1024, n_seq=2)
+    engine = Engine(params)
+    try:
+        batch = EngineRun(engine, PROMPTS[0], "batch", num_predict=200)
+        while not batch.text:
+            engine.step()
+        engine.step()  # a batch-only step: armed, and left so
+        image = io.BytesIO()
+        Image.new("RGB", (24, 24), (200, 30, 90)).save(image, "PNG")
+        parts = split_plain("describe", engine.model.image_marker, [image.getvalue()])
+        media = engine.model.image_prompt(parts, None, engine.n_batch)
+        errors: list[Exception] = []
+        done: list[Any] = []
+        job = Job(
+            rid=7,
+            tokens=media.tokens,
+            options={"temperature": 0, "num_predict": 4},
+            emit=lambda piece: None,
+            finish=done.append,
+            fail=errors.append,
+            priority="interactive",
+        )
+        job.images, job.release = media.images, media.close
+        engine.submit(job)
+        while not done and not errors:
+            engine.interrupt.request()  # interactive work arrives while the image decodes
+            engine.step()
+        engine.interrupt.clear()
+        assert errors == [] and done
+        finish(engine, batch)
+    finally:
+        engine.close()
