@@ -81,6 +81,11 @@ FLASH_ATTN_TYPES = {
 }
 
 
+# a temperature below this samples as greedy does: the chain divides float32
+# logits by it, and far below (1e-45) they overflow to NaN probabilities
+GREEDY_BELOW = 1e-5
+
+
 def context_params(params: LoadParams, n_ctx_train: int) -> Any:
     """llama.cpp's parameters for the batch loop's context: ``n_seq``
     sequences sharing ``n_ctx`` cells (at most what the model was trained
@@ -285,6 +290,8 @@ class Engine:
                 f"({self.n_ctx})"
             )
         opts = {**DEFAULT_SAMPLING, **{k: v for k, v in job.options.items() if v is not None}}
+        if float(opts["temperature"]) < GREEDY_BELOW:  # 1e-45 made every logit infinite (NaN)
+            opts["temperature"] = 0.0
         try:  # llama.cpp allocates the penalty window per slot: at most the context
             opts["repeat_last_n"] = repeat_window(int(opts["repeat_last_n"]), self.n_ctx)
         except ValueError as e:
@@ -641,7 +648,12 @@ class Engine:
         return n
 
     def _context_full(self, prompting: list[Sequence]) -> None:
-        """Nothing fit the batch: prompts fill the shared cache, and the newest gives way."""
+        """Nothing fit the batch. A sequence that ended making room this step
+        (at the end of the context, not allowed to shift) left its cells as
+        an idle cache: it goes, and the prompts go on next step. Else the
+        prompts fill the shared cache between them, and the newest gives way."""
+        if self._drop_idle_cache():
+            return
         self._fail(
             prompting[-1],
             EngineError(

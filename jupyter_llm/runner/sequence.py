@@ -21,7 +21,7 @@ from jupyter_llm.runner.constrained import Candidates, GrammarSampler, TokenTabl
 from jupyter_llm.runner.context_window import num_keep
 from jupyter_llm.runner.grammar_trie import matches_text
 from jupyter_llm.runner.grammar_walk import first_pick, penalties, pick_need, walk_need
-from jupyter_llm.runner.protocol import Done, EngineError
+from jupyter_llm.runner.protocol import Done, InputError
 from jupyter_llm.runner.stops import StopScanner
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
@@ -105,14 +105,19 @@ def make_sampler(
 ) -> Sampler:
     """The request's sampler: its chain for ``opts`` (Ollama's options,
     defaults filled), held to ``grammar`` (lazy with ``triggers``) if any.
-    ``EngineError`` for a grammar or trigger that does not compile."""
+    ``InputError`` for a grammar llama.cpp refuses (the request made it);
+    ``EngineError`` for a trigger that does not compile."""
     chain = build_chain(table.n_vocab, n_ctx, opts)
     if not grammar:
         return NativeSampler(chain, candidates, pick_need(opts, table.n_vocab, n_ctx))
     native = llama_cpp.llama_sampler_init_grammar(table.vocab, grammar.encode(), b"root")
-    if not native:
+    if not native:  # the request's format, schema or tools made it: the request's error
         llama_cpp.llama_sampler_free(chain)
-        raise EngineError("invalid grammar")
+        raise InputError(
+            "llama.cpp refused the grammar of this request's format or tools (repeats "
+            "nested in repeats multiply past its 2,000 rules: a pattern such as "
+            "([a-z]{1,20} ){1,100}); simplify the schema or its patterns"
+        )
     try:
         need = walk_need(
             opts, table.n_vocab

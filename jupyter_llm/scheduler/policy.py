@@ -46,7 +46,9 @@ def needs_reload(loaded: Loaded, entry: ModelEntry, wanted: Wanted) -> bool:
     num_ctx reuses the runner; num_gpu -1 accepts any layout. The options that
     tune speed only (num_batch, num_thread, use_mmap) reload an idle model, not
     one that requests run on: the request runs on it as loaded (one user's
-    num_batch 511, then 510, reloaded a shared model for everyone each time)."""
+    num_batch 511, then 510, reloaded a shared model for everyone each time).
+    ``main_gpu`` reloads nothing: the layout chooses the GPUs, so it changed
+    nothing but let any user reload a shared model by alternating it."""
     have = loaded.wanted
     tuned = (
         wanted.num_batch != have.num_batch
@@ -56,7 +58,6 @@ def needs_reload(loaded: Loaded, entry: ModelEntry, wanted: Wanted) -> bool:
     return (
         loaded.entry.digest != entry.digest
         or wanted.num_ctx > have.num_ctx
-        or wanted.main_gpu != have.main_gpu
         or (wanted.num_gpu != -1 and wanted.num_gpu != have.num_gpu)
         or (tuned and loaded.refcount == 0)
     )

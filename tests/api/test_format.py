@@ -624,3 +624,15 @@ async def test_output_the_grammar_cannot_hold_to_the_schema_is_logged(
     assert 1 <= int(r["choices"][0]["message"]["content"]) <= 9
     failed = [r for r in caplog.records if "structured output check failed" in r.getMessage()]
     assert len(failed) == 2, caplog.text
+
+
+async def test_a_grammar_llama_cpp_refuses_is_the_requests_error(jp_fetch, installed_model):
+    """Repeats nested in repeats pass the schema budget, which adds counts,
+    while llama.cpp multiplies them (over 2,000 rules it refuses the
+    grammar): that was a 500. It is the request's 400, and the runner goes on."""
+    fmt = {"type": "string", "pattern": "^([a-z]{1,20} ){1,100}$"}
+    with pytest.raises(HTTPClientError) as info:
+        await post(jp_fetch, {**BASE, "format": fmt})
+    assert info.value.code == 400
+    assert "llama.cpp refused the grammar" in json.loads(info.value.response.body)["error"]
+    assert (await post(jp_fetch, {**BASE, "format": "json"}))["done"] is True

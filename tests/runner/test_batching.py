@@ -35,6 +35,7 @@ class Run:
         self.cancel = False
         grammar = options.pop("grammar", None)
         shift = options.pop("shift", True)
+        priority = options.pop("priority", "interactive")
         self.job = Job(
             rid=id(self),
             tokens=engine.fit_prompt(engine.model.prompt_tokens(prompt), 4, truncate=True),
@@ -45,6 +46,7 @@ class Run:
             cancelled=lambda: self.cancel,
             grammar=grammar,
             shift=shift,
+            priority=priority,
         )
         engine.submit(self.job)
 
@@ -236,3 +238,38 @@ def test_an_empty_prompt_begins_with_the_models_first_token(engine, monkeypatch)
     monkeypatch.setattr(llama_cpp, "llama_vocab_bos", lambda vocab: -1)
     with pytest.raises(InputError, match="the prompt is empty"):
         engine.model.prompt_tokens("")
+
+
+def test_a_prompt_waits_for_room_another_request_holds(tmp_path):
+    """The cache is shared: a long answer that fills it left the next
+    user's prompt no room, and when it ended (no shift allowed) its cells
+    stayed as an idle cache while the prompt failed with "the context is
+    full" (a 500 for another user). The idle cache now goes, and the prompt
+    runs."""
+    from jupyter_llm.demo import DemoModelSpec, write_demo_model
+
+    path = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
+    small = Engine(LoadParams(path=str(path), n_ctx=64, n_batch=16, n_threads=cores(), n_seq=2))
+    try:
+        filler = Run(small, "go", grammar=ENDLESS, num_predict=10**6, shift=False)
+        while len(filler.text) < small.n_ctx - 60:
+            small.step()
+        late = Run(small, "hello world " * 9, num_predict=4)  # about 100 tokens: no room
+        drain(small)
+        assert filler.done.done_reason == "length"
+        assert late.error is None and late.done.eval_count == 4
+    finally:
+        small.close()
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-38, 1e-6])
+def test_a_vanishing_temperature_samples_as_greedy(engine, temperature):
+    """Logits divided by 1e-45 overflowed float32: NaN probabilities, junk
+    text, and with a format "the sampler left no token to choose" (a 500)."""
+    greedy = Run(engine, "hello world", num_predict=12, temperature=0)
+    drain(engine)
+    tiny = Run(engine, "hello world", num_predict=12, temperature=temperature, grammar=ENDLESS)
+    tiny_free = Run(engine, "hello world", num_predict=12, temperature=temperature)
+    drain(engine)
+    assert tiny.error is None and tiny.output == "a" * 12
+    assert tiny_free.error is None and tiny_free.output == greedy.output

@@ -67,7 +67,7 @@ def held(device: str, gib: float) -> Allocation:
         ({"num_batch": 256}, True),
         ({"num_thread": 4}, True),
         ({"use_mmap": False}, True),
-        ({"main_gpu": 1}, True),
+        ({"main_gpu": 1}, False),  # no effect (the layout chooses GPUs): no reload
         ({"num_gpu": 10}, True),
     ],
 )
@@ -82,7 +82,7 @@ def test_needs_reload(change, reload):
         ({"num_thread": 4}, False),
         ({"use_mmap": False}, False),
         ({"num_ctx": 8192}, True),  # what the model can do: a reload, once it drains
-        ({"main_gpu": 1}, True),
+        ({"main_gpu": 1}, False),
         ({"num_gpu": 10}, True),
     ],
 )
