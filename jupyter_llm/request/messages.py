@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from jupyter_llm.request.images import check_request_images, parse_image_url, parse_images
-from jupyter_llm.request.limits import SCHEMA_DEPTH
+from jupyter_llm.request.limits import JSON_VALUES, SCHEMA_DEPTH
 from jupyter_llm.request.untrusted_json import BodyError, Refused, check_tree, parse_json_text
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -34,6 +34,7 @@ def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
         raise ValueError("messages must be a list of messages")
     roles = {**{r: r for r in ROLES}, **(OPENAI_ROLES if openai else {})}
     messages = []
+    arguments = [0]  # values in the tool calls' arguments so far (``_tool_calls``)
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise ValueError(f"messages[{i}] must be an object")
@@ -47,7 +48,7 @@ def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
         if images:
             message["images"] = images
         if m.get("tool_calls") is not None:
-            message["tool_calls"] = _tool_calls(m["tool_calls"], i)
+            message["tool_calls"] = _tool_calls(m["tool_calls"], i, arguments)
         for key, field in TEXT_FIELDS.items():
             value = m.get(key)
             if value is None or (key == "name" and role != "tool"):  # a participant's name
@@ -72,10 +73,14 @@ TEXT_FIELDS = {
 }
 
 
-def _tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
+def _tool_calls(raw: Any, i: int, spent: list[int]) -> list[dict[str, Any]]:
     """An assistant's tool calls in one shape whichever API sent them:
     ``{"type": "function", "function": {"name", "arguments": {...}}}`` plus
-    ``id`` when given (OpenAI's arguments are JSON text, Ollama's an object)."""
+    ``id`` when given (OpenAI's arguments are JSON text, Ollama's an object).
+    ``spent``: the values of the request's arguments so far, which together
+    stay within ``JSON_VALUES``, as a body's own do (text in a body's strings,
+    each argument alone within it: 3,000 of them held 6M values, 6 s of the
+    server's time)."""
     if not isinstance(raw, list):
         raise ValueError(f"messages[{i}].tool_calls must be a list")
     calls = []
@@ -91,6 +96,11 @@ def _tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
         if arguments is None or arguments == "":
             arguments = {}
         if isinstance(arguments, str):
+            if spent[0] > JSON_VALUES.value:
+                raise Refused(
+                    f"the tool calls' arguments hold more than {JSON_VALUES.value:,} values "
+                    f"together; the limit is {JSON_VALUES.value:,} values ({JSON_VALUES.key})"
+                )
             try:
                 arguments = parse_json_text(arguments, f"{where}.function.arguments")
             except Refused:
@@ -99,7 +109,7 @@ def _tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
                 raise ValueError(f"{where}.function.arguments must be a JSON object") from None
         if not isinstance(arguments, dict):
             raise ValueError(f"{where}.function.arguments must be a JSON object")
-        check_tree(arguments, f"{where}.function.arguments", SCHEMA_DEPTH.value)
+        spent[0] += check_tree(arguments, f"{where}.function.arguments", SCHEMA_DEPTH.value)
         out: dict[str, Any] = {
             "type": "function",
             "function": {"name": name, "arguments": arguments},

@@ -99,11 +99,11 @@ def _decode(text: str, where: str) -> Any:
         raise BodyError(f"invalid JSON in {where}: {e}") from None
 
 
-def check_tree(value: Any, where: str, depth_limit: int = BODY_DEPTH.value) -> None:
+def check_tree(value: Any, where: str, depth_limit: int = BODY_DEPTH.value) -> int:
     """Walk ``value`` once, iteratively: a ``BodyError`` for nesting past
     ``depth_limit``, more than ``JSON_VALUES`` values, a NaN/Infinity
     constant, or a lone surrogate, naming the field that holds it
-    (``messages[0].content``)."""
+    (``messages[0].content``). Returns the values it holds."""
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
     seen = 0
     while stack:
@@ -136,6 +136,7 @@ def check_tree(value: Any, where: str, depth_limit: int = BODY_DEPTH.value) -> N
                 stack.append((child, f"{path}.{key}" if path else key, depth + 1))
         else:
             stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item))
+    return seen
 
 
 def _surrogate(where: str, path: str, key: str | None = None) -> str:

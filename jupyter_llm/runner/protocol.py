@@ -23,7 +23,7 @@ JSON text of one response element, each line at most the request's
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 # The "kind" of an error reply, for failures the server acts on:
@@ -69,8 +69,13 @@ def read(kind: type[T], message: dict[str, Any]) -> T:
 
 
 def fields_of(message: Any) -> dict[str, Any]:
-    """A typed message's fields as they go on the wire."""
-    return asdict(message)
+    """A typed message's fields as they go on the wire: shallow, a nested
+    typed value as its fields. Not ``asdict``, which deep-copies every
+    list and dict: a chat of 80k messages took 0.46 s of the server's loop."""
+    return {
+        f.name: fields_of(v) if is_dataclass(v := getattr(message, f.name)) else v
+        for f in fields(message)
+    }
 
 
 def compact(message: Any) -> dict[str, Any]:

@@ -170,3 +170,26 @@ def test_ollama_clients_send_tool_choice_in_options():
     assert req.options == {"temperature": 0}  # not a sampling option
     required = chat_call({**body, "options": {"tool_choice": "required"}}).generation
     assert required.tool_choice == "required"
+
+
+def test_the_tool_calls_arguments_share_one_bound_on_values():
+    """Each call's arguments are JSON text, a string in the body: alone
+    each is within ``json_values``, but 3,000 of them held 6M values, and
+    reading them took the server 6 s. Together they are bounded too."""
+    import json
+
+    from jupyter_llm.request.limits import JSON_VALUES
+    from jupyter_llm.request.messages import parse_messages
+    from jupyter_llm.request.untrusted_json import Refused
+
+    arguments = json.dumps({"a": list(range(1999))})  # 2,001 values
+
+    def chat(calls: int) -> list[dict]:
+        call = {"type": "function", "function": {"name": "f", "arguments": arguments}}
+        turn = {"role": "assistant", "content": "", "tool_calls": [call]}
+        return [{"role": "user", "content": "hi"}, *[turn] * calls]
+
+    within = JSON_VALUES.value // 2001
+    assert len(parse_messages(chat(within), openai=True)) == within + 1
+    with pytest.raises(Refused, match="json_values"):
+        parse_messages(chat(within + 2), openai=True)
