@@ -26,6 +26,7 @@ from jupyter_llm.chat_formats.tool_grammar import (
     tool_names,
 )
 from jupyter_llm.grammar.gbnf import GrammarTooLarge
+from jupyter_llm.runner.chat_template import request_deadline
 from jupyter_llm.runner.constrained import Triggers
 from jupyter_llm.runner.context_window import fit_history
 from jupyter_llm.runner.protocol import Complete, InputError
@@ -50,9 +51,10 @@ def chat_prompt(
     def render(kept: list[dict[str, Any]]) -> str:
         return engine.model.render_chat(kept, tools, variables)
 
-    if truncate:
-        messages = fit_history(messages, lambda kept: engine.fits(render(kept)))
-    return render(messages)
+    with request_deadline():  # the search's renders take from one time limit
+        if truncate:
+            messages = fit_history(messages, lambda kept: engine.fits(render(kept)))
+        return render(messages)
 
 
 @dataclass(frozen=True)

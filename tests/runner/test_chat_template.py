@@ -103,6 +103,23 @@ def test_time_limit(monkeypatch):
         render(NESTED)
 
 
+def test_one_requests_renders_share_one_time_limit(monkeypatch):
+    """A history cut to fit the context is rendered once per step of its
+    search: 17 renders of a 16,001-message chat, each within its own 5 s,
+    held the runner (and every stream on it) for 14 s. The renders of one
+    request share the limit: three renders that took 2 s each stop the fourth."""
+    clock = [0.0]
+    monkeypatch.setattr(chat_template, "_now", lambda: clock[0])
+    template = ChatTemplate(CHAT_TEMPLATE, bos_token="", eos_token="")
+    with chat_template.request_deadline():
+        for _ in range(3):
+            template.render(CHAT)
+            clock[0] += 2.0
+        with pytest.raises(InputError, match="this request's chat took longer than 5s"):
+            template.render(CHAT)
+    template.render(CHAT)  # the next request has its own
+
+
 def test_each_render_has_its_own_budget_and_the_tracer_is_put_back(monkeypatch):
     monkeypatch.setattr(chat_template, "MAX_CHARS", 1 << 20)
     template = ChatTemplate("{{ 'x' * (400 * 1024) }}", bos_token="", eos_token="")
