@@ -34,6 +34,7 @@ from typing import Any
 from jupyter_llm.grammar.check import OutputFormat
 from jupyter_llm.grammar.gbnf import GrammarBudget, GrammarTooLarge
 from jupyter_llm.grammar.json_schema import json_object_grammar, schema_to_grammar, short_name
+from jupyter_llm.grammar.llama_rules import repetition_refusal
 from jupyter_llm.request.errors import InvalidRequest
 from jupyter_llm.request.limits import (
     ENUM_CHARS,
@@ -126,6 +127,8 @@ def _schema_format(text: str, field: str) -> OutputFormat:
         raise _refused(field, "the schema's allOf/anyOf nest without end") from None
     except GrammarTooLarge as e:  # a $ref or merge spelled out more than the schema shows
         raise _over(field, e.limit, e.limit.value, e.got, "as its grammar spells it out") from None
+    if why := repetition_refusal(grammar):  # llama.cpp would refuse it, after a load
+        raise _refused(field, f"its grammar nests repeats past llama.cpp's bound: {why}")
     return OutputFormat(grammar=grammar, schema=value, validator=validator)
 
 

@@ -26,6 +26,7 @@ from jupyter_llm.chat_formats.tool_grammar import (
     tool_names,
 )
 from jupyter_llm.grammar.gbnf import GrammarTooLarge
+from jupyter_llm.grammar.llama_rules import repetition_refusal
 from jupyter_llm.runner.chat_template import request_deadline
 from jupyter_llm.runner.constrained import Triggers
 from jupyter_llm.runner.context_window import fit_history
@@ -217,8 +218,11 @@ def tools_grammar(fmt: ChatFormat, tools: list[Any], choice: Any, **how: Any) ->
     the tools' schemas (``check_tools``), but only here are they spelled out,
     and a ``$ref`` or ``allOf`` may spell out more than the schema shows."""
     try:
-        return tool_grammar(fmt, tools, choice, **how)
+        grammar = tool_grammar(fmt, tools, choice, **how)
     except GrammarTooLarge as e:
         raise InputError(f"invalid tools: {e}") from None
     except RecursionError:
         raise InputError("invalid tools: the schemas' allOf/anyOf/$ref nest without end") from None
+    if grammar is not None and (why := repetition_refusal(grammar.grammar)):
+        raise InputError(f"invalid tools: their grammar nests repeats past llama.cpp: {why}")
+    return grammar

@@ -626,13 +626,45 @@ async def test_output_the_grammar_cannot_hold_to_the_schema_is_logged(
     assert len(failed) == 2, caplog.text
 
 
-async def test_a_grammar_llama_cpp_refuses_is_the_requests_error(jp_fetch, installed_model):
-    """Repeats nested in repeats pass the schema budget, which adds counts,
-    while llama.cpp multiplies them (over 2,000 rules it refuses the
-    grammar): that was a 500. It is the request's 400, and the runner goes on."""
+# repeats nested in repeats: a budget adding counts passes them, llama.cpp
+# multiplies them (past 2,000 rules it refuses the grammar)
+NESTED_REPEATS = [
+    ("^([a-z]{1,20} ){1,100}$", False),
+    ("^(.{1,100}\n){0,50}$", False),
+    ("^(ab?){666}$", True),  # the grammar's groups and the ? rule: 3 rules x 666
+    ("^(ab?){667}$", False),  # 2,001
+    ("^([a-z]*){666}$", True),
+    ("^([a-z]*){667}$", False),
+    ("^[a-z]{1,20}$", True),
+    ("^([a-z]{1,20}){1,1000}$", False),
+]
+
+
+@pytest.mark.parametrize(("pattern", "parses"), NESTED_REPEATS)
+def test_a_grammar_llama_cpp_would_refuse_is_known_before_any_load(probe, pattern, parses):
+    """The rule count read as llama.cpp's parser reads it agrees with the
+    parser itself, and a format it would refuse is the request's 400 at
+    once, not a failed request once the runner loaded the model."""
+    from jupyter_llm.grammar.check import OutputFormat
+    from jupyter_llm.grammar.gbnf import GrammarBudget
+    from jupyter_llm.grammar.json_schema import schema_to_grammar
+    from jupyter_llm.grammar.llama_rules import repetition_refusal
+
+    schema = {"type": "string", "pattern": pattern}
+    text = schema_to_grammar(schema, GrammarBudget())
+    assert probe.parses(text) is parses
+    assert (repetition_refusal(text) is None) is parses
+    if parses:
+        assert isinstance(parse_format(schema), OutputFormat)
+    else:
+        with pytest.raises(InvalidRequest, match=r"nests repeats past llama\.cpp"):
+            parse_format(schema)
+
+
+async def test_a_nested_repeat_is_refused_before_any_load(jp_fetch, installed_model):
     fmt = {"type": "string", "pattern": "^([a-z]{1,20} ){1,100}$"}
     with pytest.raises(HTTPClientError) as info:
         await post(jp_fetch, {**BASE, "format": fmt})
     assert info.value.code == 400
-    assert "llama.cpp refused the grammar" in json.loads(info.value.response.body)["error"]
-    assert (await post(jp_fetch, {**BASE, "format": "json"}))["done"] is True
+    assert "llama.cpp" in json.loads(info.value.response.body)["error"]
+    assert json.loads((await jp_fetch("llm", "api", "ps")).body)["models"] == []

@@ -273,3 +273,13 @@ def test_a_vanishing_temperature_samples_as_greedy(engine, temperature):
     drain(engine)
     assert tiny.error is None and tiny.output == "a" * 12
     assert tiny_free.error is None and tiny_free.output == greedy.output
+
+
+def test_a_grammar_llama_cpp_refuses_is_the_requests_error(engine):
+    """Every grammar comes from the request (its format, schema or tools):
+    one llama.cpp's parser refuses is a 400, and the runner goes on."""
+    with pytest.raises(InputError, match=r"llama\.cpp refused the grammar"):
+        Run(engine, "hi", grammar="root ::= (", num_predict=2)
+    fine = Run(engine, "hi", num_predict=2)
+    drain(engine)
+    assert fine.error is None and fine.done.eval_count == 2
