@@ -8,6 +8,7 @@ reaches through ``self.llm`` without importing the Jupyter extension.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -21,6 +22,8 @@ from jupyter_llm.runner_client.launch import PromptDisk
 from jupyter_llm.runner_client.proxy import start_serving_runner
 from jupyter_llm.scheduler import Scheduler
 from jupyter_llm.usage import UsageStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,6 +86,8 @@ def build_services(settings: Settings) -> LLMServices:
             prompt_ram=settings.prompt_ram_cache,
         )
     store = ModelStore(settings.models_dir)
+    if removed := store.remove_stale_uploads():  # a directory listing, at startup
+        log.info("removed %d unfinished uploads left in %s", removed, store.blobs_dir)
     scheduler = Scheduler(settings, start, devices)
     return LLMServices(
         settings=settings,

@@ -22,6 +22,7 @@ from jupyter_llm.models.names import ModelName
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest, RunnerFailed
 from jupyter_llm.request.identity import LOCAL, Requester
+from jupyter_llm.request.images import check_with_model_images
 from jupyter_llm.request.options import sampling_options
 from jupyter_llm.request.priority import INTERACTIVE
 from jupyter_llm.runner.protocol import (
@@ -171,6 +172,14 @@ async def _complete(
     entry = await find_model(services, job.model)
     asked.model = entry.name.display
     messages = None if job.messages is None else with_model_messages(entry, job.messages)
+    if messages is not None and (held := [i for m in entry.messages for i in m.get("images", ())]):
+        brought = [*job.images, *(i for m in job.messages for i in m.get("images", ()))]
+        try:  # decoded to be measured: not on the loop
+            await asyncio.get_running_loop().run_in_executor(
+                None, check_with_model_images, held, brought
+            )
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
     if entry.projector_path is None and (
         job.images or any(m.get("images") for m in messages or ())
     ):  # never dropped: a model without a projector cannot see them

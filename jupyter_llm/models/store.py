@@ -122,6 +122,11 @@ class ModelEntry:
         }
 
 
+# an upload's temporary file untouched this long at startup is a dead server's
+# (a body being received writes as its bytes come)
+STALE_UPLOAD_SECONDS = 3600
+
+
 class BlobWriter:
     """Receives a blob in chunks, hashing as it goes; ``commit`` keeps it only if
     the sha256 matches. Used for streamed HTTP uploads."""
@@ -179,6 +184,21 @@ class ModelStore:
 
     def blob_writer(self) -> BlobWriter:
         return BlobWriter(self)
+
+    def remove_stale_uploads(self, older_than: float = STALE_UPLOAD_SECONDS) -> int:
+        """Delete the uploads a server that died mid-body left (``.upload-*``
+        untouched for ``older_than`` seconds: one still written to is newer,
+        whichever server on this store writes it). Returns how many."""
+        removed = 0
+        now = time.time()
+        for path in self.blobs_dir.glob(".upload-*") if self.blobs_dir.is_dir() else ():
+            try:
+                if now - path.stat().st_mtime > older_than:
+                    path.unlink()
+                    removed += 1
+            except OSError:  # gone meanwhile, or not ours to delete
+                continue
+        return removed
 
     def hold(self, digests: Iterable[str] = ()) -> Hold:
         """Keep these blobs from collection until the hold is released: a pull

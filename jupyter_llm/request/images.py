@@ -184,3 +184,12 @@ def check_request_images(images: list[str]) -> None:
     """A request's images together: their count and pixels."""
     IMAGES.check("the request", len(images))
     REQUEST_PIXELS.check("the request", sum(getattr(image, "pixels", 0) for image in images))
+
+
+def check_with_model_images(model_images: list[str], request_images: list[str]) -> None:
+    """A request's images with those its model's MESSAGE history brings, as
+    the runner gets them: within the same bounds together (each side alone
+    was, so a model of 32 images took 32 more from the request). The
+    model's are measured again here (the store keeps their text only)."""
+    model = [parse_image(value, "the model's MESSAGE images") for value in model_images]
+    check_request_images([*model, *request_images])

@@ -161,7 +161,7 @@ TOP_LOGPROBS = Limit(
 # -- images ---------------------------------------------------------------------------------
 IMAGES = Limit(
     "images",
-    "images, messages[].images, image_url parts (all together)",
+    "images, messages[].images, image_url parts (all together, the model's MESSAGE images too)",
     32,
     "images",
     "several pages or frames per request; each costs hundreds of context tokens",

@@ -584,3 +584,19 @@ async def test_a_hugging_face_pull_takes_the_repos_projector(
     shown = await post(jp_fetch, "api/show", {"model": "hf.co/someone/Seer-GGUF:Q4_K_M"})
     assert "vision" in shown["capabilities"]
     assert shown["projector_info"]["general.architecture"] == "clip"
+
+
+async def test_a_models_message_images_count_with_the_requests(jp_fetch, vision_model):
+    """A model's MESSAGE history may hold images (checked when it was
+    created); they go to the runner with the request's, so the two together
+    stay within the request's bounds: each alone did, and a model of 32
+    images took 32 more from every request."""
+    from jupyter_llm.request.limits import IMAGES
+
+    half = IMAGES.value // 2 + 1
+    history = [{"role": "user", "content": "look", "images": [b64(PNG)] * half}]
+    body = {"model": "album", "from": vision_model, "messages": history, "stream": False}
+    await post(jp_fetch, "api/create", body)
+    ask = {"role": "user", "content": "and these?", "images": [b64(PNG)] * half}
+    message = await refused(jp_fetch, "api/chat", {"model": "album", "messages": [ask]})
+    assert f"the request has {2 * half} images" in message

@@ -142,3 +142,25 @@ def test_a_text_too_large_to_read_back_is_refused_before_anything_is_written(
         store.create("big", None, from_model="base", **texts)
     assert not store.manifest_path(parse_model_name("big")).exists()
     assert [e.name.display for e in store.list()] == ["base:latest"]
+
+
+def test_uploads_a_dead_server_left_are_removed_at_startup(tmp_path):
+    """A server that died mid-upload left its temporary file in the blobs;
+    nothing else ever removed it. One untouched for an hour is removed when
+    a server starts on the store; one still being written is not."""
+    import os
+    import time
+
+    from jupyter_llm.models.store import STALE_UPLOAD_SECONDS
+
+    store = ModelStore(tmp_path)
+    writer = store.blob_writer()
+    writer.write(b"half a model")  # a live upload: left alone
+    dead = store.blobs_dir / ".upload-dead"
+    dead.write_bytes(b"the rest never came")
+    old = time.time() - STALE_UPLOAD_SECONDS - 60
+    os.utime(dead, (old, old))
+    assert store.remove_stale_uploads() == 1
+    assert not dead.exists()
+    digest = "sha256:" + hashlib.sha256(b"half a model").hexdigest()
+    assert writer.commit(digest) == digest  # the live one still lands
