@@ -6,7 +6,9 @@ was given after any instructions, and its own answer), so continuing reads
 one entry; and the response object, for ``GET /v1/responses/{id}``.
 Entries belong to the user who made them: another user's id is "not
 found", as an unknown one is. Bounded by ``STORED_RESPONSES`` per user,
-``STORED_BYTES`` in all and ``STORED_SECONDS`` of age; the oldest go first.
+``STORED_BYTES`` in all and ``STORED_SECONDS`` of age; the oldest go first,
+and past ``STORED_BYTES`` the oldest of the user holding the most bytes (one
+user's 32 MiB conversations no longer push out everyone else's).
 Only the event loop touches it, so it needs no lock.
 """
 
@@ -42,6 +44,7 @@ class ResponseStore:
         self.clock = clock
         self.entries: OrderedDict[str, Stored] = OrderedDict()  # oldest first
         self.bytes = 0
+        self.user_bytes: dict[str, int] = {}
 
     def get(self, user: str, response_id: str) -> list[dict[str, Any]] | None:
         """The conversation of ``response_id`` if ``user`` stored it and it has not expired."""
@@ -79,13 +82,21 @@ class ResponseStore:
         for key in mine[: max(0, len(mine) - self.per_user + 1)]:
             self.drop(key)
         while self.bytes + size > self.total_bytes:
-            self.drop(next(iter(self.entries)))
+            heaviest = max(self.user_bytes, key=self.user_bytes.__getitem__)
+            self.drop(next(k for k, e in self.entries.items() if e.user == heaviest))
         self.entries[response_id] = Stored(user, chat, size, self.clock(), response)
         self.bytes += size
+        self.user_bytes[user] = self.user_bytes.get(user, 0) + size
         return True
 
     def drop(self, response_id: str) -> None:
-        self.bytes -= self.entries.pop(response_id).size
+        entry = self.entries.pop(response_id)
+        self.bytes -= entry.size
+        left = self.user_bytes[entry.user] - entry.size
+        if left:
+            self.user_bytes[entry.user] = left
+        else:
+            del self.user_bytes[entry.user]
 
     def expire(self) -> None:
         deadline = self.clock() - self.seconds

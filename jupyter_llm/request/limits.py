@@ -375,7 +375,8 @@ STORED_BYTES = Limit(
     "the conversations kept for previous_response_id, all users together (as JSON)",
     256 * MiB,
     "bytes",
-    "held in the server's memory: the oldest are dropped first to stay under it",
+    "held in the server's memory: the oldest of the user holding the most are dropped "
+    "first to stay under it",
     shown="256 MiB",
 )
 CONVERSATION_BYTES = Limit(

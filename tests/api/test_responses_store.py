@@ -115,3 +115,19 @@ def test_a_stored_turn_keeps_the_answers_calls():
     assert turn["tool_calls"] == [
         {"id": "c9", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
     ]
+
+
+def test_past_the_byte_bound_the_heaviest_user_gives_way():
+    """The byte bound is for all users together: dropping the oldest first,
+    one user sending 32 MiB conversations pushed out everyone else's
+    ``previous_response_id`` chains. The heaviest user's oldest go first."""
+    store = ResponseStore(total_bytes=100)
+    assert store.put("ann", "a1", CHAT, 10)
+    assert store.put("ann", "a2", CHAT, 10)
+    for i in range(10):  # bob fills the rest again and again
+        assert store.put("bob", f"b{i}", CHAT, 30)
+    assert store.get("ann", "a1") == CHAT and store.get("ann", "a2") == CHAT
+    assert [k for k in store.entries if k.startswith("b")] == ["b8", "b9"]
+    assert store.bytes == 80 and store.user_bytes == {"ann": 20, "bob": 60}
+    store.remove("bob", "b9")
+    assert store.user_bytes == {"ann": 20, "bob": 30}
