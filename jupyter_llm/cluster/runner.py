@@ -80,6 +80,10 @@ class RayRunner:
         return dict(self.info.get("allocations") or {})
 
     @property
+    def measured_at_load(self) -> dict[str, dict[str, int]]:
+        return self.measured  # a node's runner tells its load only
+
+    @property
     def kv_cache_fallback(self) -> str:
         return str(self.info.get("kv_cache_fallback", ""))[:200]
 

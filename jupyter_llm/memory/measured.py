@@ -2,10 +2,12 @@
 
 The runner feeds llama.cpp's log lines to ``AllocationLog`` while a model loads
 (buffer sizes per backend, and the first line that reports a failed
-allocation). The scheduler maps those backend buffer names ("CPU_Mapped",
-"CUDA0", ...) onto its own device ids with ``measured_allocations``. Pure: text
-and plain data in, plain data out; knowledge of llama.cpp's log wording lives
-only here.
+allocation), and after it: a context made later (the embeddings') is what
+the log ``grown`` by around it. The scheduler maps those backend buffer names
+("CPU_Mapped", "CUDA0", ...) onto its own device ids with
+``measured_allocations`` (or adds the growth to its estimate: ``with_growth``).
+Pure: text and plain data in, plain data out; knowledge of llama.cpp's log
+wording lives only here.
 
     load_tensors:   CPU_Mapped model buffer size =    12.34 MiB
     llama_kv_cache:        CPU KV buffer size =    64.00 MiB
@@ -107,6 +109,10 @@ class AllocationLog:
         elif not self.failure and is_allocation_failure_line(line):
             self.failure = line.strip()
 
+    def snapshot(self) -> Sizes:
+        """The figures so far, apart from the log (which goes on adding)."""
+        return {device: dict(kinds) for device, kinds in self.devices.items()}
+
     def grows(self, device: str, kind: str, size: int) -> None:
         """A buffer the load logged that llama.cpp grows later by its own
         rule (the logits' output buffer: ``memory.outputs.output_growth``),
@@ -122,6 +128,66 @@ class AllocationLog:
         self.failure = ""
         self._clip_device = ""
         self._clip_graph = {}
+
+
+Sizes = dict[str, dict[str, int]]  # device -> kind -> bytes, as ``AllocationLog.devices``
+
+
+def is_sizes(value: object) -> bool:
+    """Is ``value`` a runner's ``Sizes`` (devices, each kinds of ``KINDS``
+    to non-negative byte counts)?"""
+    return isinstance(value, dict) and all(
+        isinstance(device, str)
+        and isinstance(kinds, dict)
+        and all(kind in KINDS and type(size) is int and size >= 0 for kind, size in kinds.items())
+        for device, kinds in value.items()
+    )
+
+
+def merged(*parts: Sizes) -> Sizes:
+    """The sizes of ``parts`` added up per device and kind."""
+    out: Sizes = {}
+    for part in parts:
+        for device, kinds in part.items():
+            sizes = out.setdefault(device, dict.fromkeys(KINDS, 0))
+            for kind, size in kinds.items():
+                sizes[kind] = sizes.get(kind, 0) + size
+    return out
+
+
+def grown(after: Sizes, before: Sizes) -> Sizes:
+    """What ``after`` holds beyond ``before`` (a log's figures around one
+    allocation: a context made after the load), devices that grew only."""
+    out: Sizes = {}
+    for device, kinds in after.items():
+        was = before.get(device, {})
+        more = {kind: size - was.get(kind, 0) for kind, size in kinds.items()}
+        if any(more.values()):
+            out[device] = {kind: max(0, size) for kind, size in more.items()}
+    return out
+
+
+def with_growth(
+    allocations: tuple[Allocation, ...], growth: Sizes, names: dict[str, str]
+) -> tuple[Allocation, ...]:
+    """A layout's ``allocations`` with what the runner made since its load
+    (``growth``, by buffer name: ``names`` maps them to device ids) added to
+    the devices that hold it; a buffer on a device the layout does not hold
+    (the runner computed elsewhere: simulated devices) goes to the CPU."""
+    held = {a.device for a in allocations}
+    extra: dict[str, dict[str, int]] = {}
+    for name, kinds in growth.items():
+        device = names.get(name, name)
+        device = device if device in held else CPU
+        sizes = extra.setdefault(device, dict.fromkeys(KINDS, 0))
+        for kind, size in kinds.items():
+            sizes[kind] += size
+    if CPU in extra and CPU not in held:
+        allocations = (*allocations, Allocation(CPU, 0, 0, 0))
+    return tuple(
+        Allocation(a.device, *(getattr(a, k) + extra.get(a.device, {}).get(k, 0) for k in KINDS))
+        for a in allocations
+    )
 
 
 def backend_names(library: str, gpus: list[str]) -> dict[str, str]:

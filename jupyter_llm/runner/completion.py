@@ -96,8 +96,12 @@ class CompletionReplies:
         interval: float,
         reader: OutputStream | None,
         ended: Callable[[], None],
+        memory: Callable[[], dict[str, dict[str, int]] | None] = lambda: None,
     ) -> None:
+        """``memory``: the runner's allocations where they changed since it
+        last said, else None (``RunnerService.allocations_now``)."""
         self.rid, self._send, self.reader, self._ended = rid, send, reader, ended
+        self._memory = memory
         self.logprobs: list[dict[str, Any]] = []  # not sent yet: they go with the next text
         self.out = TokenStream(self.send_tokens, interval)
         self.calls = 0
@@ -145,7 +149,7 @@ class CompletionReplies:
             self.send_tokens("")
         self._ended()
         counts = {"tool_calls_count": self.calls, "thinking_tokens": self.thinking_tokens}
-        done = fields_of(replace(result, **counts))
+        done = fields_of(replace(result, **counts, allocations=self._memory()))
         self._send({"id": self.rid, **done, "type": "done"})
 
     def fail(self, error: Exception) -> None:

@@ -25,9 +25,11 @@ class EmbedReplies:
         count: int,
         cancelled: Callable[[], bool],
         ended: Callable[[], None],
+        memory: Callable[[], dict[str, dict[str, int]] | None] = lambda: None,
     ) -> None:
         self.rid, self._send, self.part_bytes, self.count = rid, send, part_bytes, count
         self._cancelled, self._ended = cancelled, ended
+        self._memory = memory  # as ``CompletionReplies``'s
         self.part: list[str] = []
         self.size = 0
 
@@ -48,6 +50,8 @@ class EmbedReplies:
         self.flush()
         self._ended()
         result = {"prompt_eval_count": prompt_eval_count, "count": self.count}
+        if (allocations := self._memory()) is not None:  # its context was made: more held
+            result["allocations"] = allocations
         self._send({"id": self.rid, "type": "result", **result})
 
     def fail(self, error: Exception) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import llama_cpp
 
+from jupyter_llm.memory.measured import Sizes, grown
 from jupyter_llm.runner.embedding import (
     EMBED_SEQS,
     EmbedContextSize,
@@ -28,6 +29,7 @@ from jupyter_llm.runner.embedding import (
     vector_text,
 )
 from jupyter_llm.runner.last_rows import LastRows
+from jupyter_llm.runner.llama_backend import allocation_log
 from jupyter_llm.runner.model import Model
 from jupyter_llm.runner.pooling import POOLING_NAMES, embedding_pooling, finish_vector, fit_tokens
 from jupyter_llm.runner.protocol import EngineError, InputError
@@ -60,6 +62,9 @@ class EmbeddingContext:
         # set where the model pools by its last token and its graph names its final
         # norm: contexts made for generation, outputs only the rows pooled (last_rows)
         self._last_rows: LastRows | None = None
+        # what the context held now allocates, from llama.cpp's log (none while closed)
+        self.allocations: Sizes = {}
+        self._made: Sizes = {}  # of the last context made
         self.jobs: deque[EmbedJob] = deque()  # advanced a turn at a time (``turn``)
         self.share = FairShare()
 
@@ -80,13 +85,17 @@ class EmbeddingContext:
             cp.pooling_type = pooling
         cp.n_threads, cp.n_threads_batch = self._n_threads, self._n_threads
         cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        return llama_cpp.llama_init_from_model(self.model.llama_model, cp) or None
+        before = allocation_log.snapshot()
+        ctx = llama_cpp.llama_init_from_model(self.model.llama_model, cp) or None
+        self._made = grown(allocation_log.snapshot(), before) if ctx else {}
+        return ctx
 
     def close(self) -> None:
         if self._ctx:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ctx)
         self._ctx = self._batch = self._size = None
+        self.allocations = {}
 
     def _open(self, longest: int = 0) -> None:
         """The context (sharing the model's weights), pooled as the model
@@ -179,6 +188,7 @@ class EmbeddingContext:
 
     def _use(self, ctx: Any, size: EmbedContextSize) -> None:
         self._ctx, self._size = ctx, size
+        self.allocations = self._made
         self._batch = llama_cpp.llama_batch_init(size.n_batch, 0, 1)
 
     # -- requests --------------------------------------------------------------------

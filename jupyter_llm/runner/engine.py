@@ -29,6 +29,8 @@ from typing import Any
 
 import llama_cpp
 
+from jupyter_llm.memory.layout import CPU
+from jupyter_llm.memory.measured import Sizes, merged
 from jupyter_llm.memory.outputs import output_rows
 from jupyter_llm.request.limits import PREDICT_CONTEXTS, repeat_window
 from jupyter_llm.request.options import DEFAULT_SAMPLING  # Ollama's api.DefaultOptions
@@ -188,6 +190,13 @@ class Engine:
             self.model.close()
 
     # -- the loop's state --------------------------------------------------------------
+    def held_beyond_load(self) -> Sizes:
+        """What the runner holds that its load did not report: the embeddings'
+        context once made (about 140 MiB on Gemma), and the prompts kept in RAM
+        (up to ``prompt_ram_cache``)."""
+        ram = self.ram.bytes if self.ram is not None else 0
+        return merged(self.embeddings.allocations, {CPU: {"kv_cache": ram}} if ram else {})
+
     @property
     def busy(self) -> bool:
         """Anything to decode, waiting for a slot, or to embed?"""

@@ -166,6 +166,9 @@ class Done:
     draft_accepted: int = 0  # of those, the ones the model's own sampler confirmed
     thinking_tokens: int = 0  # output tokens whose text came out as thinking (runner.completion)
     threads: int = 0  # CPU threads decoding ran with at the end (runner.thread_tuning); 0: unknown
+    # what the runner holds now, per device and kind, where it changed since it
+    # last said (an embedding context made, prompts kept in RAM: runner.serve)
+    allocations: dict[str, dict[str, int]] | None = None
 
 
 @dataclass(frozen=True)

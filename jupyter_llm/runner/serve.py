@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jupyter_llm.memory.layout import CPU
+from jupyter_llm.memory.measured import Sizes, merged
 from jupyter_llm.memory.outputs import output_growth
 from jupyter_llm.request.priority import BATCH
 from jupyter_llm.runner.chat_plan import ChatPlanner
@@ -56,6 +57,8 @@ class RunnerService:
         self.engine: Engine | None = None
         self.planner: ChatPlanner | None = None
         self.busy_with: int | None = None
+        self.loaded: Sizes = {}  # what the load allocated, as its reply said
+        self.reported: Sizes = {}  # what the server was last told the runner holds
         self.progress = 0  # main-loop steps; written by the main thread only
         self.progress_at = time.monotonic()
         self._send_lock = threading.Lock()
@@ -196,10 +199,11 @@ class RunnerService:
         engine = self.engine
         growth = output_growth(engine.model.n_vocab, engine.n_outputs, len(engine.slots))
         allocation_log.grows(CPU, "graph", growth)
+        self.loaded = self.reported = allocation_log.snapshot()
         self.planner = ChatPlanner(self.engine)
         vision = self.engine.model.vision
         return {
-            "allocations": allocation_log.devices,
+            "allocations": self.loaded,
             "n_ctx": self.engine.n_ctx,
             "n_ctx_train": self.engine.model.n_ctx_train,
             "n_batch": self.engine.n_batch,
@@ -236,6 +240,7 @@ class RunnerService:
             request.stream_interval,
             plan.reader,
             ended=lambda: self.cancelled.discard(rid),
+            memory=self.allocations_now,
         )
         job = Job(
             rid=rid,
@@ -288,6 +293,7 @@ class RunnerService:
             len(texts),
             cancelled=lambda: rid in self.cancelled,
             ended=lambda: self.cancelled.discard(rid),
+            memory=self.allocations_now,
         )
         engine.embeddings.submit(
             EmbedJob(
@@ -303,6 +309,19 @@ class RunnerService:
                 cancelled=lambda: rid in self.cancelled,
             )
         )
+
+    def allocations_now(self) -> Sizes | None:
+        """What the runner holds now (its load, and what it made since:
+        ``Engine.held_beyond_load``), where that changed since the server was
+        last told; None otherwise. Sent with a request's end, so the
+        scheduler counts what the runner holds."""
+        if self.engine is None:
+            return None
+        now = merged(self.loaded, self.engine.held_beyond_load())
+        if now == self.reported:
+            return None
+        self.reported = now
+        return now
 
     def op_tokenize(self, message: dict[str, Any]) -> dict[str, Any]:
         return {"tokens": self._engine().model.tokenize(str(message.get("text", "")))}

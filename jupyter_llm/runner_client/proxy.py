@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from jupyter_llm.memory.measured import is_sizes
 from jupyter_llm.request.errors import AllocationFailed, ModelLoadFailed, RunnerFailed
 from jupyter_llm.runner.protocol import Complete, Embed, Health, ProtocolError, fields_of, read
 from jupyter_llm.runner_client.decode_threads import DecodeThreads
@@ -49,6 +50,7 @@ class RunnerProxy:
         self.progress = 0.0
         self.load_duration_ns = 0
         self.threads = DecodeThreads()
+        self._held: dict[str, dict[str, int]] | None = None  # since the load: ``_holds``
 
     @property
     def alive(self) -> bool:
@@ -119,8 +121,19 @@ class RunnerProxy:
 
     @property
     def measured(self) -> dict[str, dict[str, int]]:
-        """Bytes llama.cpp allocated per backend buffer ("cpu", "CUDA0", ...)."""
+        """Bytes llama.cpp allocated per backend buffer ("cpu", "CUDA0", ...):
+        what the runner said it holds at a request's end, else its load's."""
+        return dict(self._held or self.measured_at_load)
+
+    @property
+    def measured_at_load(self) -> dict[str, dict[str, int]]:
+        """What the load allocated, as its reply said."""
         return dict(self.info.get("allocations") or {})
+
+    def _holds(self, allocations: Any) -> None:
+        """A request's end said what the runner holds now (it changed)."""
+        if is_sizes(allocations):
+            self._held = allocations
 
     async def device_info(self) -> list[dict[str, Any]]:
         """The runner's view of its devices' free memory (answered mid-generation)."""
@@ -134,6 +147,9 @@ class RunnerProxy:
             try:
                 async for batch in stream:
                     self.threads.saw(batch)
+                    for message in batch:
+                        if message.get("type") == "done":
+                            self._holds(message.get("allocations"))
                     yield batch
             finally:
                 await stream.aclose()
@@ -151,6 +167,7 @@ class RunnerProxy:
                 if message.get("type") == "embedding":
                     vectors.extend(message["vectors"])
                 else:
+                    self._holds(message.pop("allocations", None))
                     return {**message, "vectors": vectors}
         raise RunnerFailed("the runner ended an embedding without an answer")
 

@@ -14,6 +14,7 @@ from jupyter_llm.config import Settings
 from jupyter_llm.devices import DeviceInfo, node_devices, nodes_by_free, on_node, serving_gpus
 from jupyter_llm.memory import (
     CPU,
+    Allocation,
     Estimate,
     GpuSlot,
     LayoutFailure,
@@ -22,6 +23,7 @@ from jupyter_llm.memory import (
     plan_layout,
 )
 from jupyter_llm.memory.kv_cache import choose_batch_invariant, choose_kv_type
+from jupyter_llm.memory.measured import grown, measured_allocations, with_growth
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.runner_client.launch import LoadRequest
 from jupyter_llm.scheduler.types import Loaded, LoadOptions, Wanted
@@ -133,6 +135,18 @@ def invariant_where_placed(wanted: Wanted, placement: Placement, simulated: bool
 def parallel_slots(info: ModelInfo, settings: Settings) -> int:
     """Requests a runner serves at once: an embedding model one."""
     return 1 if info.embedding_only else settings.num_parallel
+
+
+def held_allocations(loaded: Loaded) -> tuple[Allocation, ...]:
+    """What ``loaded`` holds per device now: its load (measured, or the
+    layout's estimate) and what its runner made since (an embedding
+    context, prompts kept in RAM), as the runner said at a request's end."""
+    runner = loaded.runner
+    if loaded.measured:
+        now = measured_allocations(loaded.placement, runner.measured, loaded.buffer_names)
+        return now or loaded.allocations
+    growth = grown(runner.measured, runner.measured_at_load)
+    return with_growth(loaded.placement.allocations, growth, loaded.buffer_names)
 
 
 def held_bytes(loaded: Iterable[Loaded]) -> dict[str, int]:

@@ -162,6 +162,7 @@ class Scheduler:
     ) -> None:
         self._slots.give_back(loaded, user, priority, waiter)
         loaded.last_used = time.monotonic()
+        loaded.allocations = policy.held_allocations(loaded)  # what it made since its load
         if self._closing:
             return
         self._slots.dispatch()
@@ -431,8 +432,8 @@ class Scheduler:
     ) -> Loaded:
         placement = request.placement
         allocations, measured = placement.allocations, False
+        names = backend_names(gpu_library(request) or "GPU", placement.gpus)
         if self.settings.new_estimates:
-            names = backend_names(gpu_library(request) or "GPU", placement.gpus)
             if real := measured_allocations(placement, runner.measured, names):
                 allocations, measured = real, True
         quantized = wanted.kv_cache_type != "f16" or wanted.batch_invariant
@@ -460,6 +461,7 @@ class Scheduler:
             keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
             parallel=runner.n_seq,
             node=request.node,
+            buffer_names=names,
         )
 
     # -- eviction ------------------------------------------------------------------

@@ -34,7 +34,9 @@ class Runner(Protocol):
     @property
     def n_seq(self) -> int: ...  # sequences it decodes at once: the model's slots
     @property
-    def measured(self) -> dict[str, dict[str, int]]: ...
+    def measured(self) -> dict[str, dict[str, int]]: ...  # what it holds now, as it said
+    @property
+    def measured_at_load(self) -> dict[str, dict[str, int]]: ...  # what its load allocated
     @property
     def kv_cache_fallback(self) -> str: ...  # why the runner made its KV cache f16 ("" if not)
     def complete(self, request: Complete) -> AsyncIterator[list[dict[str, Any]]]: ...
@@ -101,6 +103,8 @@ class Loaded:
     by_priority: Counter[str] = field(default_factory=Counter)  # running, per priority
     admitted: dict[Waiter, float] = field(default_factory=dict)  # running: when each got its slot
     node: str = ""  # the cluster node it runs on ("": this machine)
+    # the runner's buffer names -> device ids ("CUDA0" -> a GPU), where ``measured``
+    buffer_names: dict[str, str] = field(default_factory=dict)
     waiting: int = 0
     drainers: int = 0  # loads waiting (without the load lock) for its requests to end
     last_used: float = field(default_factory=time.monotonic)

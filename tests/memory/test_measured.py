@@ -82,3 +82,45 @@ def test_measured_figures_replace_the_estimate_per_device():
     spread = measured_allocations(placement, {"cpu": {"weights": 500, "kv_cache": 45}}, names)
     assert spread == (Allocation("GPU-a", 450, 45, 0), Allocation("cpu", 50, 0, 0))
     assert measured_allocations(placement, {}, names) is None
+
+
+def test_what_a_runner_grew_goes_to_the_device_holding_it():
+    from jupyter_llm.memory import Allocation
+    from jupyter_llm.memory.measured import grown, merged, with_growth
+
+    load = {"cpu": {"weights": 5, "kv_cache": 2, "graph": 1}}
+    more = {"cpu": {"weights": 0, "kv_cache": 64, "graph": 65}}
+    now = merged(load, more, {"CUDA0": {"graph": 7}})
+    growth = grown(now, load)
+    assert growth == {
+        "cpu": {"weights": 0, "kv_cache": 64, "graph": 65},
+        "CUDA0": {"weights": 0, "kv_cache": 0, "graph": 7},
+    }
+    layout = (Allocation("gpu-a", 10, 20, 30), Allocation("cpu", 1, 2, 3))
+    assert with_growth(layout, growth, {"CUDA0": "gpu-a"}) == (
+        Allocation("gpu-a", 10, 20, 37),
+        Allocation("cpu", 1, 66, 68),
+    )
+    # a buffer on a device the layout does not hold (simulated GPUs): the CPU's
+    assert with_growth(layout[1:], growth, {}) == (Allocation("cpu", 1, 66, 75),)
+    assert grown(load, load) == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ({"cpu": {"weights": 1, "kv_cache": 0, "graph": 2}}, True),
+        ({}, True),
+        ({"cpu": {"weights": -1}}, False),
+        ({"cpu": {"other": 1}}, False),
+        ({"cpu": {"graph": 1.5}}, False),
+        ({"cpu": {"graph": True}}, False),
+        ({"cpu": [1]}, False),
+        ([], False),
+        (None, False),
+    ],
+)
+def test_what_a_runner_says_it_holds_is_checked(value, ok):
+    from jupyter_llm.memory.measured import is_sizes
+
+    assert is_sizes(value) is ok

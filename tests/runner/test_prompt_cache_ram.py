@@ -207,7 +207,8 @@ def test_kept_prefixes_go_to_disk_at_unload(tmp_path: Path) -> None:
 
 async def test_a_runner_process_reports_ram(tmp_path: Path) -> None:
     """``LoadParams.prompt_ram`` through a real runner process: the done
-    message of the second turn says "ram"."""
+    message of the second turn says "ram", and what the runner holds (its
+    load's figures, then what a request's end said) counts the prompts kept."""
     model = write_demo_model(tmp_path / "m.gguf", DemoModelSpec())
     spec = LoadSpec(
         path=str(model), n_ctx=4096, n_batch=64, n_seq=1, prompt_ram={**RAM, "min_tokens": 64}
@@ -219,9 +220,11 @@ async def test_a_runner_process_reports_ram(tmp_path: Path) -> None:
         for i in range(2):  # the slot and its spare id
             await answer(runner, f"{i}: another user's cell about plotting figures. " * 8)
         _, done = await answer(runner, first + reply + " And the second cell?")
+        kept = runner.measured["cpu"]["kv_cache"] - runner.measured_at_load["cpu"]["kv_cache"]
     finally:
         await runner.close()
     assert done["prompt_cache"] == "ram" and done["prompt_cached"] >= 64
+    assert kept > 0  # the prompts in RAM
 
 
 # -- the setting ---------------------------------------------------------------------------

@@ -475,3 +475,23 @@ async def test_the_load_message_is_checked_and_carries_flash_attention(demo_gguf
         assert replies[-1]["type"] == "result" and replies[-1]["n_ctx"] == 256
     finally:
         await process.close(timeout=5.0)
+
+
+async def test_the_runner_says_what_it_holds_once_its_embedding_context_is_made(runner):
+    """The embeddings' context is made on the first embed, after the load
+    reported its buffers (about 140 MiB on Gemma, counted nowhere): the
+    embed's end says what the runner holds now, and the proxy's figures
+    follow; a request after it, with nothing new held, says nothing."""
+    from jupyter_llm.memory.measured import grown
+    from jupyter_llm.runner.protocol import Embed
+
+    loaded = runner.measured
+    result = await runner.embed(Embed(inputs=["hello world", "the cat sat"]))
+    assert "allocations" not in result  # the proxy took them
+    more = grown(runner.measured, loaded)
+    assert set(more) == {"cpu"}
+    assert more["cpu"]["graph"] > 0 and more["cpu"]["kv_cache"] > 0  # its compute, its cache
+    assert more["cpu"]["weights"] == 0  # the model's weights are shared
+    held = runner.measured
+    _, done = await collect(runner, prompt="hello", options={**GREEDY, "num_predict": 2})
+    assert done.get("allocations") is None and runner.measured == held

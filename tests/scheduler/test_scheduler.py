@@ -482,3 +482,31 @@ async def test_reload_of_a_busy_model_waits_without_the_lock():
     reloaded = await asyncio.wait_for(bigger, 10)
     assert reloaded.wanted.num_ctx == 8192 and not lease.runner.alive
     assert [m.key for m in s.loaded_models()] == ["a:latest"] and len(f.specs) == 3
+
+
+@pytest.mark.parametrize("new_estimates", [False, True])
+async def test_what_a_runner_made_after_its_load_is_counted_at_a_requests_end(new_estimates):
+    """An embedding context (made on the first embed) or prompts kept in RAM
+    come after the load's figures: the runner says what it holds at a
+    request's end, and the model's allocations (``/api/ps``, and what
+    evicting it frees) count it, over the estimate or the measured load."""
+    measured = {
+        "CUDA0": {"weights": 5 * GiB, "kv_cache": GiB, "graph": 100 * MiB},
+        "cpu": {"weights": 250 * MiB, "kv_cache": 0, "graph": 0},
+    }
+    f = Factory(gpus=CUDA_GPUS, measured=measured)
+    s, _ = real(f, new_estimates=new_estimates)
+    loaded = await use(s, entry("a", info(200)))
+    before = {a.device: a for a in loaded.allocations}
+    runner = loaded.runner
+    runner.measured = {  # what its next request's end said
+        "CUDA0": {"weights": 5 * GiB, "kv_cache": GiB + 9 * MiB, "graph": 165 * MiB},
+        "cpu": {"weights": 250 * MiB, "kv_cache": 64 * MiB, "graph": 0},
+    }
+    assert await use(s, entry("a", info(200))) is loaded
+    after = {a.device: a for a in loaded.allocations}
+    gpu = next(d for d in after if d != "cpu")
+    assert after[gpu].kv_cache - before[gpu].kv_cache == 9 * MiB
+    assert after[gpu].graph - before[gpu].graph == 65 * MiB
+    assert after["cpu"].kv_cache - before["cpu"].kv_cache == 64 * MiB
+    assert describe_loaded(loaded)["size"] - sum(a.total for a in before.values()) == 138 * MiB

@@ -34,7 +34,8 @@ class FakeRunner:
         self.load_duration_ns = 5
         self.pid = next(_pids)
         self.gpus = gpus or []
-        self.measured = measured or {}
+        self.measured = measured or {}  # what it holds now (a test may grow it)
+        self.measured_at_load = dict(self.measured)
         self.kv_cache_fallback = ""  # the real runner's reason when llama.cpp refused the type
         self.threads = DecodeThreads(spec.n_threads, False, spec.n_threads)
         self.latency = latency
