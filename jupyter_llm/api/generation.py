@@ -184,8 +184,7 @@ async def _complete(
         job.images or any(m.get("images") for m in messages or ())
     ):  # never dropped: a model without a projector cannot see them
         raise InvalidRequest(f"model '{entry.name.display}' does not support images")
-    if (await services.scheduler.model_info(entry)).embedding_only:  # as Ollama, before a load
-        raise InvalidRequest(f'"{entry.name.display}" does not support {job.route}')
+    await check_generates(services, entry, job.route)
     options = {**entry.params, **job.options}  # the model's parameters sit beneath
     load = load_options(options)
     priority = job.priority or INTERACTIVE
@@ -331,7 +330,6 @@ def load_options(options: dict[str, Any]) -> LoadOptions:
         num_thread=options.get("num_thread") or None,
         use_mmap=options.get("use_mmap"),
         num_gpu=options.get("num_gpu"),
-        main_gpu=options.get("main_gpu"),
     )
 
 
@@ -397,15 +395,27 @@ async def embed(
             )
 
 
+async def check_generates(services: LLMServices, entry: ModelEntry, route: str) -> None:
+    """Ollama's capability check, before a load: a model that only embeds (a
+    pooling type, no output layer: BERT) does not ``route`` ("generate",
+    "chat"); llama.cpp aborted the runner on its first long prompt."""
+    if (await services.scheduler.model_info(entry)).embedding_only:
+        raise InvalidRequest(f'"{entry.name.display}" does not support {route}')
+
+
 async def load_only(
     services: LLMServices,
     model: ModelName,
     options: dict[str, Any],
     keep_alive: float | None,
     requester: Requester = LOCAL,
+    route: str = "",
 ) -> int:
-    """Load (or keep) a model without generating; returns the load time."""
+    """Load (or keep) a model without generating; returns the load time.
+    ``route``: the generation route that asked ("" for ``/api/embed``)."""
     entry = await find_model(services, model)
+    if route:  # a generation route's load: as Ollama, not for a model that only embeds
+        await check_generates(services, entry, route)
     load = load_options({**entry.params, **options})
     async with services.scheduler.use(entry, load, keep_alive, requester) as lease:
         return lease.load_duration_ns

@@ -291,7 +291,12 @@ class CompletionHandler(LLMHandler):
             await unload(self.llm, request.model, self.requester)
             return "unload"
         await load_only(
-            self.llm, request.model, request.options, request.keep_alive, self.requester
+            self.llm,
+            request.model,
+            request.options,
+            request.keep_alive,
+            self.requester,
+            route=request.route,
         )
         return "load"
 

@@ -45,6 +45,7 @@ class ResponseStore:
         self.entries: OrderedDict[str, Stored] = OrderedDict()  # oldest first
         self.bytes = 0
         self.user_bytes: dict[str, int] = {}
+        self.by_user: dict[str, OrderedDict[str, None]] = {}  # each user's ids, oldest first
 
     def get(self, user: str, response_id: str) -> list[dict[str, Any]] | None:
         """The conversation of ``response_id`` if ``user`` stored it and it has not expired."""
@@ -78,13 +79,15 @@ class ResponseStore:
         self.expire()
         if size > self.total_bytes:
             return False
-        mine = [key for key, e in self.entries.items() if e.user == user]
-        for key in mine[: max(0, len(mine) - self.per_user + 1)]:
-            self.drop(key)
+        if response_id in self.entries:
+            self.drop(response_id)
+        while len(self.by_user.get(user, ())) >= self.per_user:
+            self.drop(next(iter(self.by_user[user])))
         while self.bytes + size > self.total_bytes:
             heaviest = max(self.user_bytes, key=self.user_bytes.__getitem__)
-            self.drop(next(k for k, e in self.entries.items() if e.user == heaviest))
+            self.drop(next(iter(self.by_user[heaviest])))
         self.entries[response_id] = Stored(user, chat, size, self.clock(), response)
+        self.by_user.setdefault(user, OrderedDict())[response_id] = None
         self.bytes += size
         self.user_bytes[user] = self.user_bytes.get(user, 0) + size
         return True
@@ -92,11 +95,12 @@ class ResponseStore:
     def drop(self, response_id: str) -> None:
         entry = self.entries.pop(response_id)
         self.bytes -= entry.size
-        left = self.user_bytes[entry.user] - entry.size
-        if left:
-            self.user_bytes[entry.user] = left
+        mine = self.by_user[entry.user]
+        del mine[response_id]
+        if mine:
+            self.user_bytes[entry.user] -= entry.size
         else:
-            del self.user_bytes[entry.user]
+            del self.by_user[entry.user], self.user_bytes[entry.user]
 
     def expire(self) -> None:
         deadline = self.clock() - self.seconds

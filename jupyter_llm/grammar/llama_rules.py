@@ -30,7 +30,7 @@ def repetition_refusal(grammar: str) -> str | None:
         _Reader(grammar).rules()
     except _Refused as e:
         return str(e)
-    except (IndexError, ValueError):
+    except (IndexError, ValueError, RecursionError):  # left to llama.cpp's own parse
         return None
     return None
 

@@ -259,7 +259,7 @@ def gpu_graphs(
     cells_swa: int,
     max_tensor: int,
     rows: int,
-    cache_cell: tuple[float, float] = (0.0, 0.0),
+    cache_cell: tuple[float, float],
 ) -> GpuGraphs:
     """The compute buffers ggml's scheduler reserves with a GPU backend, for a
     batch of ``batch`` tokens (n_ubatch) over ``context`` cells, flash attention on.

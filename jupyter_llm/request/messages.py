@@ -96,11 +96,6 @@ def _tool_calls(raw: Any, i: int, spent: list[int]) -> list[dict[str, Any]]:
         if arguments is None or arguments == "":
             arguments = {}
         if isinstance(arguments, str):
-            if spent[0] > JSON_VALUES.value:
-                raise Refused(
-                    f"the tool calls' arguments hold more than {JSON_VALUES.value:,} values "
-                    f"together; the limit is {JSON_VALUES.value:,} values ({JSON_VALUES.key})"
-                )
             try:
                 arguments = parse_json_text(arguments, f"{where}.function.arguments")
             except Refused:
@@ -110,6 +105,8 @@ def _tool_calls(raw: Any, i: int, spent: list[int]) -> list[dict[str, Any]]:
         if not isinstance(arguments, dict):
             raise ValueError(f"{where}.function.arguments must be a JSON object")
         spent[0] += check_tree(arguments, f"{where}.function.arguments", SCHEMA_DEPTH.value)
+        if spent[0] > JSON_VALUES.value:  # read at most the limit and one argument past it
+            raise Refused(str(JSON_VALUES.exceeded("the tool calls' arguments", spent[0])))
         out: dict[str, Any] = {
             "type": "function",
             "function": {"name": name, "arguments": arguments},

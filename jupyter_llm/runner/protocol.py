@@ -232,7 +232,18 @@ def decode(line: bytes) -> dict[str, Any]:
     return message
 
 
+# llama.cpp's words for a crash or a failed allocation: lines that name no
+# request's text (a grammar's parse error quotes the grammar, a user's schema)
+CRASH_MARKERS = ("ggml_assert", "ggml_abort", "failed to allocate", "out of memory")
+
+
 def is_error_line(line: str) -> bool:
     """Does a runner stderr line look like the reason for a failure?"""
     lowered = line.lower()
     return any(marker in lowered for marker in ERROR_MARKERS)
+
+
+def is_crash_line(line: str) -> bool:
+    """Does a runner stderr line report a crash, quoting nothing a request sent?"""
+    lowered = line.lower()
+    return any(marker in lowered for marker in CRASH_MARKERS)

@@ -114,9 +114,9 @@ def make_sampler(
     if not native:  # the request's format, schema or tools made it: the request's error
         llama_cpp.llama_sampler_free(chain)
         raise InputError(
-            "llama.cpp refused the grammar of this request's format or tools (repeats "
-            "nested in repeats multiply past its 2,000 rules: a pattern such as "
-            "([a-z]{1,20} ){1,100}); simplify the schema or its patterns"
+            "llama.cpp refused the grammar built from this request's format or tools "
+            "(its tools' repeats nested in repeats, past 2,000 rules, are the known "
+            "cause); simplify the schema or its patterns"
         )
     try:
         need = walk_need(

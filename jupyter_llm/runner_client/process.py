@@ -28,6 +28,7 @@ from jupyter_llm.runner.protocol import (
     ProtocolError,
     decode,
     encode,
+    is_crash_line,
     is_error_line,
     read,
 )
@@ -56,7 +57,10 @@ class RunnerProcess:
         self.env = env or {}
         self.label = label
         self.limit = STREAM_LIMIT  # bytes of one reply line
+        # the last stderr line that looks like a failure's reason: any until the
+        # model is loaded, then crashes only (``_read_stderr``)
         self.last_error: str = ""
+        self.loaded = False
         self._proc: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Queue[Any]] = {}
@@ -192,6 +196,8 @@ class RunnerProcess:
                     out.append(message)
                     if message.get("type") in ("done", "result"):
                         finished = True
+                        if op == "load":  # from here on, requests' lines are not quoted
+                            self.loaded, self.last_error = True, ""
                         break
                 yield out
         finally:
@@ -294,7 +300,9 @@ class RunnerProcess:
             line = raw.decode(errors="replace").rstrip()
             if not line:
                 continue
-            if is_error_line(line):
+            # once requests run, a line may quote one (a grammar's parse error
+            # holds a user's schema): only a crash's is kept for the exit message
+            if is_crash_line(line) if self.loaded else is_error_line(line):
                 self.last_error = line.strip()
             log.debug("[%s %s] %s", self.label, self.pid, line)
 

@@ -49,8 +49,8 @@ def needs_reload(loaded: Loaded, entry: ModelEntry, wanted: Wanted) -> bool:
     tune speed only (num_batch, num_thread, use_mmap) reload an idle model, not
     one that requests run on: the request runs on it as loaded (one user's
     num_batch 511, then 510, reloaded a shared model for everyone each time).
-    ``main_gpu`` reloads nothing: the layout chooses the GPUs, so it changed
-    nothing but let any user reload a shared model by alternating it."""
+    (``main_gpu`` is accepted and not kept: the layout chooses the GPUs, and
+    it let any user reload a shared model by alternating it.)"""
     have = loaded.wanted
     tuned = (
         wanted.num_batch != have.num_batch
@@ -92,7 +92,6 @@ def wanted(options: LoadOptions, info: ModelInfo, settings: Settings) -> Wanted:
         num_thread=options.num_thread or settings.num_threads,
         use_mmap=True if options.use_mmap is None else options.use_mmap,
         num_gpu=-1 if options.num_gpu is None else options.num_gpu,
-        main_gpu=options.main_gpu or 0,
         flash_attn=settings.flash_attention,
         **kv_cache_fields(settings, info),
     )

@@ -66,7 +66,6 @@ class LoadOptions:
     num_thread: int | None = None
     use_mmap: bool | None = None
     num_gpu: int | None = None
-    main_gpu: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,6 @@ class Wanted:
     num_thread: int
     use_mmap: bool
     num_gpu: int
-    main_gpu: int
     flash_attn: str = "auto"  # the server's setting (``Settings.flash_attention``)
     kv_cache_type: str = "f16"  # the type this load gets (memory.kv_cache.choose_kv_type)
     kv_cache_fallback: str = ""  # why it is f16 though the setting asks for another

@@ -92,3 +92,20 @@ def test_each_route_names_itself():
     assert chat_call(chat).generation.route == "chat"
     assert completion_call({"model": "m", "prompt": "hi"}).generation.route == "generate"
     assert openai_chat(chat).generation.route == "chat"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "route"),
+    [("api/generate", {}, "generate"), ("api/chat", {"messages": []}, "chat")],
+)
+async def test_a_generation_routes_load_of_an_embedding_model_is_refused(
+    jp_fetch, bert, path, body, route
+):
+    """Nothing to generate loads the model, on a route that generates: as
+    Ollama, not a model that only embeds; ``/api/embed`` with no input loads it."""
+    code, answer = await refused(jp_fetch, path, {"model": bert, **body})
+    assert (code, answer) == (400, {"error": f'"{bert}" does not support {route}'})
+    r = await jp_fetch("llm", "api", "embed", method="POST", body=json.dumps({"model": bert}))
+    assert json.loads(r.body)["embeddings"] == []
+    ps = json.loads((await jp_fetch("llm", "api", "ps")).body)
+    assert [m["name"] for m in ps["models"]] == [bert]

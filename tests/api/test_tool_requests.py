@@ -192,4 +192,4 @@ def test_the_tool_calls_arguments_share_one_bound_on_values():
     within = JSON_VALUES.value // 2001
     assert len(parse_messages(chat(within), openai=True)) == within + 1
     with pytest.raises(Refused, match="json_values"):
-        parse_messages(chat(within + 2), openai=True)
+        parse_messages(chat(within + 1), openai=True)

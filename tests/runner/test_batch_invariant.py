@@ -149,7 +149,7 @@ def test_the_launch_turns_the_tiled_matmul_off_and_keys_the_prompt_cache():
     assert len(keys) == 2
 
 
-WANTED = Wanted(num_ctx=4096, num_batch=512, num_thread=0, use_mmap=True, num_gpu=-1, main_gpu=0)
+WANTED = Wanted(num_ctx=4096, num_batch=512, num_thread=0, use_mmap=True, num_gpu=-1)
 GPU_REASON = "layers on GPUs, whose kernels it does not cover"
 
 

@@ -495,3 +495,24 @@ async def test_the_runner_says_what_it_holds_once_its_embedding_context_is_made(
     held = runner.measured
     _, done = await collect(runner, prompt="hello", options={**GREEDY, "num_predict": 2})
     assert done.get("allocations") is None and runner.measured == held
+
+
+async def test_a_requests_stderr_line_never_reaches_another_users_error(runner, caplog):
+    """llama.cpp's grammar parse error quotes the grammar (a user's schema)
+    on stderr; the runner's last error line went into the errors of
+    requests that failed after it, and into the message every request in
+    flight gets when the runner dies. Once the model is loaded only a
+    crash's line (GGML_ASSERT, out of memory) is kept."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="jupyter_llm.runner_client.process")
+    assert runner.process.loaded and runner.process.last_error == ""
+    grammar = 'root ::= "SECRET-OF-ANOTHER-USER" ('
+    with pytest.raises(InvalidRequest) as refused:
+        await collect(runner, prompt="hi", grammar=grammar, options={"num_predict": 2})
+    assert "SECRET" not in str(refused.value)
+    await until(
+        lambda: any("SECRET" in r.getMessage() for r in caplog.records),
+        what="llama.cpp's parse error on stderr",
+    )
+    assert "SECRET" not in runner.process.last_error

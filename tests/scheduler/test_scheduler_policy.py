@@ -18,7 +18,7 @@ from jupyter_llm.scheduler.model_facts import ModelFacts
 from jupyter_llm.scheduler.slots import SlotGrants
 from jupyter_llm.scheduler.types import Unloaded
 
-WANTED = Wanted(num_ctx=4096, num_batch=512, num_thread=0, use_mmap=True, num_gpu=-1, main_gpu=0)
+WANTED = Wanted(num_ctx=4096, num_batch=512, num_thread=0, use_mmap=True, num_gpu=-1)
 NO_PLACEMENT = Placement(gpu_layers=(), allocations=(), n_gpu_layers=0, n_layers=33)
 
 
@@ -67,7 +67,6 @@ def held(device: str, gib: float) -> Allocation:
         ({"num_batch": 256}, True),
         ({"num_thread": 4}, True),
         ({"use_mmap": False}, True),
-        ({"main_gpu": 1}, False),  # no effect (the layout chooses GPUs): no reload
         ({"num_gpu": 10}, True),
     ],
 )
@@ -82,7 +81,6 @@ def test_needs_reload(change, reload):
         ({"num_thread": 4}, False),
         ({"use_mmap": False}, False),
         ({"num_ctx": 8192}, True),  # what the model can do: a reload, once it drains
-        ({"main_gpu": 1}, False),
         ({"num_gpu": 10}, True),
     ],
 )
@@ -115,8 +113,8 @@ def test_max_loaded(setting, gpus, expected):
         (LoadOptions(num_ctx=65536), 32768, replace(WANTED, num_ctx=32768)),  # the model's cap
         (LoadOptions(num_ctx=256), 32768, replace(WANTED, num_ctx=256, num_batch=256)),
         (LoadOptions(num_ctx=8192), 0, replace(WANTED, num_ctx=8192)),  # no trained length
-        (LoadOptions(num_gpu=0, main_gpu=1, use_mmap=False, num_thread=3, num_batch=64), 32768,
-         replace(WANTED, num_gpu=0, main_gpu=1, use_mmap=False, num_thread=3, num_batch=64)),
+        (LoadOptions(num_gpu=0, use_mmap=False, num_thread=3, num_batch=64), 32768,
+         replace(WANTED, num_gpu=0, use_mmap=False, num_thread=3, num_batch=64)),
     ],
 )  # fmt: skip
 def test_wanted(options, trained, expected):
