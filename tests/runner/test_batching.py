@@ -262,7 +262,7 @@ def test_a_prompt_waits_for_room_another_request_holds(tmp_path):
         small.close()
 
 
-@pytest.mark.parametrize("temperature", [1e-45, 1e-38, 1e-6])
+@pytest.mark.parametrize("temperature", [1e-45, 1e-38])
 def test_a_vanishing_temperature_samples_as_greedy(engine, temperature):
     """Logits divided by 1e-45 overflowed float32: NaN probabilities, junk
     text, and with a format "the sampler left no token to choose" (a 500)."""
