@@ -53,6 +53,25 @@ def json_depth(text: str, start: int = 0, limit: int = MAX_NESTING) -> int:
     return deepest
 
 
+def value_closed(text: str, start: int) -> bool:
+    """Has the array or object at ``start`` closed (its brackets, outside
+    strings, back to none open)? A value that closed and still does not
+    decode is broken, however the output goes on: its reader says so at
+    once rather than waiting (and reading the held text again) for more."""
+    if start >= len(text) or text[start] not in "[{":
+        return False
+    depth = 0
+    for part in _JSON_PART.finditer(text, start):
+        bracket = part.group()
+        if bracket == "[" or bracket == "{":
+            depth += 1
+        elif bracket == "]" or bracket == "}":
+            depth -= 1
+            if depth <= 0:
+                return True
+    return False
+
+
 def _check_depth(text: str, at: int) -> None:
     if json_depth(text, at) > MAX_NESTING:
         raise TooDeep(f"nested deeper than {MAX_NESTING} levels")

@@ -15,7 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_llm.chat_formats.bounded_json import TooDeep, loads, raw_decode, sendable
+from jupyter_llm.chat_formats.bounded_json import (
+    TooDeep,
+    loads,
+    raw_decode,
+    sendable,
+    value_closed,
+)
 from jupyter_llm.chat_formats.detect import (
     DEEPSEEK_CALL_BEGIN,
     DEEPSEEK_CALL_END,
@@ -131,6 +137,8 @@ class Take:
 
 Reader = Callable[[str, bool], Take | None]  # (text, final) -> Take, or None: need more
 
+_BLANKS = re.compile(r"\s*")  # a run of blanks, skipped in C (a reader runs at many tokens)
+
 
 def _json_values(text: str, at: int, final: bool, separators: str = ";") -> Take | None:
     """Consecutive JSON call values from ``at``, separated by whitespace or
@@ -142,8 +150,8 @@ def _json_values(text: str, at: int, final: bool, separators: str = ";") -> Take
             value, end = raw_decode(text, pos)
         except TooDeep:
             return Take([], len(text))  # never a call, however it goes on
-        except ValueError:
-            return None if not final else Take([], len(text))
+        except ValueError:  # open: wait for more; closed: broken, not a call
+            return None if not final and not value_closed(text, pos) else Take([], len(text))
         found = _calls_from_json(value, bare=True)
         if found is None:
             return Take([], end)
@@ -152,7 +160,7 @@ def _json_values(text: str, at: int, final: bool, separators: str = ";") -> Take
             return Take([], len(text))
         pos = end
         while pos < len(text) and (text[pos].isspace() or text[pos] in separators):
-            pos += 1
+            pos = _BLANKS.match(text, pos + 1).end()  # a run at C speed: read at every token
         if pos == len(text):
             return Take(calls, pos) if final else None
         if text[pos] not in "{[":
@@ -228,9 +236,7 @@ def _python_call(text: str) -> ToolCall | None:
 
 def read_llama3(text: str, final: bool) -> Take | None:
     tag = "<|python_tag|>"
-    at = len(tag) if text.startswith(tag) else 0
-    while at < len(text) and text[at].isspace():
-        at += 1
+    at = _BLANKS.match(text, len(tag) if text.startswith(tag) else 0).end()
     if at == len(text):
         return Take([], len(text)) if final else None
     if text[at] in "{[":
@@ -246,9 +252,7 @@ _MISTRAL_NAMED = re.compile(r"\s*([\w.\-]+)(?:\[CALL_ID\]\s*([A-Za-z0-9_\-]*))?\
 
 def read_mistral(text: str, final: bool) -> Take | None:
     marker = "[TOOL_CALLS]"
-    at = len(marker)
-    while at < len(text) and text[at].isspace():
-        at += 1
+    at = _BLANKS.match(text, len(marker)).end()
     if at == len(text):
         return Take([], len(text)) if final else None
     if text[at] in "[{":
@@ -256,21 +260,20 @@ def read_mistral(text: str, final: bool) -> Take | None:
             value, end = raw_decode(text, at)
         except TooDeep:
             return Take([], len(text))
-        except ValueError:
-            return None if not final else Take([], len(text))
+        except ValueError:  # open: wait for more; closed: broken, not a call
+            return None if not final and not value_closed(text, at) else Take([], len(text))
         return Take(_calls_from_json(value) or [], end)
     named = _MISTRAL_NAMED.match(text, at)
     if not named:
         return None if not final and "[ARGS]" not in text else Take([], len(text))
-    args_at = named.end()
-    while args_at < len(text) and text[args_at].isspace():
-        args_at += 1
+    args_at = _BLANKS.match(text, named.end()).end()
     try:
         value, end = raw_decode(text, args_at)
     except TooDeep:
         return Take([], len(text))
     except ValueError:
-        return None if not final else Take([], len(text))
+        broken = args_at < len(text) and value_closed(text, args_at)
+        return None if not final and not broken else Take([], len(text))
     call = call_from_object({"name": named.group(1), "arguments": value, "id": named.group(2)})
     return Take([call] if call else [], end)
 

@@ -117,15 +117,24 @@ _GRAMMARS: dict[str, _Grammar] = {
 }
 
 
+_PAIRS = {"}": "{", "]": "[", ")": "("}
+FENCE = "```"
+
+
 class _TopLevel:
     """Follows the nesting of brackets outside JSON strings across pieces, so
     that a call's reader runs only when a value may have closed (running it
-    on every piece would take time growing with the square of the call)."""
+    on every piece would take time growing with the square of the call).
+    Each closer must match its opener: one that does not, or one with
+    nothing open, makes the text ``broken`` (no call, however it goes on),
+    where counting alone let ``{)`` then ``[]`` run the reader over the
+    whole held text at every token (100 ms a token at 800k characters)."""
 
     def __init__(self) -> None:
-        self.depth = 0
+        self.open: list[str] = []
         self.in_string = False
         self.escaped = False
+        self.broken = False
 
     def closes(self, text: str, ends: str) -> bool:
         closed = False
@@ -140,14 +149,16 @@ class _TopLevel:
             elif ch == '"':
                 self.in_string = True
             elif ch in "{[(":
-                self.depth += 1
+                self.open.append(ch)
                 # past the bound the reader decides at once (content), rather
                 # than the whole rest of the output being held back
-                closed = closed or self.depth > MAX_NESTING
-            elif ch in "}])":
-                self.depth = max(self.depth - 1, 0)
-                closed = closed or (self.depth == 0 and ch in ends)
-            elif ch in ends and self.depth == 0:
+                closed = closed or len(self.open) > MAX_NESTING
+            elif ch in _PAIRS:
+                if not self.open or self.open.pop() != _PAIRS[ch]:
+                    self.broken = True
+                    return True
+                closed = closed or (not self.open and ch in ends)
+            elif ch in ends and not self.open:
                 closed = True
         return closed
 
@@ -197,18 +208,28 @@ class ToolCallStream:
             return ToolCallDelta(content=held)
         if self._state == "call" and len(self._buffer) > MAX_CALL_CHARS:
             # no call is this long: what was held goes out, and reading goes on after it
-            held, self._buffer, self._state, self._blank = self._buffer, "", "content", True
-            return ToolCallDelta(content=held)
+            return self._release()
         if self._state == "call" and not self._may_close(text):
             return ToolCallDelta()
+        if self._state == "call" and self._top.broken:  # brackets no call closes: content
+            return self._release()
         out = self._advance(final=False)
         self._blank = self._state in ("start", "content") and (
             not self._buffer or self._buffer.isspace()
         )
         return out
 
+    def _release(self) -> ToolCallDelta:
+        """The held call is none: it goes out, and reading goes on after it."""
+        held, self._buffer, self._state, self._blank = self._buffer, "", "content", True
+        return ToolCallDelta(content=held)
+
     def _may_close(self, text: str) -> bool:
         grammar = self._grammar
+        if self._buffer.startswith(FENCE):  # a fenced block closes at its fence, not a bracket
+            # (code in it may hold an odd '"', which bracket counting would take for a string)
+            start = max(len(FENCE), len(self._buffer) - len(text) - len(FENCE) + 1)
+            return FENCE in self._buffer[start:]
         if grammar.nested:
             return self._top.closes(text, grammar.ends)
         if grammar.closers:

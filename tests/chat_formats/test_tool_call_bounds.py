@@ -319,3 +319,78 @@ def test_markers_in_a_harmony_header_past_its_bound_are_still_read():
     out += stream.finish()
     assert "x" * 1000 in out.content and out.content.endswith("Hi")
     assert "<|end|>" not in out.content and "<|start|>" not in out.content
+
+
+def counted_reads(stream: OutputStream) -> list[int]:
+    """Count the runs of the stream's call reader (the held text each time)."""
+    tools = stream._tools  # its tool-call reader
+    assert tools is not None
+    reads: list[int] = []
+    grammar = tools._grammar
+    read = grammar.read
+
+    def counting(text: str, final: bool):
+        reads.append(len(text))
+        return read(text, final)
+
+    tools._grammar = type(grammar)(**{**grammar.__dict__, "read": counting})
+    return reads
+
+
+@pytest.mark.parametrize(
+    ("family", "opening", "piece"),
+    [
+        ("llama3", "{)", "[]"),
+        ("llama3", "{)", '["x"]'),
+        ("mistral", "[TOOL_CALLS]{)", "[]"),
+        ("llama3", "<|python_tag|>{)", "()"),
+    ],
+)
+def test_a_closer_that_matches_no_opener_ends_the_call(family, opening, piece):
+    """Brackets were counted, not matched: after ``{)`` every ``[]`` at
+    "depth 0" ran the reader over the whole held text again (100 ms a
+    token at 800k characters, in the decode loop every slot shares), and
+    nothing streamed. A closer matching no opener means no call: the text
+    goes out as content, and the reader never runs on it again."""
+    stream = OutputStream(fmt(family), tools=True, split_thinking=False)
+    reads = counted_reads(stream)
+    shown = stream.feed(opening).content
+    for _ in range(2000):
+        shown += stream.feed(piece).content
+    shown += stream.finish().content
+    assert shown == opening + piece * 2000
+    assert len(reads) <= 2
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral"])
+def test_a_value_that_closed_and_does_not_decode_is_content_at_once(family):
+    """``{"a" [...]}``: balanced, but not JSON. The reader waited for more
+    and read the whole held text again at each later value's close."""
+    stream = OutputStream(fmt(family), tools=True, split_thinking=False)
+    reads = counted_reads(stream)
+    marker = "[TOOL_CALLS]" if family == "mistral" else ""
+    broken = marker + '{"a" [' + "1," * 50_000 + "1]}"
+    shown = stream.feed(broken).content
+    assert shown == broken  # out at once, not at the end
+    for _ in range(1000):
+        shown += stream.feed("{}").content
+    shown += stream.finish().content
+    assert shown == broken + "{}" * 1000
+    assert sum(reads) < 4 * len(broken)  # the long text was read a few times, not 1000
+
+
+def test_a_fenced_block_with_an_odd_quote_streams_once_it_closes():
+    """The fallback format reads a fenced block as a possible call: code in
+    it with one '"' made bracket counting take the rest of the answer for a
+    string, and nothing streamed until the end."""
+    from jupyter_llm.chat_formats import FALLBACK
+
+    stream = OutputStream(FALLBACK, tools=True, tool_names=["f"])
+    shown = ""
+    for piece in ["```", "python\n", "q = '", '"', "'\n", "```", "\n"]:
+        shown += stream.feed(piece).content
+    prose = ["Then more prose. "] * 100
+    for piece in prose:
+        shown += stream.feed(piece).content
+    assert len(shown) > 17 * 90  # streamed as it came
+    assert shown + stream.finish().content == "```python\nq = '\"'\n```\n" + "".join(prose)
