@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from jupyter_llm.chat_formats.markers import held_back
+from jupyter_llm.chat_formats.markers import MAX_HELD_BLANKS, held_back
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -82,9 +82,13 @@ class HarmonyReader:
     def feed(self, text: str) -> list[Event]:
         blank = not self._buffer or self._buffer[-1].isspace()  # "between": all of it is
         self._buffer += text
-        if self._state == "between" and blank and text.isspace():
-            return []  # still undecided: not stripped again (quadratic in blanks)
         events: list[Event] = []
+        if self._state == "between" and blank and text.isspace():
+            if len(self._buffer) <= MAX_HELD_BLANKS:
+                return []  # still undecided: not stripped again (quadratic in blanks)
+            # so many blanks are text in no message (each held piece copied them all)
+            self._header, self._state = Header(), "body"
+            events.append(Event("header", self._header))
         while self._step(events, final=False):
             pass
         return events

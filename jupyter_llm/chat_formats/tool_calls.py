@@ -191,7 +191,9 @@ class ToolCallStream:
         self._buffer = ""
         self._state: Literal["start", "content", "call", "after_call"] = "start"
         self._harmony = harmony.HarmonyReader() if fmt.tool_calls == "gpt_oss" else None
-        self._harmony_body: list[str] = []
+        self._harmony_body: list[str] = []  # a message to a tool, held whole...
+        self._harmony_size = 0  # ...up to MAX_CALL_CHARS
+        self._spilled = False  # past it: the rest of the message goes out as content
         self._top = _TopLevel()
         self._blank = True  # all that is held back is blanks, before a call or in content
 
@@ -328,9 +330,16 @@ class ToolCallStream:
                 if event.kind == "text":
                     out.content += event.text
             elif event.kind == "header":
-                self._harmony_body = []
+                self._harmony_body, self._harmony_size, self._spilled = [], 0, False
+            elif self._spilled:  # past MAX_CALL_CHARS: the message is content
+                out.content += event.text if event.kind == "text" else ""
             elif event.kind == "text":
                 self._harmony_body.append(event.text)
+                self._harmony_size += len(event.text)
+                if self._harmony_size > MAX_CALL_CHARS:  # no call is this long: it goes out
+                    out.content += harmony.serialize_header(event.header)
+                    out.content += "".join(self._harmony_body)
+                    self._harmony_body, self._spilled = [], True
             elif recipient.startswith("functions."):
                 body = "".join(self._harmony_body)
                 call = call_from_object({"name": recipient[len("functions.") :], "arguments": body})

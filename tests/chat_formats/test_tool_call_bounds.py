@@ -394,3 +394,37 @@ def test_a_fenced_block_with_an_odd_quote_streams_once_it_closes():
         shown += stream.feed(piece).content
     assert len(shown) > 17 * 90  # streamed as it came
     assert shown + stream.finish().content == "```python\nq = '\"'\n```\n" + "".join(prose)
+
+
+@pytest.mark.parametrize("tools", [True, False])
+def test_harmony_blanks_between_messages_go_out_past_their_bound(tools):
+    """Blanks between gpt-oss messages were held without a bound, each
+    piece copying all held before it (400k blank tokens: 85 s in the decode
+    loop), and nothing streamed. Past ``MAX_HELD_BLANKS`` they are text."""
+    from jupyter_llm.chat_formats.markers import MAX_HELD_BLANKS
+
+    stream = OutputStream(fmt("gpt_oss"), tools=tools, split_thinking=True, tool_names=["f"])
+    out = stream.feed("<|start|>assistant<|channel|>final<|message|>Hi<|end|>")
+    sent = 0
+    for _ in range(3 * MAX_HELD_BLANKS):
+        sent += len(stream.feed(" ").content)
+    assert sent >= 2 * MAX_HELD_BLANKS - 1  # streamed, not held
+    out += stream.feed("<|start|>assistant<|channel|>final<|message|>Bye")
+    out += stream.finish()
+    assert out.content.startswith("Hi") and out.content.endswith("Bye")
+
+
+@pytest.mark.parametrize("recipient", ["functions.f", "browser.search"])
+def test_a_harmony_message_to_a_tool_goes_out_past_the_call_bound(recipient):
+    """A message to a tool was held whole, without the bound other calls
+    have: its 2M characters arrived at the end (a function's), or never (a
+    built-in tool the request did not offer). Past ``MAX_CALL_CHARS`` it is
+    content, streamed."""
+    stream = OutputStream(fmt("gpt_oss"), tools=True, split_thinking=True, tool_names=["f"])
+    stream.feed(f"<|start|>assistant<|channel|>commentary to={recipient}<|message|>")
+    sent = 0
+    for _ in range(MAX_CALL_CHARS // 1000 + 50):
+        sent += len(stream.feed("x" * 1000).content)
+    assert sent > MAX_CALL_CHARS
+    end = stream.finish()
+    assert end.tool_calls == []
