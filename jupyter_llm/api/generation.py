@@ -65,6 +65,7 @@ class GenerationRequest:
     shift: bool = True  # ...and shift a full context
     priority: str | None = None  # "interactive" | "batch"; None: the header's, else interactive
     route: str = "chat"  # or "generate" (a prompt's routes): Ollama's errors name it
+    with_context: bool = False  # the answer's tokens back (Ollama's /api/generate ``context``)
 
 
 @dataclass
@@ -240,6 +241,7 @@ def runner_request(
         messages=messages,
         tools=job.tools if chat else None,
         context=job.context or None,
+        with_context=job.with_context,
         suffix=job.suffix or None,
         grammar=None if job.format is None else job.format.grammar,
         model=entry.name.display if job.tools else "",  # for the runner's error messages

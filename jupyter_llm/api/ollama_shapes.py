@@ -111,7 +111,9 @@ def generate_call(body: dict[str, Any]) -> OllamaCall:
     template = typed_field(body, "template", str, "a string") or None
     suffix = typed_field(body, "suffix", str, "a string") or None
     images = checked(parse_images, body.get("images"))
-    request = GenerationRequest(**fields, context=context, suffix=suffix, route="generate")
+    request = GenerationRequest(
+        **fields, context=context, suffix=suffix, route="generate", with_context=True
+    )
     if raw or suffix is not None:
         request.prompt, request.images = prompt, images
     elif template is not None:

@@ -97,11 +97,14 @@ class CompletionReplies:
         reader: OutputStream | None,
         ended: Callable[[], None],
         memory: Callable[[], dict[str, dict[str, int]] | None] = lambda: None,
+        with_context: bool = True,
     ) -> None:
         """``memory``: the runner's allocations where they changed since it
-        last said, else None (``RunnerService.allocations_now``)."""
+        last said, else None (``RunnerService.allocations_now``).
+        ``with_context``: the exchange's tokens go in ``done`` (``Complete``)."""
         self.rid, self._send, self.reader, self._ended = rid, send, reader, ended
         self._memory = memory
+        self._with_context = with_context
         self.logprobs: list[dict[str, Any]] = []  # not sent yet: they go with the next text
         self.out = TokenStream(self.send_tokens, interval)
         self.calls = 0
@@ -149,6 +152,8 @@ class CompletionReplies:
             self.send_tokens("")
         self._ended()
         counts = {"tool_calls_count": self.calls, "thinking_tokens": self.thinking_tokens}
+        if not self._with_context:
+            result = replace(result, context=[])
         done = fields_of(replace(result, **counts, allocations=self._memory()))
         self._send({"id": self.rid, **done, "type": "done"})
 

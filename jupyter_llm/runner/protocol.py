@@ -146,6 +146,9 @@ class Complete:
     truncate: bool = True  # cut an over-long prompt (else refuse it)
     shift: bool = True  # shift a full context (else stop, "length")
     priority: str = "interactive"  # "batch": may be paused for interactive work (runner.pausing)
+    # the exchange's tokens in ``done`` (Ollama's generate): up to 11 contexts of them,
+    # 9 MB at a 131k context, decoded on the server's loop for routes that drop them
+    with_context: bool = False
 
 
 @dataclass(frozen=True)

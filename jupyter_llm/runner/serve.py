@@ -241,6 +241,7 @@ class RunnerService:
             plan.reader,
             ended=lambda: self.cancelled.discard(rid),
             memory=self.allocations_now,
+            with_context=request.with_context,
         )
         job = Job(
             rid=rid,

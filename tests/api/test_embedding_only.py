@@ -92,6 +92,10 @@ def test_each_route_names_itself():
     assert chat_call(chat).generation.route == "chat"
     assert completion_call({"model": "m", "prompt": "hi"}).generation.route == "generate"
     assert openai_chat(chat).generation.route == "chat"
+    # the exchange's tokens come back on Ollama's generate alone
+    assert generate_call({"model": "m", "prompt": "hi"}).generation.with_context
+    assert not completion_call({"model": "m", "prompt": "hi"}).generation.with_context
+    assert not chat_call(chat).generation.with_context
 
 
 @pytest.mark.parametrize(

@@ -265,7 +265,8 @@ async def test_the_runner_falls_back_to_f16_where_llama_cpp_refuses_q8_0_keys(tm
 
 async def answer(runner: RunnerProxy, prompt: str, draft: int, n: int = 96) -> dict:
     options = {"temperature": 0, "num_predict": n, "draft_num_predict": draft}
-    replies = [m async for batch in runner.complete(Complete(prompt=prompt, options=options))
+    request = Complete(prompt=prompt, options=options, with_context=True)
+    replies = [m async for batch in runner.complete(request)
                for m in batch]  # fmt: skip
     assert replies[-1]["type"] == "done", replies[-1]
     return replies[-1]

@@ -516,3 +516,13 @@ async def test_a_requests_stderr_line_never_reaches_another_users_error(runner, 
         what="llama.cpp's parse error on stderr",
     )
     assert "SECRET" not in runner.process.last_error
+
+
+async def test_the_exchanges_tokens_come_back_only_when_asked(runner):
+    """``done.context`` holds the prompt and every generated token (up to 11
+    contexts: 9 MB at a 131k context, decoded on the server's loop). Only
+    Ollama's ``/api/generate`` answers with them; the others drop them."""
+    opts = {**GREEDY, "num_predict": 4}
+    _, plain = await collect(runner, prompt="hello", options=opts)
+    _, asked = await collect(runner, prompt="hello", options=opts, with_context=True)
+    assert plain["context"] == [] and len(asked["context"]) > 4
