@@ -122,7 +122,8 @@ def _scheme(text: str, start: int) -> str | None:
     the scheme ends could be an entity the renderer decodes (``&#106;``,
     ``&colon;``): that URL reads as the scheme ``&``, never a safe one."""
     letters = []
-    for ch in text[start:]:
+    for i in range(start, len(text)):  # no copy of the rest: a link each (quadratic)
+        ch = text[i]
         if ch == ":":
             return "".join(letters).lower()
         if ch == "&":
