@@ -92,8 +92,8 @@ TEMPLATE_RENDER = Limit(
     "the prompt a request's template renders (/api/generate)",
     BODY_BYTES.value,
     "bytes",
-    "as long as a prompt a body can carry (UTF-8: counted in characters, 1 Mi emoji "
-    "rendered 32 times held 485 MiB); {{ .Prompt }} written many times would "
+    "as long as a prompt a body can carry, in UTF-8 (counted in characters, 1 Mi "
+    "emoji rendered 32 times held 485 MiB); {{ .Prompt }} written many times would "
     "otherwise turn a 1 MiB body into gigabytes in the server",
     shown="32 MiB",
 )
