@@ -177,7 +177,7 @@ async def _complete(
         brought = [*job.images, *(i for m in job.messages for i in m.get("images", ()))]
         try:  # decoded to be measured: not on the loop
             await asyncio.get_running_loop().run_in_executor(
-                None, check_with_model_images, held, brought
+                None, check_with_model_images, entry.digest, held, brought
             )
         except ValueError as e:
             raise InvalidRequest(str(e)) from None

@@ -30,13 +30,12 @@ class TooDeep(ValueError):
 _JSON_PART = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.S)
 
 
-def json_depth(text: str, start: int = 0, limit: int = MAX_NESTING) -> int:
-    """How deep the arrays and objects of the JSON value at ``start`` nest,
-    counted no further than ``limit + 1``. A linear scan that follows
-    strings as a decoder does, so that a decoder is only given what it can
-    read without deep recursion. A scalar, or no value, is 0."""
+def _brackets(text: str, start: int, limit: int) -> tuple[int, bool]:
+    """How deep the array or object at ``start`` nests (counted no further
+    than ``limit + 1``), and whether it closed: a linear scan that follows
+    strings as a decoder does. A scalar, or no value: (0, False)."""
     if start >= len(text) or text[start] not in "[{":
-        return 0
+        return 0, False
     depth = deepest = 0
     for part in _JSON_PART.finditer(text, start):
         bracket = part.group()
@@ -49,8 +48,15 @@ def json_depth(text: str, start: int = 0, limit: int = MAX_NESTING) -> int:
         elif bracket in ("]", "}"):
             depth -= 1
             if depth <= 0:
-                break  # the value ends here (or is broken here)
-    return deepest
+                return deepest, True  # the value ends here (or is broken here)
+    return deepest, False
+
+
+def json_depth(text: str, start: int = 0, limit: int = MAX_NESTING) -> int:
+    """How deep the arrays and objects of the JSON value at ``start`` nest,
+    counted no further than ``limit + 1``, so that a decoder is only given
+    what it can read without deep recursion. A scalar, or no value, is 0."""
+    return _brackets(text, start, limit)[0]
 
 
 def value_closed(text: str, start: int) -> bool:
@@ -58,18 +64,7 @@ def value_closed(text: str, start: int) -> bool:
     strings, back to none open)? A value that closed and still does not
     decode is broken, however the output goes on: its reader says so at
     once rather than waiting (and reading the held text again) for more."""
-    if start >= len(text) or text[start] not in "[{":
-        return False
-    depth = 0
-    for part in _JSON_PART.finditer(text, start):
-        bracket = part.group()
-        if bracket == "[" or bracket == "{":
-            depth += 1
-        elif bracket == "]" or bracket == "}":
-            depth -= 1
-            if depth <= 0:
-                return True
-    return False
+    return _brackets(text, start, len(text))[1]
 
 
 def _check_depth(text: str, at: int) -> None:

@@ -148,9 +148,9 @@ def estimate(
     # rounded up as llama.cpp does
     context = -(-opts.num_ctx // KV_PAD) * KV_PAD
     batch = min(opts.num_batch, context)
-    per_cell = model.n_head_kv * (
-        model.head_dim_k * KV_BYTES[type_k] + model.head_dim_v * KV_BYTES[opts.kv_type]
-    )
+    key_cell = model.n_head_kv * model.head_dim_k * KV_BYTES[type_k]  # one layer's K, a cell
+    value_cell = model.n_head_kv * model.head_dim_v * KV_BYTES[opts.kv_type]
+    per_cell = key_cell + value_cell
     windowed = swa_layers(model.architecture, model.n_layer, model.n_swa, model.swa_pattern)
     ids = seq_ids(opts.num_parallel)
     cells_swa = context if opts.swa_full else swa_cells(context, model.n_swa, ids, batch)
@@ -188,10 +188,7 @@ def estimate(
         swa_mask,
         opts.gpu_max_tensor,
         rows,
-        cache_cell=(
-            heads_kv * head_dim * KV_BYTES[type_k],
-            per_cell - heads_kv * head_dim * KV_BYTES[type_k],
-        ),
+        cache_cell=(key_cell, value_cell),
     )
     return Estimate(
         layer_weights=model.layer_bytes,

@@ -175,13 +175,11 @@ def with_growth(
     the devices that hold it; a buffer on a device the layout does not hold
     (the runner computed elsewhere: simulated devices) goes to the CPU."""
     held = {a.device for a in allocations}
-    extra: dict[str, dict[str, int]] = {}
-    for name, kinds in growth.items():
-        device = names.get(name, name)
-        device = device if device in held else CPU
-        sizes = extra.setdefault(device, dict.fromkeys(KINDS, 0))
-        for kind, size in kinds.items():
-            sizes[kind] += size
+
+    def device(name: str) -> str:
+        return found if (found := names.get(name, name)) in held else CPU
+
+    extra = merged(*({device(name): kinds} for name, kinds in growth.items()))
     if CPU in extra and CPU not in held:
         allocations = (*allocations, Allocation(CPU, 0, 0, 0))
     return tuple(

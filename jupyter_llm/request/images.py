@@ -180,16 +180,31 @@ def parse_image_url(part: dict[str, Any], field: str) -> str:
     return parse_image(m.group("data"), field)
 
 
-def check_request_images(images: list[str]) -> None:
-    """A request's images together: their count and pixels."""
-    IMAGES.check("the request", len(images))
-    REQUEST_PIXELS.check("the request", sum(getattr(image, "pixels", 0) for image in images))
+def check_request_images(images: list[str], held: tuple[int, int] = (0, 0)) -> None:
+    """A request's images together: their count and pixels, with ``held``
+    (the count and pixels of images its model brings)."""
+    IMAGES.check("the request", held[0] + len(images))
+    pixels = sum(getattr(image, "pixels", 0) for image in images)
+    REQUEST_PIXELS.check("the request", held[1] + pixels)
 
 
-def check_with_model_images(model_images: list[str], request_images: list[str]) -> None:
-    """A request's images with those its model's MESSAGE history brings, as
-    the runner gets them: within the same bounds together (each side alone
-    was, so a model of 32 images took 32 more from the request). The
-    model's are measured again here (the store keeps their text only)."""
-    model = [parse_image(value, "the model's MESSAGE images") for value in model_images]
-    check_request_images([*model, *request_images])
+MODELS_MEASURED = 64  # models whose MESSAGE images' pixels are kept (the cache starts over)
+_model_pixels: dict[str, int] = {}  # manifest digest -> pixels
+
+
+def check_with_model_images(
+    digest: str, model_images: list[str], request_images: list[str]
+) -> None:
+    """A request's images with those its model's MESSAGE history brings
+    (the model of manifest ``digest``), as the runner gets them: within the
+    same bounds together (each side alone was, so a model of 32 images took
+    32 more from the request). The store keeps the model's as text only:
+    they are measured once per manifest, not at every request (32 images of
+    20 MiB are 640 MiB of base64 to decode)."""
+    if (pixels := _model_pixels.get(digest)) is None:
+        field = "the model's MESSAGE images"
+        pixels = sum(parse_image(value, field).pixels for value in model_images)
+        if len(_model_pixels) >= MODELS_MEASURED:
+            _model_pixels.clear()
+        _model_pixels[digest] = pixels
+    check_request_images(request_images, (len(model_images), pixels))

@@ -240,13 +240,13 @@ def decode(line: bytes) -> dict[str, Any]:
 CRASH_MARKERS = ("ggml_assert", "ggml_abort", "failed to allocate", "out of memory")
 
 
-def is_error_line(line: str) -> bool:
-    """Does a runner stderr line look like the reason for a failure?"""
+def is_error_line(line: str, markers: tuple[str, ...] = ERROR_MARKERS) -> bool:
+    """Does a runner stderr line look like the reason for a failure (one of
+    ``markers``)?"""
     lowered = line.lower()
-    return any(marker in lowered for marker in ERROR_MARKERS)
+    return any(marker in lowered for marker in markers)
 
 
 def is_crash_line(line: str) -> bool:
     """Does a runner stderr line report a crash, quoting nothing a request sent?"""
-    lowered = line.lower()
-    return any(marker in lowered for marker in CRASH_MARKERS)
+    return is_error_line(line, CRASH_MARKERS)

@@ -224,7 +224,7 @@ class Scheduler:
         loop's own decisions (``fit.next_move``) over a copy of the state. The
         GGUF is read off the loop, and no lock is taken, so a load in progress
         delays no plan (a plan made meanwhile sees the models loaded so far)."""
-        info = await self._facts.model(entry.model_path)
+        info = await self.model_info(entry)
         wanted = policy.wanted(options, info, self.settings)
         devices = await self.current_devices()
         loaded = self.loaded_models()
@@ -321,7 +321,7 @@ class Scheduler:
         """A loaded runner for ``entry``. Loads hold the load lock (one at a
         time); waiting for a busy model to drain never does, so requests,
         unloads and expiries of other models go on meanwhile."""
-        info = await self._facts.model(entry.model_path)
+        info = await self.model_info(entry)
         wanted = policy.wanted(options, info, self.settings)
         key = entry.name.display
         victim: Loaded | None = None  # marked draining by this request

@@ -600,3 +600,24 @@ async def test_a_models_message_images_count_with_the_requests(jp_fetch, vision_
     ask = {"role": "user", "content": "and these?", "images": [b64(PNG)] * half}
     message = await refused(jp_fetch, "api/chat", {"model": "album", "messages": [ask]})
     assert f"the request has {2 * half} images" in message
+
+
+def test_a_models_message_images_are_measured_once_per_manifest(monkeypatch):
+    """The store keeps a model's MESSAGE images as text: they are decoded
+    to be measured once per manifest, not at every request (32 images of
+    20 MiB are 640 MiB of base64), and still count at every request."""
+    from jupyter_llm.request import images
+    from jupyter_llm.request.limits import IMAGES
+
+    decoded: list[str] = []
+    real = images.parse_image
+    monkeypatch.setattr(
+        images, "parse_image", lambda value, field: decoded.append(value) or real(value, field)
+    )
+    held = [b64(PNG)] * 3
+    for _ in range(3):
+        images.check_with_model_images("sha256:album", held, [])
+    assert len(decoded) == 3
+    too_many = [images.parse_image(b64(PNG), "x")] * (IMAGES.value - 2)
+    with pytest.raises(ValueError, match=f"the request has {IMAGES.value + 1} images"):
+        images.check_with_model_images("sha256:album", held, too_many)
