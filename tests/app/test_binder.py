@@ -73,7 +73,7 @@ def session_memory(processes: list[psutil.Process]) -> int:
 @pytest.mark.timeout(300)
 def test_a_binder_session_fits_in_1_5_gb(tmp_path: Path) -> None:
     import nbformat
-    from jupyter_client.manager import KernelManager
+    from kernels import forget, kernel_manager
     from nbclient import NotebookClient
 
     models = tmp_path / "models"
@@ -94,7 +94,7 @@ def test_a_binder_session_fits_in_1_5_gb(tmp_path: Path) -> None:
         env={"JUPYTER_LLM_NUM_THREADS": "2", "JUPYTER_CONFIG_DIR": str(config_dir)},
         quick_start=False,  # the memory of a user's whole server
     )
-    km = KernelManager(kernel_name="python3")
+    km = kernel_manager()
     try:
         landing = server.client.get(server.url, follow_redirects=False)
         assert landing.headers["location"].startswith("/lab/tree/examples/quickstart.ipynb")
@@ -115,4 +115,5 @@ def test_a_binder_session_fits_in_1_5_gb(tmp_path: Path) -> None:
         assert used < LIMIT, f"{used / 1e9:.2f} GB"
     finally:
         km.shutdown_kernel(now=True)
+        forget(km)
         server.stop()

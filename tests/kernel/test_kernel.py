@@ -446,10 +446,9 @@ def test_interrupt_cancels_generation_on_the_server(live, endless):
     """The stop button: a kernel interrupted mid-stream closes the connection
     and the server releases the runner."""
     import psutil
-    from jupyter_client.manager import start_new_kernel
+    from kernels import running_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60, env=live.client_env)
-    try:
+    with running_kernel(live.client_env) as (km, kc):
         kernel = psutil.Process(km.provisioner.process.pid)  # pins pid and create_time
         reply = kc.execute_interactive("%load_ext jupyter_llm", timeout=60)
         assert reply["content"]["status"] == "ok"
@@ -469,9 +468,6 @@ def test_interrupt_cancels_generation_on_the_server(live, endless):
         )
         assert "interrupted" in result["content"]["data"]["text/markdown"]
         until_sync(lambda: not in_use(live, endless), 20, "the server to release the runner")
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def test_pull_line_command_with_progress_bar(shell, capsys, demo_gguf):

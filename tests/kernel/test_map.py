@@ -246,7 +246,7 @@ def test_interrupt_cancels_every_request_and_keeps_what_finished(gated, tmp_path
     with one slot: after the short one finished, the stop button closes the
     requests, the server cancels them, and the model serves a new request."""
     import psutil
-    from jupyter_client.manager import start_new_kernel
+    from kernels import running_kernel
     from test_kernel import LONG_CTX, in_use, interrupt
     from waiting import iopub_until, until_sync
 
@@ -256,44 +256,42 @@ def test_interrupt_cancels_every_request_and_keeps_what_finished(gated, tmp_path
     path = write_demo_model(tmp_path / "long.gguf", DemoModelSpec(context_length=LONG_CTX))
     store = ModelStore(gated.env["JUPYTER_LLM_MODELS"])
     store.create("long", {"long.gguf": store.add_blob_from_file(path)})
-    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60, env=gated.client_env)
     try:
-        kernel = psutil.Process(km.provisioner.process.pid)
-        code = (
-            "import jupyter_llm\n"
-            "prompts = [{'prompt': 'short', 'options': {'num_predict': 2}}]"
-            " + ['go on forever'] * 3\n"
-            "r = jupyter_llm.map('long', prompts, progress=False,"
-            " on_result=lambda i, v: print('FINISHED', i, flush=True),"
-            f" options={{'num_predict': -1, 'num_ctx': {LONG_CTX}, 'temperature': 0}})\n"
-            "print('RESULT', [type(x).__name__ for x in r], [getattr(x, 'cancelled', None)"
-            " for x in r], r.concurrency)"
-        )
-        msg_id = kc.execute(code)
+        with running_kernel(gated.client_env) as (km, kc):
+            kernel = psutil.Process(km.provisioner.process.pid)
+            code = (
+                "import jupyter_llm\n"
+                "prompts = [{'prompt': 'short', 'options': {'num_predict': 2}}]"
+                " + ['go on forever'] * 3\n"
+                "r = jupyter_llm.map('long', prompts, progress=False,"
+                " on_result=lambda i, v: print('FINISHED', i, flush=True),"
+                f" options={{'num_predict': -1, 'num_ctx': {LONG_CTX}, 'temperature': 0}})\n"
+                "print('RESULT', [type(x).__name__ for x in r], [getattr(x, 'cancelled', None)"
+                " for x in r], r.concurrency)"
+            )
+            msg_id = kc.execute(code)
 
-        def printed(text: str):
-            return lambda m: m["msg_type"] == "stream" and text in m["content"]["text"]
+            def printed(text: str):
+                return lambda m: m["msg_type"] == "stream" and text in m["content"]["text"]
 
-        iopub_until(kc, msg_id, printed("FINISHED 0"), 60, "the short item")
-        until_sync(lambda: in_use(gated, "long:latest"), 60, "the next generation to run")
-        interrupt(kernel)
-        out = iopub_until(kc, msg_id, printed("RESULT"), 60, "map's results")
-        assert (
-            "['str', 'MapError', 'MapError', 'MapError'] [None, True, True, True] 1"
-            in (out["content"]["text"])
-        )
-        # one slot: a new request completes only once every endless one was cancelled
-        reply = gated.client.post(
-            "api/generate",
-            json={"model": "long", "prompt": "hi", "stream": False,
-                  "options": {"num_predict": 1, "num_ctx": LONG_CTX}},
-            timeout=60,
-        )  # fmt: skip
-        assert reply.status_code == 200 and reply.json()["done"]
-        until_sync(lambda: not in_use(gated, "long:latest"), 20, "the server to release it")
+            iopub_until(kc, msg_id, printed("FINISHED 0"), 60, "the short item")
+            until_sync(lambda: in_use(gated, "long:latest"), 60, "the next generation to run")
+            interrupt(kernel)
+            out = iopub_until(kc, msg_id, printed("RESULT"), 60, "map's results")
+            assert (
+                "['str', 'MapError', 'MapError', 'MapError'] [None, True, True, True] 1"
+                in (out["content"]["text"])
+            )
+            # one slot: a new request completes only once every endless one was cancelled
+            reply = gated.client.post(
+                "api/generate",
+                json={"model": "long", "prompt": "hi", "stream": False,
+                      "options": {"num_predict": 1, "num_ctx": LONG_CTX}},
+                timeout=60,
+            )  # fmt: skip
+            assert reply.status_code == 200 and reply.json()["done"]
+            until_sync(lambda: not in_use(gated, "long:latest"), 20, "the server to release it")
     finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
         gated.client.post("api/generate", json={"model": "long", "keep_alive": 0})
 
 

@@ -51,24 +51,16 @@ def run_cell(kc, code: str, cell_id: str | None = None) -> dict:
 
 
 def test_usage_through_a_real_kernel(live, tmp_path):
-    from jupyter_client.manager import KernelManager
+    from kernels import running_kernel
 
     # named as jupyter_server names a kernel's connection file: kernel-<its id>.json
     kid = str(uuid.uuid4())
-    km = KernelManager(kernel_name="python3", connection_file=str(tmp_path / f"kernel-{kid}.json"))
-    km.start_kernel(env=live.client_env)
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
+    with running_kernel(live.client_env, tmp_path / f"kernel-{kid}.json") as (_, kc):
         run_cell(kc, "%load_ext jupyter_llm")
         run_cell(kc, "%%llm tiny -n 4 -t 0\nhello", CELL_IDS[0])  # In [2]
         run_cell(kc, "%%llm tiny -n 4 -t 0\nhello", CELL_IDS[0])  # the same cell again
         run_cell(kc, "%%llm tiny -n 6 -t 0\nhello again", CELL_IDS[1])  # In [4]
         shown = run_cell(kc, "%llm usage")
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
     endpoint = ServerEndpoint(live.url, live.token, "env")
     body = endpoint.request("GET", "api/usage", params={"kernel": kid})
