@@ -497,6 +497,7 @@ class LLMHandler(APIHandler):
         """A completion not streamed: its text and last event, or ``None`` if
         the client left (which cancelled the generation)."""
         self.resolve_priority(request)
+        request.whole = True
         generation = complete(self.llm, request, self.requester)
         async with aclosing(self.connected(generation)) as batches:
             result = await collect(batches)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from jupyter_llm.api.output_check import check_later
@@ -23,6 +23,7 @@ from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest, RunnerFailed
 from jupyter_llm.request.identity import LOCAL, Requester
 from jupyter_llm.request.images import check_with_model_images
+from jupyter_llm.request.limits import whole_answer_tokens
 from jupyter_llm.request.options import sampling_options
 from jupyter_llm.request.priority import INTERACTIVE
 from jupyter_llm.runner.protocol import (
@@ -66,6 +67,7 @@ class GenerationRequest:
     priority: str | None = None  # "interactive" | "batch"; None: the header's, else interactive
     route: str = "chat"  # or "generate" (a prompt's routes): Ollama's errors name it
     with_context: bool = False  # the answer's tokens back (Ollama's /api/generate ``context``)
+    whole: bool = False  # not streamed: the server holds the answer until it ends
 
 
 @dataclass
@@ -187,6 +189,7 @@ async def _complete(
         raise InvalidRequest(f"model '{entry.name.display}' does not support images")
     await check_generates(services, entry, job.route)
     options = {**entry.params, **job.options}  # the model's parameters sit beneath
+    job, options = held_whole(job, options)
     load = load_options(options)
     priority = job.priority or INTERACTIVE
     use = services.scheduler.use(entry, load, job.keep_alive, requester, priority)
@@ -221,6 +224,24 @@ async def _complete(
         finally:
             held.close(counted.first_token)
             await stream.aclose()
+
+
+def held_whole(
+    job: GenerationRequest, options: dict[str, Any]
+) -> tuple[GenerationRequest, dict[str, Any]]:
+    """An answer held whole with log-probabilities ends with "length" at
+    ``whole_logprobs`` entries: ``num_predict`` lowered, as the runner lowers
+    -1 (-2, which fills the context, stays an answer without a shift)."""
+    if not job.whole or job.logprobs is None:
+        return job, options
+    most = whole_answer_tokens(job.logprobs)
+    asked = options.get("num_predict")
+    asked = -1 if asked is None else int(asked)
+    if 0 <= asked <= most:
+        return job, options
+    if asked == -2:
+        job = replace(job, shift=False)
+    return job, {**options, "num_predict": most}
 
 
 def runner_request(

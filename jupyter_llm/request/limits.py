@@ -157,6 +157,18 @@ TOP_LOGPROBS = Limit(
     "alternatives",
     "OpenAI's and Ollama's bound",
 )
+WHOLE_LOGPROBS = Limit(
+    "whole_logprobs",
+    "log-probabilities one answer not streamed holds: each token and each of its "
+    "top_logprobs count one",
+    1 << 18,
+    "entries",
+    "the server holds a whole answer's log-probabilities until it ends, 400 to 670 bytes "
+    "each as Python holds them (an answer of 10 32k contexts at top_logprobs 20 was 2.8 GB); "
+    'past this the answer ends with "length": 12,483 tokens at top_logprobs 20, 262,144 '
+    "with none. A stream holds none: stream to go further",
+    shown="256 Ki entries",
+)
 
 # -- images ---------------------------------------------------------------------------------
 IMAGES = Limit(
@@ -512,6 +524,7 @@ TABLE: tuple[Limit, ...] = (
     STOP_CHARS,
     REPEAT_LAST_N,
     TOP_LOGPROBS,
+    WHOLE_LOGPROBS,
     IMAGES,
     IMAGE_BYTES,
     IMAGE_SIDE,
@@ -564,7 +577,8 @@ SCALAR = "a number the sampler uses; no allocation or work grows with it"
 LOAD = "a load option: the memory estimate and the fit check bound what it costs"
 OPTION_BOUNDS: dict[str, Limit | str] = {
     "num_predict": "-1, and a count past predict_contexts (10 contexts), end there in "
-    'the runner with "length" (as Ollama), not a 400: the cap depends on num_ctx',
+    'the runner with "length" (as Ollama), not a 400: the cap depends on num_ctx; an '
+    "answer not streamed with log-probabilities ends at whole_logprobs",
     "temperature": SCALAR,
     "seed": SCALAR,
     "top_k": "llama.cpp clamps it to the vocabulary",
@@ -589,6 +603,12 @@ OPTION_BOUNDS: dict[str, Limit | str] = {
     "mirostat_tau": SCALAR,
     "mirostat_eta": SCALAR,
 }
+
+
+def whole_answer_tokens(top_logprobs: int) -> int:
+    """The most tokens an answer not streamed may hold with ``top_logprobs``
+    alternatives each (``WHOLE_LOGPROBS``)."""
+    return WHOLE_LOGPROBS.value // (1 + top_logprobs)
 
 
 def check_stops(stops: list[str], field: str) -> None:

@@ -117,3 +117,55 @@ async def test_openai_completions_logprobs(client, installed_model):
     assert "".join(lp.tokens) == r.choices[0].text
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
     assert all(len(top) <= 2 and max(top.values()) <= 0 for top in lp.top_logprobs)
+
+
+# -- whole_logprobs: what an answer held until its end may hold ----------------------------------
+@pytest.mark.parametrize(
+    "whole, top, num_predict, expected, shift",
+    [
+        (True, 2, None, 10, True),  # until a stop: ends at the bound
+        (True, 2, -1, 10, True),
+        (True, 2, -2, 10, False),  # fill the context: still no shift
+        (True, 2, 50, 10, True),
+        (True, 2, 10, 10, True),  # within: as asked
+        (True, 2, 4, 4, True),
+        (True, 0, 29, 29, True),  # no alternatives: a token is one entry
+        (True, 0, 31, 30, True),
+        (True, None, 50, 50, True),  # no logprobs: nothing held per token
+        (False, 20, -1, -1, True),  # streamed: nothing held
+    ],
+)
+def test_a_whole_answer_with_logprobs_ends_at_its_bound(
+    monkeypatch, whole, top, num_predict, expected, shift
+):
+    from jupyter_llm.api.generation import GenerationRequest, held_whole
+    from jupyter_llm.models.names import parse_model_name
+    from jupyter_llm.request import limits
+
+    monkeypatch.setattr(limits, "WHOLE_LOGPROBS", limits.Limit("w", "w", 30, "entries", "w"))
+    options = {"temperature": 0} if num_predict is None else {"num_predict": num_predict}
+    job = GenerationRequest(parse_model_name("m"), logprobs=top, whole=whole)
+    held, bounded = held_whole(job, options)
+    assert bounded.get("num_predict", -1) == expected and held.shift is shift
+    assert bounded["temperature" if num_predict is None else "num_predict"] is not None
+
+
+async def test_a_whole_answer_with_logprobs_ends_with_length(jp_fetch, endless_model, monkeypatch):
+    """A model that never stops: held whole, the answer ends at the bound
+    (30 entries: 10 tokens of 1 + 2); streamed, or without logprobs, it
+    runs to its num_predict."""
+    from jupyter_llm.request import limits
+
+    monkeypatch.setattr(limits, "WHOLE_LOGPROBS", limits.Limit("w", "w", 30, "entries", "w"))
+    body = {"model": endless_model, "prompt": "go on", "logprobs": True, "top_logprobs": 2}
+    [whole] = await post(jp_fetch, "api/generate", {**body, "stream": False, "options": GREEDY})
+    assert whole["done_reason"] == "length" and whole["eval_count"] == 10
+    check_entries(whole["logprobs"], 10, 2)
+    chunks = await post(
+        jp_fetch, "api/generate", {**body, "options": {**GREEDY, "num_predict": 15}}
+    )
+    assert chunks[-1]["eval_count"] == 15
+    assert len([e for c in chunks for e in c.get("logprobs", [])]) == 15
+    plain = {"model": endless_model, "prompt": "go on", "stream": False}
+    [free] = await post(jp_fetch, "api/generate", {**plain, "options": {"num_predict": 15}})
+    assert free["eval_count"] == 15
