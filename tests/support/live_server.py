@@ -20,6 +20,9 @@ import psutil
 QUICK_START = Path(__file__).parent / "quick_start"
 
 
+PORT_TRIES = 3
+
+
 class LiveServer:
     def __init__(
         self,
@@ -37,11 +40,7 @@ class LiveServer:
         answers 200; ``log`` receives the server's output. ``quick_start``
         leaves out an import no test needs (support/quick_start); a test of
         what a user's whole server costs turns it off."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
         self.token = secrets.token_hex(8)
-        self.url = f"http://127.0.0.1:{self.port}/"
         self.env = {
             **os.environ,
             "JUPYTER_LLM_MODELS": str(models),
@@ -61,6 +60,32 @@ class LiveServer:
             log = self._own_log = Path(name)
         self.log_path = log
         self._log = log.open("ab")
+        # a port found free may be taken by another worker before the server
+        # binds it: the server then exits (no retries on other ports, where a
+        # test could not find it) and starts again on another
+        for _ in range(PORT_TRIES):
+            if self._start(root, args, wrapper, ready):
+                return
+            if self.proc.poll() is None or b"already in use" not in self.log_path.read_bytes():
+                break  # not a lost port: stop() ends it
+            self.client.close()
+        self._own_log = None  # kept for the error
+        self.stop()
+        tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
+        raise RuntimeError(
+            f"the Jupyter server did not start (its log: {self.log_path}); it ends:\n"
+            + "\n".join(tail)
+        )
+
+    def _start(
+        self, root: Path, args: list[str] | None, wrapper: list[str] | None, ready: str
+    ) -> bool:
+        """Starts the server on a free port; whether it answered ``ready``
+        (else it exited, or did not answer within a minute)."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/"
         self.proc = subprocess.Popen(
             [
                 *(wrapper or []),
@@ -70,6 +95,7 @@ class LiveServer:
                 "--no-browser",
                 "--allow-root",
                 f"--port={self.port}",
+                "--ServerApp.port_retries=0",
                 "--ip=127.0.0.1",
                 f"--IdentityProvider.token={self.token}",
                 f"--ServerApp.root_dir={root}",
@@ -82,20 +108,15 @@ class LiveServer:
         self.client = httpx.Client(
             base_url=f"{self.url}llm/", timeout=60, headers={"Authorization": f"token {self.token}"}
         )
-        for _ in range(600):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.proc.poll() is None:
             try:
                 if self.client.get(f"{self.url}{ready}").status_code == 200:
-                    return
+                    return self.proc.poll() is None  # ours, not one on a port it lost
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        self._own_log = None  # kept for the error
-        self.stop()
-        tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
-        raise RuntimeError(
-            f"the Jupyter server did not start (its log: {self.log_path}); it ends:\n"
-            + "\n".join(tail)
-        )
+        return False
 
     @property
     def client_env(self) -> dict[str, str]:
