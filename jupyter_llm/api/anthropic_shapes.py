@@ -26,6 +26,7 @@ from jupyter_llm.api.generation import (
 from jupyter_llm.api.openai_shapes import stream_flag
 from jupyter_llm.api.requests import checked, messages_field, named_tools_field, priority_field
 from jupyter_llm.api.structured import invalid_format, parse_format
+from jupyter_llm.chat_formats.detect import THINK_LEVELS
 from jupyter_llm.grammar.check import OutputFormat
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.request.errors import InvalidRequest
@@ -122,7 +123,8 @@ def generation(body: dict[str, Any], max_tokens: int | None) -> GenerationReques
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=parallel,
-        think=thinking_of(body.get("thinking"), max_tokens),
+        think=thinking_of(body.get("thinking"), max_tokens, body.get("output_config")),
+        relax_think=True,  # as Ollama: Claude Code asks every model to think
         format=output_format(body.get("output_config")),
     )
 
@@ -143,16 +145,16 @@ def sampling(body: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def thinking_of(raw: Any, max_tokens: int | None) -> bool | None:
+def thinking_of(raw: Any, max_tokens: int | None, config: Any = None) -> bool | str | None:
     """``thinking`` as ``think``: enabled, disabled, or the template's default
     when absent or when the model may decide (``adaptive``, ``between_tools``).
     ``budget_tokens`` must be below ``max_tokens``, as Anthropic checks it;
-    ``max_tokens`` bounds thinking and answer together."""
-    if raw is None:
-        return None
+    ``max_tokens`` bounds thinking and answer together. Without ``thinking``
+    (or with a default), ``output_config.effort`` is the level, as Ollama
+    reads it."""
     kind = raw.get("type") if isinstance(raw, dict) else None
-    if kind in THINKING_DEFAULT:
-        return None
+    if raw is None or kind in THINKING_DEFAULT:
+        return effort_of(config)
     if kind == "disabled":
         return False
     if kind != "enabled":
@@ -168,9 +170,20 @@ def thinking_of(raw: Any, max_tokens: int | None) -> bool | None:
     return True
 
 
+def effort_of(config: Any) -> str | None:
+    """``output_config.effort`` as a thinking level (``xhigh`` as ``high``,
+    any case); another value, or none, leaves the template's default."""
+    effort = config.get("effort") if isinstance(config, dict) else None
+    if not isinstance(effort, str):
+        return None
+    effort = effort.strip().lower()
+    effort = "high" if effort == "xhigh" else effort
+    return effort if effort in THINK_LEVELS else None
+
+
 def output_format(raw: Any) -> OutputFormat | None:
     """``output_config.format``: a JSON Schema the output follows, through
-    the grammar. ``output_config.effort`` is accepted and has no effect."""
+    the grammar; ``output_config.effort`` is the thinking level (``effort_of``)."""
     if raw is None:
         return None
     if not isinstance(raw, dict):

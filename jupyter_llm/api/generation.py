@@ -59,6 +59,7 @@ class GenerationRequest:
     suffix: str | None = None  # fill-in-the-middle
     format: OutputFormat | None = None
     think: bool | str | None = None  # None: the template's default
+    relax_think: bool = False  # a model that cannot think answers without (Anthropic's route)
     logprobs: int | None = None  # None: none; else alternatives per token
     tool_choice: Any = None  # "auto" | "none" | "required" | {"name": ...}; None: auto
     parallel_tool_calls: bool | None = None  # None: one call (llama.cpp's default)
@@ -270,6 +271,7 @@ def runner_request(
         logprobs=job.logprobs is not None,
         top_logprobs=job.logprobs or 0,
         think=job.think,
+        relax_think=job.relax_think,
         tool_choice=job.tool_choice,
         truncate=job.truncate,
         shift=job.shift,

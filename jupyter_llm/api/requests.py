@@ -134,7 +134,16 @@ def reasoning_field(body: dict[str, Any]) -> bool | str | None:
         return False
     if effort in THINK_LEVELS:
         return effort
-    raise InvalidRequest('reasoning_effort must be "none", "low", "medium" or "high"')
+    if effort in EFFORT_CLAMPED:
+        return EFFORT_CLAMPED[effort]
+    efforts = ", ".join(f'"{e}"' for e in ("none", *THINK_LEVELS, *EFFORT_CLAMPED))
+    raise InvalidRequest(f"reasoning_effort must be one of {efforts}")
+
+
+# OpenAI's efforts past our levels' ends, and clients' own tiers, as the
+# nearest level (Ollama's clamp): a 400 for an effort the client's own types
+# allow would break it
+EFFORT_CLAMPED = {"minimal": "low", "xhigh": "max", "ultra": "max"}
 
 
 def tools_field(raw: Any) -> list[dict[str, Any]] | None:

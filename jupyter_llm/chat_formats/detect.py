@@ -29,9 +29,12 @@ from typing import Literal
 
 ToolCallFormat = Literal["hermes", "llama3", "mistral", "gpt_oss", "deepseek_r1", "json"]
 ThinkingStyle = Literal["none", "tags", "harmony"]
-Think = bool | Literal["low", "medium", "high"] | None
+Think = bool | Literal["low", "medium", "high", "max"] | None
 
-THINK_LEVELS = ("low", "medium", "high")
+THINK_LEVELS = ("low", "medium", "high", "max")
+# a level the templates' effort variable cannot say, as the nearest it can
+# (Ollama: harmony's Reasoning knows low, medium and high)
+TEMPLATE_EFFORT = {"max": "high"}
 
 # DeepSeek's markers use fullwidth bars and a "lower one eighth block" for spaces
 DEEPSEEK_CALLS_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
@@ -315,5 +318,5 @@ def template_variables(fmt: ChatFormat, think: Think) -> dict[str, object]:
     if fmt.thinking_variable:
         variables[fmt.thinking_variable] = True
     if fmt.effort_variable and isinstance(think, str):
-        variables[fmt.effort_variable] = think
+        variables[fmt.effort_variable] = TEMPLATE_EFFORT.get(think, think)
     return variables

@@ -4,7 +4,7 @@ grammar and how its output is read back, as the model's format says."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from jupyter_llm.chat_formats import (
@@ -118,6 +118,9 @@ class ChatPlanner:
             parts = plain_parts(engine, prompt, plain_images)
             return ChatPlan(prompt=prompt, grammar=request.grammar, parts=parts)
         setup = self.setup
+        if request.relax_think and think not in (None, False) and not setup.fmt.can_think:
+            request = replace(request, think=None)
+            think = None
         check_chat(setup.fmt, request)
         try:
             choice = resolve_tool_choice(request.tool_choice, tools)

@@ -142,6 +142,9 @@ class Complete:
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per token, with ``logprobs``
     think: bool | str | None = None  # None: the template's default
+    # thinking asked of a model that cannot think: the template's default, not a
+    # 400 (Ollama's Anthropic route: Claude Code asks it of every model)
+    relax_think: bool = False
     tool_choice: Any = None  # "auto" | "none" | "required" | {"name": ...}; None: auto
     truncate: bool = True  # cut an over-long prompt (else refuse it)
     shift: bool = True  # shift a full context (else stop, "length")

@@ -193,6 +193,10 @@ async def test_thinking_blocks_on_a_think_template(client, templated):
         final = await stream.get_final_message()
     assert "".join(deltas) == final.content[0].thinking == r.content[0].thinking
 
+    # thinking asked of a model that cannot think: answered without it, as Ollama
+    # answers Claude Code (which asks it of every model), not a 400
+    plain = await client.messages.create(**{**kwargs, "model": "qwen"})
+    assert plain.content and not [b for b in plain.content if b.type == "thinking"]
     with pytest.raises(anthropic.BadRequestError, match="cannot turn thinking off") as info:
         await client.messages.create(
             model="r1", messages=ASK, max_tokens=2, thinking={"type": "disabled"}

@@ -158,7 +158,29 @@ def test_tool_choice(choice, runner, parallel):
     ],
 )
 def test_thinking_is_think(thinking, think):
-    assert call(thinking=thinking).think is think
+    r = call(thinking=thinking)
+    assert r.think is think and r.relax_think  # a model that cannot think answers without
+
+
+@pytest.mark.parametrize(
+    ("thinking", "config", "think"),
+    [  # output_config.effort is the level where thinking leaves it to the model, as in Ollama
+        (None, {"effort": "low"}, "low"),
+        (None, {"effort": " XHigh "}, "high"),
+        ({"type": "adaptive"}, {"effort": "max"}, "max"),
+        ({"type": "disabled"}, {"effort": "high"}, False),
+        ({"type": "enabled", "budget_tokens": 4}, {"effort": "low"}, True),
+        (None, {"effort": "extreme"}, None),
+        (None, {"effort": 3}, None),
+    ],
+)
+def test_effort_is_the_thinking_level(thinking, config, think):
+    fields = (
+        {"output_config": config}
+        if thinking is None
+        else {"thinking": thinking, "output_config": config}
+    )
+    assert call(**fields).think == think
 
 
 @pytest.mark.parametrize(

@@ -174,8 +174,9 @@ BAD = [
     ),
     (
         chat_call,
-        {"model": "m", "messages": [USER], "reasoning_effort": "max"},
-        'reasoning_effort must be "none", "low", "medium" or "high"',
+        {"model": "m", "messages": [USER], "reasoning_effort": "huge"},
+        'reasoning_effort must be one of "none", "low", "medium", "high", "max", "minimal", '
+        '"xhigh", "ultra"',
     ),
     (
         chat_call,

@@ -88,13 +88,13 @@ def test_bad_tool_calls_name_the_field(calls, match):
 
 @pytest.mark.parametrize(
     "value, expected",
-    [(None, None), (True, True), (False, False), ("low", "low"), ("high", "high")],
+    [(None, None), (True, True), (False, False), ("low", "low"), ("high", "high"), ("max", "max")],
 )
 def test_think(value, expected):
     assert think_field(value) == expected
 
 
-@pytest.mark.parametrize("value", ["yes", 1, "max", {}])
+@pytest.mark.parametrize("value", ["yes", 1, "minimal", "High", {}])
 def test_bad_think(value):
     with pytest.raises(InvalidRequest, match="think must be"):
         think_field(value)
@@ -107,6 +107,11 @@ def test_bad_think(value):
         ({"reasoning_effort": "medium"}, "medium"),
         ({"reasoning_effort": "none"}, False),  # as Ollama maps it
         ({"reasoning": {"effort": "high"}}, "high"),
+        # OpenAI's efforts past our ends, and a client's own tier, clamped as Ollama clamps
+        ({"reasoning_effort": "minimal"}, "low"),
+        ({"reasoning_effort": "max"}, "max"),
+        ({"reasoning_effort": "xhigh"}, "max"),
+        ({"reasoning": {"effort": "ultra"}}, "max"),
     ],
 )
 def test_reasoning_effort(body, expected):

@@ -158,6 +158,7 @@ def test_markers_are_reported():
         ("openai-gpt-oss-120b", True, {}),
         ("openai-gpt-oss-120b", "low", {"reasoning_effort": "low"}),
         ("openai-gpt-oss-120b", "high", {"reasoning_effort": "high"}),
+        ("openai-gpt-oss-120b", "max", {"reasoning_effort": "high"}),  # harmony's highest
         ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", True, {}),
         ("google-gemma-2-2b-it", None, {}),
         ("google-gemma-2-2b-it", False, {}),

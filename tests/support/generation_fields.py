@@ -19,12 +19,14 @@ NOT_SET = {
     "suffix": None,
     "format": None,
     "think": None,
+    "relax_think": False,
     "logprobs": None,
     "tool_choice": None,
     "parallel_tool_calls": None,
     "truncate": True,
     "shift": True,
     "priority": None,
+    "whole": False,  # set by the handler that holds the answer, not by a shape
 }
 
 
