@@ -49,7 +49,7 @@ from jupyter_llm.api.ollama_shapes import (
     show_body,
 )
 from jupyter_llm.api.ps import ps_body
-from jupyter_llm.api.requests import EmbedRequest
+from jupyter_llm.api.requests import EmbedRequest, typed_field
 from jupyter_llm.chat_formats.detect import detect_format, template_format
 from jupyter_llm.models.gguf_info import builtin_template, read_metadata
 from jupyter_llm.models.names import parse_model_name
@@ -246,11 +246,8 @@ class PullHandler(LLMHandler):
     async def post(self) -> None:
         body = await self.body_json()
         source = body.get("model", body.get("name"))
-        insecure = body.get("insecure", False)
-        stream = body.get("stream", True)
-        for key, value in (("insecure", insecure), ("stream", stream)):
-            if not isinstance(value, bool):
-                raise InvalidRequest(f"{key} must be a boolean")
+        insecure = typed_field(body, "insecure", bool, "a boolean", False)
+        stream = typed_field(body, "stream", bool, "a boolean", True)
         name = body.get("name") if body.get("model") else None
         if name is not None and not isinstance(name, str):
             raise InvalidRequest("name must be a string")
@@ -380,9 +377,7 @@ class ShowHandler(LLMHandler):
     async def post(self) -> None:
         body = await self.body_json()
         name = parse_model_name(body.get("model", body.get("name")))
-        verbose = body.get("verbose", False)
-        if not isinstance(verbose, bool):
-            raise InvalidRequest("verbose must be a boolean")
+        verbose = typed_field(body, "verbose", bool, "a boolean", False)
         entry = await self.blocking(self.llm.store.get, name)
         # the files' keys, a template (up to 4 MiB, perhaps hostile) read and
         # the answer encoded are all CPU work: off the loop

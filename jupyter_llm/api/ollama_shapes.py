@@ -447,9 +447,7 @@ def create_call(body: dict[str, Any]) -> CreateCall:
         raise InvalidRequest("license must be a string or a list of strings")
     if isinstance(license_, list):  # each is a layer the store writes and hashes
         checked(LICENSES.check, "license", len(license_))
-    stream = body.get("stream", True)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("stream must be a boolean")
+    stream = typed_field(body, "stream", bool, "a boolean", True)
     draft = None if body.get("draft") is None else draft_source(body["draft"])
     return CreateCall(
         name,

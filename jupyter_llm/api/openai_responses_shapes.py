@@ -25,6 +25,7 @@ from jupyter_llm.api.requests import (
     priority_field,
     reasoning_field,
     tool_choice_field,
+    typed_field,
 )
 from jupyter_llm.api.structured import invalid_format, parse_format
 from jupyter_llm.grammar.check import OutputFormat
@@ -93,9 +94,7 @@ def responses_call(body: dict[str, Any], history: list[dict[str, Any]]) -> Respo
     chat = input_messages(body.get("input"), items)
     system = instructions_of(body.get("instructions"))
     tools = tools_of(body.get("tools"))
-    store = body.get("store", True)
-    if not isinstance(store, bool):
-        raise InvalidRequest("store must be a boolean")
+    store = typed_field(body, "store", bool, "a boolean", True)
     request = GenerationRequest(
         model=parse_model_name(body.get("model")),
         options=options_of(body),

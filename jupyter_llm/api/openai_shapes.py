@@ -38,6 +38,7 @@ from jupyter_llm.api.requests import (
     reasoning_field,
     tool_choice_field,
     tools_field,
+    typed_field,
 )
 from jupyter_llm.api.structured import invalid_format, parse_format
 from jupyter_llm.grammar.check import OutputFormat
@@ -81,10 +82,7 @@ def parallel_field(body: dict[str, Any]) -> bool | None:
 
 
 def stream_flag(body: dict[str, Any]) -> bool:
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("stream must be a boolean")
-    return stream
+    return bool(typed_field(body, "stream", bool, "a boolean", False))
 
 
 def include_usage(body: dict[str, Any]) -> bool:
@@ -162,7 +160,8 @@ def embeddings_call(body: dict[str, Any]) -> EmbedRequest:
     inputs = parse_embed_input(body.get("input"), "input")
     if not inputs:
         raise InvalidRequest("input must not be empty")
-    encoding = body.get("encoding_format", "float")
+    encoding = body.get("encoding_format") or "float"  # null: the default, as the client types it
+    encoding = encoding.lower() if isinstance(encoding, str) else encoding  # Ollama: any case
     if encoding not in ("float", "base64"):
         raise InvalidRequest('encoding_format must be "float" or "base64"')
     dimensions = body.get("dimensions")

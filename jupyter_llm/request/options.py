@@ -298,7 +298,7 @@ def openai_options(body: dict[str, Any]) -> dict[str, Any]:
             spec = spec._replace(low=low, high=high)
         value = bounded(option, key, check_option(key, spec, value))
         options[option] = [value] if option == "stop" and isinstance(value, str) else value
-    if body.get("n", 1) != 1:
+    if body.get("n") not in (None, 1):
         raise ValueError("n must be 1: one choice per request")
     return {**OPENAI_DEFAULTS, **options}
 

@@ -247,6 +247,39 @@ def test_an_embeddings_body():
     )
 
 
+@pytest.mark.parametrize(
+    "translate, base, key",
+    [
+        (chat_call, {"model": "m", "messages": [USER]}, "stream"),
+        (chat_call, {"model": "m", "messages": [USER]}, "n"),
+        (chat_call, {"model": "m", "messages": [USER]}, "stream_options"),
+        (chat_call, {"model": "m", "messages": [USER]}, "parallel_tool_calls"),
+        (completion_call, {"model": "m", "prompt": "x"}, "stream"),
+        (completion_call, {"model": "m", "prompt": "x"}, "n"),
+    ],
+)
+def test_a_null_field_is_its_default(translate, base, key):
+    """openai-python types these Optional and sends an explicit null as given
+    (``n=None``, ``stream=None``); Ollama decodes null as the default."""
+    plain, nulled = translate(base), translate({**base, key: None})
+    assert fields(nulled) == fields(plain) and nulled.stream is plain.stream is False
+
+
+def test_a_null_store_is_stored():
+    from jupyter_llm.api.openai_responses_shapes import responses_call
+
+    assert responses_call({"model": "m", "input": "x", "store": None}, []).store is True
+
+
+@pytest.mark.parametrize(
+    "given, encoding",
+    [(None, "float"), ("BASE64", "base64"), ("Float", "float"), ("base64", "base64")],
+)
+def test_encoding_format_is_read_as_ollama_reads_it(given, encoding):
+    call = embeddings_call({"model": "m", "input": "a", "encoding_format": given})
+    assert call.encoding == encoding
+
+
 HEAD = {"id": "chatcmpl-1", "created": 9, "model": "m:latest", "system_fingerprint": "fp"}
 DONE = Finished("stop", 4, 40, 2, 20, 5, 100, [])
 LENGTH = Finished("length", 4, 40, 2, 20, 5, 100, [])

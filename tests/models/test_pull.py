@@ -66,8 +66,9 @@ async def test_registry_pull_with_token_auth_and_redirects(
 
 async def test_plain_http_needs_insecure(jp_fetch, server, remote, demo_gguf):
     remote.add_model("library", "tiny", "latest", demo_gguf.read_bytes())
-    events = await pull(jp_fetch, {"model": f"{server.host}/library/tiny"})
-    assert "error" in events[-1]  # https to a plain http server fails
+    for insecure in ({}, {"insecure": None}):  # null is the default, as Ollama decodes it
+        events = await pull(jp_fetch, {"model": f"{server.host}/library/tiny", **insecure})
+        assert "error" in events[-1]  # https to a plain http server fails
     assert await tags(jp_fetch) == []
 
 
