@@ -17,7 +17,7 @@ from jupyter_llm.api import (
     plan,
     usage,
 )
-from jupyter_llm.api.base import LLMHandler, token_needed
+from jupyter_llm.api.base import TOKEN_NEEDED, LLMHandler, token_needed
 
 # A path that no route takes, with a trailing "/" too: jupyter_server's
 # TrailingSlashHandler would answer those with a redirect (GET) or an HTML 403.
@@ -42,7 +42,7 @@ class NotFoundHandler(LLMHandler):
     async def prepare(self) -> None:  # type: ignore[override]
         await super().prepare()
         if self.current_user is None:  # allow_unauthenticated_access left these through
-            raise token_needed()
+            raise self.token_refused()
         path = self.path_kwargs["path"]
         shown = self.request.path
         if len(shown) > SHOWN_PATH:
@@ -55,11 +55,18 @@ class NotFoundHandler(LLMHandler):
             why += "; routes take no trailing '/'"
         raise web.HTTPError(404, "%s " + why, shown)  # the path as an argument: it may hold "%"
 
+    def under_v1(self) -> bool:
+        return self.path_kwargs.get("path", "").split("/", 1)[0] == "v1"
+
     def error_body(self, status: int, message: str) -> Any:
         """OpenAI's shape under ``v1/`` (its ``type`` for an unknown URL), Ollama's elsewhere."""
-        if self.path_kwargs.get("path", "").split("/", 1)[0] == "v1":
+        if self.under_v1():
             return {**openai_shapes.openai_error(status, message), "type": "invalid_request_error"}
         return message
+
+    def token_refused(self) -> web.HTTPError:
+        """Under ``v1/``, OpenAI's 401, as its routes answer (``OpenAIHandler``)."""
+        return web.HTTPError(401, TOKEN_NEEDED) if self.under_v1() else token_needed()
 
 
 def handlers() -> list[tuple[str, type]]:

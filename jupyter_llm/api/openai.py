@@ -14,7 +14,15 @@ from typing import Any
 
 from tornado import web
 
-from jupyter_llm.api.base import COMPACT, LLM, SSE, LLMHandler, authorized, json_pieces
+from jupyter_llm.api.base import (
+    COMPACT,
+    LLM,
+    SSE,
+    TOKEN_NEEDED,
+    LLMHandler,
+    authorized,
+    json_pieces,
+)
 from jupyter_llm.api.generation import embed
 from jupyter_llm.api.openai_shapes import (
     ChatChunks,
@@ -35,6 +43,11 @@ from jupyter_llm.models.names import parse_model_name
 class OpenAIHandler(LLMHandler):
     def error_body(self, status: int, message: str) -> Any:
         return openai_error(status, message)
+
+    def token_refused(self) -> web.HTTPError:
+        """OpenAI's 401 for a missing or wrong key: the client raises its
+        ``AuthenticationError`` (a 403 is its ``PermissionDeniedError``)."""
+        return web.HTTPError(401, TOKEN_NEEDED)
 
 
 class ChatCompletionsHandler(OpenAIHandler):

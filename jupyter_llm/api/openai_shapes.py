@@ -47,7 +47,12 @@ from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest
 
 FINISH = {"stop": "stop", "length": "length", "cancel": "stop"}
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "server_busy"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",  # OpenAI's, with the code "invalid_api_key"
+    404: "not_found_error",
+    503: "server_busy",
+}
 FINGERPRINT = "fp_jupyter_llm"
 
 
@@ -57,7 +62,7 @@ def openai_error(status: int, message: str) -> dict[str, Any]:
         "message": message,
         "type": ERROR_TYPES.get(status, "api_error"),
         "param": None,
-        "code": None,
+        "code": "invalid_api_key" if status == 401 else None,
     }
 
 

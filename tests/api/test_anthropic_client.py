@@ -273,7 +273,8 @@ async def test_no_key_is_a_401_and_x_api_key_is_read_on_these_routes_only(base, 
         other = await http.post(
             f"{base}/v1/chat/completions", json={}, headers={"x-api-key": token}
         )
-        assert other.status_code == 403
+        assert other.status_code == 401  # OpenAI's own 401 for no key
+        assert other.json()["error"]["code"] == "invalid_api_key"
 
 
 async def test_errors_in_anthropics_shape(client, base, token, installed_model):

@@ -53,11 +53,11 @@ async def call(port, base_url, path, method="GET", token=None, headers=None, bod
     )
 
 
-def openai_shaped(body: bytes, type_: str | None = None) -> str:
+def openai_shaped(body: bytes, type_: str | None = None, code: str | None = None) -> str:
     """The message of an OpenAI error body, after checking its shape."""
     error = json.loads(body)["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["param"] is None
+    assert error["param"] is None and error["code"] == code
     if type_:
         assert error["type"] == type_
     return error["message"]
@@ -166,11 +166,12 @@ async def test_no_valid_token_is_a_403_that_says_how_to_send_one(
 ):
     headers = {"Authorization": auth} if auth else {}
     r = await call(http_server_port[1], jp_base_url, path, method, headers=headers)
-    assert r.code == 403  # what jupyter_server answers an API request without identity
     assert r.headers["Content-Type"] == "application/json"
-    if path.startswith("v1/"):
-        message = openai_shaped(r.body)
+    if path.startswith("v1/"):  # OpenAI's 401: the client's AuthenticationError
+        assert r.code == 401
+        message = openai_shaped(r.body, "invalid_request_error", "invalid_api_key")
     else:
+        assert r.code == 403  # what jupyter_server answers an API request without identity
         message = ollama_shaped(r.body)
     assert message == TOKEN_NEEDED
     for how in ("Authorization: token <token>", "Bearer <token>", "?token=<token>"):
@@ -252,9 +253,14 @@ async def test_the_openai_client_without_a_valid_token_reads_how_to_send_one(
     client = openai.AsyncOpenAI(
         base_url=f"http://127.0.0.1:{http_server_port[1]}{jp_base_url}llm/v1", api_key="wrong"
     )
-    with pytest.raises(openai.PermissionDeniedError) as info:
-        await client.models.list()
-    assert info.value.body["message"] == TOKEN_NEEDED
+    for request in (
+        client.models.list(),
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}]),
+    ):
+        with pytest.raises(openai.AuthenticationError) as info:
+            await request
+        assert info.value.body["message"] == TOKEN_NEEDED
+        assert info.value.body["code"] == "invalid_api_key"
 
 
 class TestJupyterServersDefault:
@@ -281,10 +287,13 @@ class TestJupyterServersDefault:
         self, jp_base_url, http_server, http_server_port, path, method
     ):
         r = await call(http_server_port[1], jp_base_url, path, method)
-        assert r.code == 403
-        if method != "HEAD":
-            shaped = openai_shaped if path.startswith("v1/") else ollama_shaped
-            assert shaped(r.body) == TOKEN_NEEDED
+        assert r.code == (401 if path.startswith("v1/") else 403)
+        if method == "HEAD":
+            return
+        if path.startswith("v1/"):
+            assert openai_shaped(r.body, code="invalid_api_key") == TOKEN_NEEDED
+        else:
+            assert ollama_shaped(r.body) == TOKEN_NEEDED
 
     async def test_the_heartbeat_stays_public(self, jp_base_url, http_server, http_server_port):
         r = await call(http_server_port[1], jp_base_url, "")
