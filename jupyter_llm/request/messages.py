@@ -14,7 +14,9 @@ from jupyter_llm.request.limits import JSON_VALUES, SCHEMA_DEPTH
 from jupyter_llm.request.untrusted_json import BodyError, Refused, check_tree, parse_json_text
 
 ROLES = ("system", "user", "assistant", "tool")
-OPENAI_ROLES = {"developer": "system"}  # OpenAI's extra roles, as the template knows them
+# OpenAI's extra roles, as the template knows them (on Ollama's routes too,
+# where a client built for OpenAI's sends them)
+OPENAI_ROLES = {"developer": "system"}
 
 
 def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
@@ -32,13 +34,13 @@ def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
         return []
     if not isinstance(raw, list):
         raise ValueError("messages must be a list of messages")
-    roles = {**{r: r for r in ROLES}, **(OPENAI_ROLES if openai else {})}
+    roles = {**{r: r for r in ROLES}, **OPENAI_ROLES}
     messages = []
     arguments = [0]  # values in the tool calls' arguments so far (``_tool_calls``)
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise ValueError(f"messages[{i}] must be an object")
-        role = roles.get(m.get("role")) if isinstance(m.get("role"), str) else None
+        role = roles.get(m["role"].lower()) if isinstance(m.get("role"), str) else None
         if role is None:
             raise ValueError(f"messages[{i}].role must be one of {', '.join(roles)}")
         content, images = _content(m.get("content"), i, openai)

@@ -210,6 +210,10 @@ KEPT_CALL = [{"type": "function", "function": {"name": "f", "arguments": {}}}]
         ),
         ([{"role": "tool", "content": "42"}], True, [{"role": "tool", "content": "42"}]),
         ([{"role": "developer", "content": "be"}], True, [{"role": "system", "content": "be"}]),
+        ([{"role": "developer", "content": "be"}], False, [{"role": "system", "content": "be"}]),
+        # Ollama lowercases a role (api/types.go Message.UnmarshalJSON)
+        ([{"role": "User", "content": "hi"}], False, [{"role": "user", "content": "hi"}]),
+        ([{"role": "ASSISTANT", "content": "a"}], True, [{"role": "assistant", "content": "a"}]),
         (
             [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text"}]}],
             True,
@@ -231,14 +235,18 @@ def test_messages_accepted(raw, openai, expected):
     [
         ("hi", False, "messages must be a list of messages"),
         ([3], False, "messages[0] must be an object"),
-        ([{"role": "bot"}], False, "messages[0].role must be one of system, user, assistant, tool"),
+        (
+            [{"role": "bot"}],
+            False,
+            "messages[0].role must be one of system, user, assistant, tool, developer",
+        ),
         ([{"role": ["user"]}], False, "messages[0].role must be one of"),
-        ([{"role": "developer"}], False, "messages[0].role must be one of"),
         ([{"role": "user", "content": 3}], False, "messages[0].content must be a string"),
         ([{"role": "user", "content": [{"type": "text", "text": "a"}]}], False, "content must"),
         (None, True, "messages must be a non-empty list"),
         ([], True, "messages must be a non-empty list"),
         ([{"role": "bot"}], True, "role must be one of system, user, assistant, tool, developer"),
+        ([{"role": "Bot"}], False, "role must be one of system, user, assistant, tool, developer"),
         ([{"role": "user", "content": [{"type": "image_url"}]}], True, "must be a data: URL"),
         ([{"role": "user", "content": [{"type": "input_audio"}]}], True, "only text and image_url"),
         ([{"role": "user", "content": [{"type": "text", "text": 5}]}], True, "content[0].text"),
