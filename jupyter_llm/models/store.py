@@ -266,6 +266,19 @@ class ModelStore:
     def manifest_path(self, name: ModelName) -> Path:
         return self.manifests_dir.joinpath(*name.manifest_parts())
 
+    def existing_name(self, name: ModelName) -> ModelName:
+        """The stored model ``name`` means, read in any case as Ollama reads
+        names (``TINY`` is ``tiny:latest``); ``name`` itself when it is stored
+        as written or no stored name matches. A miss walks the manifests."""
+        if self.manifest_path(name).is_file():
+            return name
+        wanted = tuple(part.casefold() for part in name.manifest_parts())
+        for path in self.manifests_dir.glob("*/*/*/*"):
+            parts = path.relative_to(self.manifests_dir).parts
+            if tuple(p.casefold() for p in parts) == wanted and path.is_file():
+                return ModelName(*parts)
+        return name
+
     def create(
         self,
         model: str | ModelName,
@@ -434,6 +447,7 @@ class ModelStore:
 
     def get(self, model: str | ModelName) -> ModelEntry:
         name = model if isinstance(model, ModelName) else parse_model_name(model)
+        name = self.existing_name(name)
         path = self.manifest_path(name)
         try:
             raw = path.read_bytes()
@@ -475,7 +489,7 @@ class ModelStore:
         )
         with self.lock:
             try:
-                raw = self.manifest_path(src).read_bytes()
+                raw = self.manifest_path(self.existing_name(src)).read_bytes()
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 raise ModelNotFound(src.display) from None
             self._replace_manifest(dst, raw)
@@ -485,8 +499,8 @@ class ModelStore:
         """Remove the manifest, then the blobs nothing else references (no other
         manifest, no pull's hold). Returns the digests of the blobs removed."""
         name = model if isinstance(model, ModelName) else parse_model_name(model)
-        path = self.manifest_path(name)
         with self.lock:
+            path = self.manifest_path(self.existing_name(name))
             try:
                 raw = path.read_bytes()
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -501,8 +515,10 @@ class ModelStore:
 
     # -- collection (under the lock) --------------------------------------------------
     def _replace_manifest(self, name: ModelName, raw: bytes) -> None:
-        """Write a manifest; the blobs only the one it replaces used are freed."""
-        path = self.manifest_path(name)
+        """Write a manifest (over a stored name that differs only in case, as
+        Ollama's names are one model in any case); the blobs only the one it
+        replaces used are freed."""
+        path = self.manifest_path(self.existing_name(name))
         try:
             old = self._references_or_none(path, path.read_bytes())
         except (FileNotFoundError, NotADirectoryError):

@@ -164,3 +164,21 @@ def test_uploads_a_dead_server_left_are_removed_at_startup(tmp_path):
     assert not dead.exists()
     digest = "sha256:" + hashlib.sha256(b"half a model").hexdigest()
     assert writer.commit(digest) == digest  # the live one still lands
+
+
+def test_a_name_in_another_case_is_the_stored_model(tmp_path, demo_gguf):
+    """Ollama reads a name in any case (getExistingName): TINY is tiny:latest,
+    for use, copy, delete, and a create or pull over it."""
+    store = ModelStore(tmp_path)
+    digest = store.add_blob_from_file(demo_gguf)
+    store.create("Team/Tiny", {"t.gguf": digest})
+    assert store.get("team/TINY:LATEST").name.display == "Team/Tiny:latest"
+    assert store.copy("TEAM/tiny", "copy").name.display == "copy:latest"
+    store.create("team/tiny", {"t.gguf": digest}, system="again")  # the same model, replaced
+    assert sorted(e.name.display for e in store.list()) == ["Team/Tiny:latest", "copy:latest"]
+    assert store.get("Team/Tiny").system == "again"
+    store.delete("COPY")
+    with pytest.raises(ModelNotFound):
+        store.get("copy")
+    with pytest.raises(ModelNotFound):
+        store.get("nothing")
