@@ -58,3 +58,37 @@ async def until_zero(victim) -> None:
         return await running(victim) == 0
 
     await until(none_running, 30, "the cancelled request's slot to be freed", poll=0.05)
+
+
+async def test_a_whole_answer_nobody_reads_is_let_go(users, installed_model, monkeypatch, caplog):
+    """A large answer (a stored response of 3 MiB of instructions) to a
+    client that reads nothing: it was held whole, encoded, for as long as the
+    socket stayed open (20 such GETs of a 30 MiB response held 1.5 GiB). Now
+    it is encoded a chunk at a time as the client takes them, and let go
+    past ``STALLED_CLIENT_SECONDS`` as a stream is."""
+    attacker, _ = users
+    status, made = await attacker.json(  # its own: a client's cookie names its user
+        "v1/responses",
+        {"model": "tiny", "input": "x", "instructions": "i" * (3 << 20), "max_output_tokens": 1},
+    )
+    assert status == 200, made
+    monkeypatch.setattr(base, "STALLED_CLIENT_SECONDS", 0.5)
+    flush = RequestHandler.flush
+    flushed: list[int] = []
+
+    def unread(self, include_footers=False):  # the socket of a client that reads nothing
+        if "/v1/responses/" in self.request.path and not include_footers:
+            flushed.append(len(b"".join(self._write_buffer)))
+            return asyncio.get_running_loop().create_future()
+        return flush(self, include_footers)
+
+    monkeypatch.setattr(RequestHandler, "flush", unread)
+    with caplog.at_level(logging.WARNING, logger="jupyter_llm.api.base"):
+        with pytest.raises(httpx.HTTPError):  # closed before a byte went out
+            await attacker.fetch(f"v1/responses/{made['id']}")
+    assert "the client read nothing for 0.5 s" in caplog.text
+    # one chunk was encoded and waited: not the whole answer
+    assert len(flushed) == 1 and flushed[0] < 2 * base.FLUSH_CHARS
+    monkeypatch.setattr(RequestHandler, "flush", flush)
+    status, again = await attacker.json(f"v1/responses/{made['id']}")  # read, it comes whole
+    assert status == 200 and again["instructions"] == "i" * (3 << 20)
