@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +114,21 @@ class Logprobs:
 
 
 Event = str | Thinking | ToolCalls | Logprobs | Finished
+
+
+def paired(events: list[Event]) -> Iterator[tuple[Event, Logprobs | None]]:
+    """Each event, a piece of text with the log-probabilities sent just before
+    it (its tokens', from one runner message): Ollama and OpenAI put a token's
+    text and its log-probabilities in one chunk, and clients pair them so."""
+    i = 0
+    while i < len(events):
+        event = events[i]
+        if isinstance(event, Logprobs) and i + 1 < len(events) and isinstance(events[i + 1], str):
+            yield events[i + 1], event
+            i += 2
+        else:
+            yield event, None
+            i += 1
 
 
 def route_events(

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import AsyncGenerator
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import asdict
 from functools import partial
@@ -39,6 +41,7 @@ from jupyter_llm.api.ollama_shapes import (
     OllamaCall,
     OllamaEncoder,
     ShowRead,
+    TagFacts,
     chat_call,
     check_text_layer,
     create_call,
@@ -47,11 +50,18 @@ from jupyter_llm.api.ollama_shapes import (
     generate_call,
     model_summary,
     show_body,
+    tag_facts,
 )
 from jupyter_llm.api.ps import ps_body
 from jupyter_llm.api.requests import EmbedRequest, typed_field
 from jupyter_llm.chat_formats.detect import detect_format, template_format
-from jupyter_llm.models.gguf_info import builtin_template, read_metadata
+from jupyter_llm.models.gguf_header import LongArray
+from jupyter_llm.models.gguf_info import (
+    SHOW_ARRAY_LIMIT,
+    builtin_template,
+    load_header,
+    read_metadata,
+)
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry, ModelStore, parse_digest
 from jupyter_llm.request import helper_process
@@ -126,15 +136,109 @@ class DevicesHandler(LLMHandler):
 
 
 class TagsHandler(LLMHandler):
+    """``/api/tags``: each model with its capabilities and lengths, read from
+    its files once per manifest digest (``TAG_FACTS``), never on the loop."""
+
     auth_resource = LLM
 
     @web.authenticated
     @authorized("read")
     async def get(self) -> None:
         entries = await self.blocking(self.llm.store.list)
-        self.write_json({"models": [model_summary(e) for e in entries]})
+        facts = await self.blocking(TAG_FACTS.lookup, entries, TAGS_WAIT)
+        self.write_json({"models": [model_summary(e, facts.get(e.digest)) for e in entries]})
 
     head = get  # a probe: the same status and headers, no body
+
+
+TAGS_WAIT = 1.0  # seconds a listing waits for the files it asked to be read
+TAG_FACTS_LIMIT = 4096  # manifests whose facts are kept (each a few hundred bytes)
+
+
+def read_tag_facts(entry: ModelEntry) -> TagFacts:
+    """A model's ``/api/tags`` facts, read as ``/api/show`` reads them. Blocking."""
+    read = read_model(entry, verbose=False, projector=False)
+    return tag_facts(read.info, read.chat_format, entry.vision)
+
+
+class TagFactsCache:
+    """``/api/tags``' facts per manifest digest, read by one background thread.
+
+    A manifest's digest names every blob the facts come from, so they never
+    go stale, and a copied model shares them (as ``template_format``'s cache
+    is kept per template digest). A listing asks for the digests it has not
+    seen and waits up to ``seconds`` for those: with hundreds of new models
+    (a 262k-token vocabulary takes 0.1 s to skip) it answers with the ones
+    read by then, and the rest follow in a later listing; a listing never
+    waits on what another one asked for. A file the server refuses is listed
+    without facts, as Ollama does; one that could not be opened is read again
+    next time. At most ``limit`` digests are kept, the least recently listed
+    forgotten first."""
+
+    def __init__(
+        self,
+        read: Callable[[ModelEntry], TagFacts] = read_tag_facts,
+        limit: int = TAG_FACTS_LIMIT,
+    ) -> None:
+        self.read = read
+        self.limit = limit
+        self.facts: OrderedDict[str, TagFacts] = OrderedDict()
+        self.pending: dict[str, ModelEntry] = {}  # to be read, in the order asked
+        self.changed = threading.Condition()
+        self.reading = False  # the reader thread is running
+
+    def lookup(self, entries: list[ModelEntry], seconds: float) -> dict[str, TagFacts]:
+        """The facts known for ``entries`` by digest, once the ones this call
+        asks for are read or ``seconds`` have passed. Blocking."""
+        with self.changed:
+            asked = []
+            for entry in entries:
+                if entry.digest not in self.facts and entry.digest not in self.pending:
+                    self.pending[entry.digest] = entry
+                    asked.append(entry.digest)
+            if self.pending and not self.reading:
+                self.reading = True
+                threading.Thread(target=self._read_pending, name="llm-tags", daemon=True).start()
+            if asked:
+                self.changed.wait_for(lambda: not any(d in self.pending for d in asked), seconds)
+            found = {}
+            for entry in entries:
+                if (facts := self.facts.get(entry.digest)) is not None:
+                    self.facts.move_to_end(entry.digest)
+                    found[entry.digest] = facts
+            return found
+
+    def _read_pending(self) -> None:
+        while True:
+            with self.changed:
+                if not self.pending:
+                    self.reading = False
+                    return
+                digest, entry = next(iter(self.pending.items()))
+            facts = self._read_one(entry)
+            with self.changed:
+                del self.pending[digest]
+                if facts is not None:
+                    self.facts[digest] = facts
+                    while len(self.facts) > self.limit:
+                        self.facts.popitem(last=False)
+                self.changed.notify_all()
+
+    def _read_one(self, entry: ModelEntry) -> TagFacts | None:
+        """The facts, empty for a file this server refuses; None (not kept)
+        where it could not be read now."""
+        try:
+            return self.read(entry)
+        except InvalidRequest:
+            return TagFacts()
+        except OSError:
+            return None
+        except Exception:  # never the end of the reader: the others still get read
+            log.exception("reading %s for /api/tags", entry.name.display)
+            return None
+
+
+TAG_FACTS = TagFactsCache()
 
 
 class PsHandler(LLMHandler):
@@ -387,20 +491,33 @@ class ShowHandler(LLMHandler):
 
 def show_chunks(entry: ModelEntry, verbose: bool) -> list[bytes]:
     """``/api/show``'s answer (``show_body``) as JSON chunks (``json_chunks``)."""
-    info = read_metadata(entry.model_path, verbose)
+    return json_chunks(show_body(entry, read_model(entry, verbose)))
+
+
+def read_model(entry: ModelEntry, verbose: bool, projector: bool = True) -> ShowRead:
+    """What ``/api/show`` (and ``/api/tags``, without the ``projector``'s
+    keys) read from a model's files: its GGUF's keys and tensor table, read
+    once, and the template it chats in. Blocking."""
+    header = load_header(entry.model_path, None if verbose else SHOW_ARRAY_LIMIT)
+    # as read_metadata: long arrays are None unless verbose
+    info: dict[str, Any] = {
+        key: None if isinstance(value, LongArray) else value
+        for key, value in header.metadata.items()
+    }
+    info["general.parameter_count"] = sum(t.n_elements for t in header.tensors)
     # a GGUF without a template chats in its family's built-in one
     builtin = builtin_template(entry.model_path, info)
     own = str(info.get("tokenizer.chat_template") or "") or (builtin.source if builtin else "")
     projector_info = None
-    if entry.projector_path is not None:
+    if projector and entry.projector_path is not None:
         projector_info = read_metadata(entry.projector_path, verbose)
     # a long template (up to 4 MiB, perhaps hostile) is read where it shares
     # no GIL with the loop: seconds of pure Python slowed every request 2-3x
     read_long = partial(helper_process.run, detect_format)
     template = entry.template or own  # a Modelfile's TEMPLATE over the GGUF's
     fmt = template_format(template, read_long)
-    read = ShowRead(info, template, builtin.name if builtin else None, projector_info, fmt)
-    return json_chunks(show_body(entry, read))
+    name = builtin.name if builtin else None
+    return ShowRead(info, template, name, projector_info, fmt, header.tensors)
 
 
 class CopyHandler(LLMHandler):

@@ -8,10 +8,13 @@ Ollama's values. The handlers in ``api/ollama.py`` parse, call and write.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from jupyter_llm.api.base import RawJSON, json_array
@@ -24,6 +27,7 @@ from jupyter_llm.api.generation import (
     Reply,
     Thinking,
     ToolCalls,
+    paired,
 )
 from jupyter_llm.api.requests import (
     checked,
@@ -42,6 +46,7 @@ from jupyter_llm.api.templates import render_go_template
 from jupyter_llm.chat_formats.detect import ChatFormat
 from jupyter_llm.chat_formats.tool_grammar import CHOICES as TOOL_CHOICES
 from jupyter_llm.models.draft import draft_source
+from jupyter_llm.models.gguf_header import TensorInfo
 from jupyter_llm.models.names import ModelName, parse_model_name
 from jupyter_llm.models.store import ModelEntry
 from jupyter_llm.request.errors import InvalidRequest
@@ -266,7 +271,13 @@ class OllamaEncoder:
         return {**self.piece(""), **done_fields(e), **self.final_fields(e)}
 
     def batch(self, events: list[Event]) -> list[dict[str, Any]]:
-        return [self.event(e) for e in events]
+        out = []
+        for event, logprobs in paired(events):
+            value = self.event(event)
+            if logprobs is not None:
+                value["logprobs"] = logprobs.entries
+            out.append(value)
+        return out
 
 
 class GenerateEncoder(OllamaEncoder):
@@ -314,16 +325,36 @@ def embedding_body(result: Embedded) -> dict[str, Any]:
 # -- models -----------------------------------------------------------------------------
 
 
-def model_summary(entry: ModelEntry) -> dict[str, Any]:
-    """A model as ``/api/tags`` lists it."""
-    return {
+@dataclass(frozen=True)
+class TagFacts:
+    """What ``/api/tags`` lists from a model's files, read as ``/api/show``
+    reads them (``api/ollama.py`` keeps them per manifest digest)."""
+
+    capabilities: tuple[str, ...] = ()
+    context_length: int = 0  # its GGUF's ``<arch>.context_length`` (0: none)
+    embedding_length: int = 0
+
+
+def model_summary(entry: ModelEntry, facts: TagFacts | None = None) -> dict[str, Any]:
+    """A model as ``/api/tags`` lists it: Ollama's ``ListModelResponse``, whose
+    lengths and capabilities are left out when empty (``omitempty``), as for a
+    model whose files were not read yet (``facts`` None)."""
+    facts = facts or TagFacts()
+    details = dict(entry.details)
+    for key in ("context_length", "embedding_length"):
+        if getattr(facts, key):
+            details[key] = getattr(facts, key)
+    summary = {
         "name": entry.name.display,
         "model": entry.name.display,
         "modified_at": iso(entry.modified_at),
         "size": entry.size,
         "digest": entry.digest,
-        "details": entry.details,
+        "details": details,
     }
+    if facts.capabilities:
+        summary["capabilities"] = list(facts.capabilities)
+    return summary
 
 
 def model_capabilities(info: dict[str, Any], fmt: ChatFormat) -> list[str]:
@@ -343,13 +374,175 @@ def model_capabilities(info: dict[str, Any], fmt: ChatFormat) -> list[str]:
     return capabilities
 
 
+def show_capabilities(info: dict[str, Any], fmt: ChatFormat, vision: bool) -> list[str]:
+    """``capabilities`` as ``/api/show`` and ``/api/tags`` both list them: a
+    model with a projector also sees."""
+    return model_capabilities(info, fmt) + (["vision"] if vision else [])
+
+
+def tag_facts(info: dict[str, Any], fmt: ChatFormat, vision: bool) -> TagFacts:
+    """``/api/tags``' facts from a model GGUF's keys (``ShowRead.info``)."""
+    arch = info.get("general.architecture")
+
+    def length(key: str) -> int:
+        value = info.get(f"{arch}.{key}")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    capabilities = tuple(show_capabilities(info, fmt, vision))
+    return TagFacts(capabilities, length("context_length"), length("embedding_length"))
+
+
+# Go's text forms: Ollama writes ``parameters`` with ``%#v`` and the
+# Modelfile's PARAMETER lines with ``%v``, of values decoded from JSON (so every
+# number is a float64). Clients and Ollama's own tests read these texts.
+
+_GO_ESCAPES = {
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+    '"': '\\"',
+    "\\": "\\\\",
+}
+
+
+def go_quote(text: str) -> str:
+    """Go's ``strconv.Quote``: printable characters as they are, the others
+    escaped (``\\n``, ``\\x1b``, ``\\u200b``)."""
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif 0xD800 <= code < 0xE000:  # a lone surrogate: Go's JSON decoder makes it U+FFFD
+            out.append("\ufffd")
+        elif ch.isprintable():  # Go's unicode.IsPrint: graphic, or the ASCII space
+            out.append(ch)
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def go_float(value: float) -> str:
+    """Go's ``%v`` of a float64 (``strconv.FormatFloat(v, 'g', -1, 64)``): the
+    shortest digits that read back, in exponent form when the exponent is
+    below -4 or 6 and over (``1e+06``, ``1e-05``, ``0.0001``, ``123456``)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    if value == 0:
+        return sign + "0"
+    exact = Decimal(repr(abs(value))).as_tuple()  # repr: the shortest digits, as Go's
+    digits = "".join(map(str, exact.digits)).rstrip("0")
+    point = len(exact.digits) + int(exact.exponent)  # the value is 0.<digits> * 10**point
+    exponent = point - 1
+    if exponent < -4 or exponent >= 6:
+        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{sign}{mantissa}e{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    whole, fraction = digits[:point].ljust(point, "0"), digits[point:]
+    return sign + whole + ("." + fraction if fraction else "")
+
+
+def go_syntax(value: Any) -> str:
+    """Go's ``%#v`` of a value decoded from JSON: strings quoted, numbers as float64."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return go_float(float(value))
+    if isinstance(value, str):
+        return go_quote(value)
+    if value is None:
+        return "<nil>"
+    if isinstance(value, list):
+        return "[]interface {}{" + ", ".join(go_syntax(v) for v in value) + "}"
+    if isinstance(value, dict):  # fmt sorts a map's keys
+        items = (f"{go_quote(str(k))}:{go_syntax(value[k])}" for k in sorted(value))
+        return "map[string]interface {}{" + ", ".join(items) + "}"
+    return go_quote(str(value))
+
+
 def format_parameters(params: dict[str, Any]) -> str:
-    """Ollama's ``parameters`` text: one ``name value`` line each, lists repeated."""
+    """Ollama's ``parameters`` text: ``%-30s %#v`` per value, a list's items
+    one line each (routes.go's GetModelInfo)."""
     lines = []
     for key, value in params.items():
         for item in value if isinstance(value, list) else [value]:
-            lines.append(f"{key:<24}{json.dumps(item) if isinstance(item, str) else item}")
+            lines.append(f"{key:<30} {go_syntax(item)}")
     return "\n".join(lines)
+
+
+def modelfile_quote(text: str) -> str:
+    """An argument as Ollama's Modelfile writer quotes it (parser.quote)."""
+    if "\n" in text or text.startswith(" ") or text.endswith(" "):
+        return f'"""{text}"""' if '"' in text else f'"{text}"'
+    return text
+
+
+def parameter_text(value: Any) -> str:
+    """A PARAMETER's value: Go's ``%v``, except that an integer is written
+    whole (Go writes a float64 ``1e+06``, which a Modelfile's integer
+    parameter does not read back)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return go_float(value)
+    return str(value)
+
+
+MODELFILE_HEAD = (
+    '# Modelfile generated by "ollama show"\n'
+    "# To build a new Modelfile based on this, replace FROM with:\n"
+)
+
+
+def modelfile_text(entry: ModelEntry) -> str:
+    """``/api/show``'s ``modelfile``, as Ollama's ``Model.String`` writes it:
+    the model file, its draft, its projector, then template, system prompt,
+    parameters, license and messages, so that ``create`` from it (as Ollama's
+    parser reads it) makes the same model again. A template is written only
+    where the model has its own (Ollama writes its default ``{{ .Prompt }}``
+    otherwise, which would replace the GGUF's chat template here)."""
+    lines = [f"FROM {entry.model_path}"]
+    if entry.draft_path is not None:
+        lines.append(f"DRAFT {modelfile_quote(str(entry.draft_path))}")
+    if entry.projector_path is not None:
+        lines.append(f"FROM {entry.projector_path}")
+    if entry.template is not None:
+        lines.append(f"TEMPLATE {modelfile_quote(entry.template)}")
+    if entry.system:
+        lines.append(f"SYSTEM {modelfile_quote(entry.system)}")
+    for key, value in entry.params.items():
+        for item in value if isinstance(value, list) else [value]:
+            lines.append(f"PARAMETER {key} {modelfile_quote(parameter_text(item))}")
+    if entry.license is not None:
+        lines.append(f"LICENSE {modelfile_quote(entry.license)}")
+    for message in show_messages(entry.messages):
+        lines.append(f"MESSAGE {message['role']} {modelfile_quote(message['content'])}")
+    head = f"{MODELFILE_HEAD}# FROM {entry.name.display}\n\n"
+    return head + "".join(line + "\n" for line in lines)
+
+
+def show_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """A model's messages as Ollama shows them: role and content only."""
+    return [
+        {"role": str(m.get("role") or ""), "content": str(m.get("content") or "")}
+        for m in messages
+        if isinstance(m, dict)
+    ]
 
 
 @dataclass
@@ -361,37 +554,59 @@ class ShowRead:
     builtin: str | None  # the family's built-in template's name, where the GGUF has none
     projector_info: dict[str, Any] | None  # the vision projector GGUF's keys
     chat_format: ChatFormat  # read from ``template``
+    tensors: tuple[TensorInfo, ...] = ()  # the model GGUF's tensor table
+
+
+# model_info keys Ollama deletes: the name is the GGUF's, not the model's, and
+# the template is sent as ``template``
+HIDDEN_INFO = ("general.name", "tokenizer.chat_template")
+SHOW_ALWAYS = ("details", "model_info", "modified_at")  # the rest are omitempty
+
+
+def show_tensors(tensors: tuple[TensorInfo, ...]) -> list[dict[str, Any]]:
+    """Ollama's ``tensors``: every tensor's name, ggml type and shape (ne[0]
+    first), verbose or not. The header reader caps their number (MAX_TENSORS)."""
+    names = tensor_type_names()
+    return [
+        {"name": t.name, "type": names.get(t.ggml_type, "unknown"), "shape": list(t.dims)}
+        for t in tensors
+    ]
+
+
+@functools.cache
+def tensor_type_names() -> dict[int, str]:
+    """ggml's type names, which are Ollama's ``TensorType.String()`` (loaded on
+    first use: the gguf package costs numpy)."""
+    from gguf.constants import GGMLQuantizationType
+
+    return {int(t): t.name for t in GGMLQuantizationType}
 
 
 def show_body(entry: ModelEntry, read: ShowRead) -> dict[str, Any]:
-    """``/api/show``'s answer (a 4 MiB template encoded: call it off the loop)."""
+    """``/api/show``'s answer (a 4 MiB template encoded: call it off the loop),
+    in the order of Ollama's ``ShowResponse``, its empty fields left out."""
     details = entry.details
     if read.builtin is not None:  # the family's template a GGUF without one chats in
         details = {**details, "builtin_template": read.builtin}
     if entry.draft_path is not None:  # which draft model speculates (Ollama has none)
         draft = {"model": entry.draft_from, "digest": "sha256:" + entry.draft_path.name[7:]}
         details = {**details, "draft": draft}
-    capabilities = model_capabilities(read.info, read.chat_format)
-    extra: dict[str, Any] = {}
-    if read.projector_info is not None:  # its GGUF's keys, as model_info is the model's
-        capabilities.append("vision")
-        extra["projector_info"] = read.projector_info
-    return {
+    body = {
         "license": entry.license or "",
-        "modelfile": "".join(
-            f"FROM {path}\n" for path in (entry.model_path, entry.projector_path) if path
-        )
-        + (f"DRAFT {entry.draft_path}\n" if entry.draft_path else ""),
+        "modelfile": modelfile_text(entry),
         "parameters": format_parameters(entry.params),
-        "messages": entry.messages,
         "template": read.template,
         "system": entry.system or "",
         "details": details,
-        "model_info": read.info,
-        "capabilities": capabilities,
+        "messages": show_messages(entry.messages),
+        "model_info": {k: v for k, v in read.info.items() if k not in HIDDEN_INFO},
+        # its GGUF's keys, as model_info is the model's
+        "projector_info": read.projector_info,
+        "tensors": show_tensors(read.tensors),
+        "capabilities": show_capabilities(read.info, read.chat_format, entry.vision),
         "modified_at": iso(entry.modified_at),
-        **extra,
     }
+    return {key: value for key, value in body.items() if value or key in SHOW_ALWAYS}
 
 
 @dataclass

@@ -26,6 +26,7 @@ from jupyter_llm.api.generation import (
     Reply,
     Thinking,
     ToolCalls,
+    paired,
 )
 from jupyter_llm.api.requests import (
     EmbedRequest,
@@ -287,7 +288,11 @@ class ChunkEncoder:
     def text(self, text: str | None, finish: str | None) -> dict[str, Any]:
         raise NotImplementedError
 
-    def other(self, event: Thinking | ToolCalls | Logprobs) -> dict[str, Any]:
+    def other(self, event: Thinking | ToolCalls) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def with_logprobs(self, chunk: dict[str, Any], event: Logprobs) -> dict[str, Any]:
+        """``chunk`` carrying ``event``'s log-probabilities (those of its text)."""
         raise NotImplementedError
 
     def usage_chunk(self, f: Finished) -> dict[str, Any]:
@@ -295,9 +300,12 @@ class ChunkEncoder:
 
     def batch(self, events: list[Event]) -> list[dict[str, Any]]:
         out = []
-        for event in events:
+        for event, logprobs in paired(events):
             if isinstance(event, str):
-                out.append(self.text(event, None))
+                chunk = self.text(event, None)
+                out.append(chunk if logprobs is None else self.with_logprobs(chunk, logprobs))
+            elif isinstance(event, Logprobs):  # no text after them: a chunk of their own
+                out.append(self.with_logprobs(self.text(None, None), event))
             elif isinstance(event, Finished):
                 out.append(self.text(None, finish_reason(event, self.called)))
                 if self.include_usage:
@@ -327,17 +335,19 @@ class ChatChunks(ChunkEncoder):
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
         }
 
-    def other(self, event: Thinking | ToolCalls | Logprobs) -> dict[str, Any]:
+    def other(self, event: Thinking | ToolCalls) -> dict[str, Any]:
         out = self.text(None, None)
         choice = out["choices"][0]
-        if isinstance(event, Logprobs):
-            choice["logprobs"] = {"content": event.entries}
-        elif isinstance(event, Thinking):
+        if isinstance(event, Thinking):
             choice["delta"]["reasoning"] = event.text
         else:
             choice["delta"]["tool_calls"] = openai_tool_calls(event.calls, self.calls_sent)
             self.calls_sent += len(event.calls)
         return out
+
+    def with_logprobs(self, chunk: dict[str, Any], event: Logprobs) -> dict[str, Any]:
+        chunk["choices"][0]["logprobs"] = {"content": event.entries}
+        return chunk
 
     def usage_chunk(self, f: Finished) -> dict[str, Any]:
         return {**self.head, "object": "chat.completion.chunk", "choices": [], "usage": usage(f)}
@@ -353,12 +363,13 @@ class CompletionChunks(ChunkEncoder):
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         return {**self.head, "object": "text_completion", "choices": [choice]}
 
-    def other(self, event: Thinking | ToolCalls | Logprobs) -> dict[str, Any]:
-        out = self.text("", None)
-        if isinstance(event, Logprobs):
-            out["choices"][0]["logprobs"] = legacy_logprobs(event.entries, self.offset)
-            self.offset += sum(len(e["token"]) for e in event.entries)
-        return out
+    def other(self, event: Thinking | ToolCalls) -> dict[str, Any]:
+        return self.text("", None)
+
+    def with_logprobs(self, chunk: dict[str, Any], event: Logprobs) -> dict[str, Any]:
+        chunk["choices"][0]["logprobs"] = legacy_logprobs(event.entries, self.offset)
+        self.offset += sum(len(e["token"]) for e in event.entries)
+        return chunk
 
     def usage_chunk(self, f: Finished) -> dict[str, Any]:
         return {**self.head, "object": "text_completion", "choices": [], "usage": usage(f)}

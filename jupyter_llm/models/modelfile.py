@@ -145,10 +145,34 @@ def _commands(text: str) -> list[tuple[int, str, str]]:
                 i += 1
                 body = "\n".join(parts)
             args = (head + body) if command in ("parameter", "message") else body
+        elif (opened := _open_quote(command, args)) is not None:
+            # a '"' argument that goes on over lines, as Ollama writes text with
+            # newlines (and no '"') in the modelfile /api/show answers
+            head, rest = args[:opened], args[opened + 1 :]
+            parts = [rest]
+            while i < len(lines) and '"' not in lines[i]:
+                parts.append(lines[i])
+                i += 1
+            if i >= len(lines):
+                raise InvalidRequest(f'Modelfile line {lineno}: unterminated "')
+            parts.append(lines[i].partition('"')[0])
+            i += 1
+            args = head + "\n".join(parts)
         elif len(args) >= 2 and args[0] == args[-1] == '"':
             args = args[1:-1]
         out.append((lineno, command, args))
     return out
+
+
+def _open_quote(command: str, args: str) -> int | None:
+    """Where a '"' opens the argument's value with no '"' after it on the line
+    (PARAMETER's and MESSAGE's value follows their name), or None."""
+    start = args.find(" ") + 1 if command in ("parameter", "message") else 0
+    if start == 0 and command in ("parameter", "message"):
+        return None
+    if args[start : start + 1] == '"' and '"' not in args[start + 1 :]:
+        return start
+    return None
 
 
 def _typed_value(name: str, value: str, kind: Any, lineno: int) -> Any:

@@ -42,7 +42,7 @@ async def test_create_from_existing_with_everything(jp_fetch, installed_model):
     assert "num_predict" in s["parameters"] and '"zz"' in s["parameters"]
     assert s["details"]["family"] == "llama"
     # the base model is untouched
-    assert (await show(jp_fetch, "tiny"))["system"] == ""
+    assert "system" not in await show(jp_fetch, "tiny")  # empty: left out, as Ollama does
 
 
 async def test_parameters_sit_beneath_request_options(jp_fetch, installed_model):
@@ -178,6 +178,23 @@ def test_parse_modelfile():
     assert m.license == ["MIT"]
     body = m.create_request("mine")
     assert body["from"] == "tiny" and body["parameters"]["num_ctx"] == 1024
+
+
+def test_a_quoted_argument_goes_on_over_lines_as_ollama_writes_it():
+    """Ollama's modelfile (and /api/show's) quotes text with newlines and no
+    '"' in single quotes, over several lines; its parser reads them back."""
+    text = (
+        'FROM m\nTEMPLATE "{{ .System }}\n{{ .Prompt }}"\nSYSTEM "line one\nline two"\n'
+        'PARAMETER stop "a\nb"\nMESSAGE user "hi\nthere"\nLICENSE "MIT\n\nfree"\n'
+    )
+    mf = parse_modelfile(text)
+    assert mf.template == "{{ .System }}\n{{ .Prompt }}"
+    assert mf.system == "line one\nline two"
+    assert mf.parameters["stop"] == ["a\nb"]
+    assert mf.messages == [{"role": "user", "content": "hi\nthere"}]
+    assert mf.license == ["MIT\n\nfree"]
+    with pytest.raises(InvalidRequest, match='line 2: unterminated "'):
+        parse_modelfile('FROM m\nSYSTEM "no end\nat all\n')
 
 
 def test_modelfile_from_a_file():

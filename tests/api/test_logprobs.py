@@ -50,6 +50,11 @@ async def test_ollama_logprobs_streamed_and_whole(jp_fetch, installed_model):
     chunks = await post(jp_fetch, "api/generate", body)
     streamed = [e for c in chunks for e in c.get("logprobs", [])]
     same(streamed, whole["logprobs"])
+    for chunk in chunks:  # a token's text and its log-probability in one chunk, as Ollama's
+        if chunk.get("logprobs"):
+            assert chunk["response"] == "".join(e["token"] for e in chunk["logprobs"])
+        else:
+            assert chunk["response"] == ""
     [chat] = await post(
         jp_fetch,
         "api/chat",
@@ -97,12 +102,16 @@ async def test_openai_chat_logprobs(client, installed_model):
     content = r.choices[0].logprobs.content
     check_entries([c.model_dump() for c in content], 5, 2)
     stream = await client.chat.completions.create(**ask, stream=True)
+    chunks = [chunk async for chunk in stream if chunk.choices]
     streamed = [
         c.model_dump()
-        async for chunk in stream
-        if chunk.choices and chunk.choices[0].logprobs
+        for chunk in chunks
+        if chunk.choices[0].logprobs
         for c in chunk.choices[0].logprobs.content
     ]
+    for chunk in chunks:  # a token's text and its log-probability in one chunk
+        lp, text = chunk.choices[0].logprobs, chunk.choices[0].delta.content
+        assert (text or "") == "".join(c.token for c in (lp.content or [] if lp else []))
     same(streamed, [c.model_dump() for c in content])
     plain = await client.chat.completions.create(**{**ask, "logprobs": False})
     assert plain.choices[0].logprobs is None

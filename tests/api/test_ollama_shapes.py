@@ -410,8 +410,9 @@ def test_nothing_to_generate_says_load_or_unload(encoder, reason, expected):
     ("params", "text"),
     [
         ({}, ""),
-        ({"temperature": 0.5}, "temperature             0.5"),
-        ({"stop": ["a", "b"]}, 'stop                    "a"\nstop                    "b"'),
+        # Ollama's "%-30s %#v": the name in 30 columns, Go's form of each value
+        ({"temperature": 0.5}, "temperature" + " " * 20 + "0.5"),
+        ({"stop": ["a", "b"]}, "stop" + " " * 27 + '"a"\nstop' + " " * 27 + '"b"'),
     ],
 )
 def test_parameters_text(params, text):
