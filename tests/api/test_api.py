@@ -557,20 +557,20 @@ async def test_a_large_whole_answer_is_encoded_off_the_event_loop(
 
     encoded_on_loop: list[bool] = []
 
-    def json_chunks(value):
+    def next_chunk(pieces):
         encoded_on_loop.append(threading.current_thread() is threading.main_thread())
-        return original(value)
+        return original(pieces)
 
-    original = base.json_chunks
-    monkeypatch.setattr(base, "json_chunks", json_chunks)
+    original = base.next_chunk
+    monkeypatch.setattr(base, "next_chunk", next_chunk)
     body = {"model": "tiny", "prompt": "hi", "stream": False, "logprobs": True, "top_logprobs": 20}
     r = await post(jp_fetch, "api/generate", {**body, "options": {"num_predict": 120}})
     answer = json.loads(r.body)
     assert len(answer["logprobs"]) == answer["eval_count"] and len(r.body) > 64 << 10
-    assert int(r.headers["Content-Length"]) == len(r.body)
-    assert encoded_on_loop == [False]
+    assert encoded_on_loop and not any(encoded_on_loop)  # a chunk at a time, each off the loop
+    encoded_on_loop.clear()
     r = await post(jp_fetch, "api/generate", {**body, "options": {"num_predict": 2}})
-    assert json.loads(r.body)["done"] and encoded_on_loop == [False]  # small: as it was
+    assert json.loads(r.body)["done"] and encoded_on_loop == []  # small: on the loop, whole
 
 
 # -- embedding batches larger than one message of the runner channel --------------------

@@ -41,8 +41,9 @@ async def test_refused_without_valid_token(
             allow_nonstandard_methods=True,
             request_timeout=10,
         )
-    # Anthropic's routes answer as Anthropic does: 401, authentication_error
-    assert info.value.code == (401 if path.startswith("v1/messages") else 403)
+    # OpenAI's and Anthropic's routes answer as they do: 401 (authentication_error,
+    # invalid_api_key); Ollama's, as jupyter_server does, 403
+    assert info.value.code == (401 if path.startswith("v1/") else 403)
 
 
 @pytest.mark.parametrize("path", ["v1/assistants", "api/nothing", "nothing", "api/chat/"])
@@ -51,8 +52,8 @@ async def test_refused_without_valid_token(
 async def test_the_catch_all_refuses_without_valid_token(
     jp_base_url, http_server, http_server_port, path, method, auth
 ):
-    """An unknown path is a 403 without a token, as a known one is: the
-    catch-all tells nobody which paths exist."""
+    """An unknown path is refused without a token, as a known one is (a 401
+    under v1/): the catch-all tells nobody which paths exist."""
     await test_refused_without_valid_token(
         jp_base_url, http_server, http_server_port, path, method, auth
     )

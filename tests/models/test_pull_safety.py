@@ -146,7 +146,8 @@ async def pulled_blob(jp_fetch, models_dir) -> bytes:
     show = await jp_fetch(
         "llm", "api", "show", method="POST", body=json.dumps({"model": "tiny:latest"})
     )
-    path = json.loads(show.body)["modelfile"].removeprefix("FROM ").strip()
+    modelfile = json.loads(show.body)["modelfile"]
+    path = next(line for line in modelfile.splitlines() if line.startswith("FROM "))[5:]
     assert path.startswith(str(models_dir))
     with open(path, "rb") as f:
         return f.read()
