@@ -36,10 +36,12 @@ from jupyter_llm.runner.protocol import (
 log = logging.getLogger(__name__)
 
 STREAM_LIMIT = 64 * 1024 * 1024  # the longest reply line; embeddings come in parts below it
-# replies one request may have waiting for its reader (at most about 1.5 KB
-# each, with 20 logprobs): a reader that stopped (a client that reads nothing,
-# its flush waiting) would otherwise hold the whole answer in the server
+# replies one request may have waiting for its reader, and their bytes (a
+# token message with 256 tokens' top 20 logprobs is 500 KB): a reader that
+# stopped (a client that reads nothing, its flush waiting) would otherwise
+# hold the whole answer in the server, and get it as one batch to encode
 MAX_BACKLOG = 16384
+MAX_BACKLOG_BYTES = 16 << 20
 _EOF = object()
 
 
@@ -64,6 +66,7 @@ class RunnerProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Queue[Any]] = {}
+        self._backlog: dict[int, int] = {}  # bytes of each request's replies not yet taken
         self._ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._dead: RunnerFailed | None = None
@@ -185,6 +188,7 @@ class RunnerProcess:
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
+                self._backlog[rid] = 0
                 out = []
                 for message in batch:
                     if message is _EOF:
@@ -202,6 +206,7 @@ class RunnerProcess:
                 yield out
         finally:
             self._pending.pop(rid, None)
+            self._backlog.pop(rid, None)
             if not finished and self.alive:
                 with contextlib.suppress(Exception):
                     self._send({"id": 0, "op": "cancel", "target": rid})
@@ -251,9 +256,11 @@ class RunnerProcess:
                 queue = self._pending.get(rid)
                 if queue is None:
                     continue
-                if queue.qsize() >= MAX_BACKLOG:  # the reader stopped: stop the request
-                    del self._pending[rid]
-                    queue.put_nowait(backlog_error(rid))
+                held = self._backlog.get(rid, 0) + len(line)
+                self._backlog[rid] = held
+                if queue.qsize() >= MAX_BACKLOG or held > MAX_BACKLOG_BYTES:
+                    del self._pending[rid]  # the reader stopped: stop the request
+                    queue.put_nowait(backlog_error(rid, queue.qsize(), held))
                     with contextlib.suppress(Exception):
                         self._send({"id": 0, "op": "cancel", "target": rid})
                     continue
@@ -319,10 +326,12 @@ def describe_exit(code: int | None) -> str:
     return f"exited unexpectedly with status {code}"
 
 
-def backlog_error(rid: int) -> dict[str, Any]:
-    """What a request whose reader fell ``MAX_BACKLOG`` replies behind gets last."""
+def backlog_error(rid: int, replies: int, held: int) -> dict[str, Any]:
+    """What a request whose reader fell ``MAX_BACKLOG`` replies (or
+    ``MAX_BACKLOG_BYTES``) behind gets last."""
     return {
         "id": rid,
         "type": "error",
-        "error": f"cancelled: its reader fell {MAX_BACKLOG} replies behind (a client not reading)",
+        "error": f"cancelled: its reader fell {replies} replies ({held:,} bytes) behind "
+        "(a client not reading)",
     }

@@ -573,6 +573,33 @@ async def test_a_large_whole_answer_is_encoded_off_the_event_loop(
     assert json.loads(r.body)["done"] and encoded_on_loop == []  # small: on the loop, whole
 
 
+async def test_a_large_streamed_value_is_encoded_off_the_event_loop(
+    jp_fetch, endless_model, monkeypatch
+):
+    """A stream's last value carries the exchange's tokens (11 contexts of
+    them at most: 1.4M ids took 147 ms to encode on the loop); past
+    DECODE_ON_LOOP_BYTES it is encoded off the loop, a piece at a time."""
+    import threading
+
+    from jupyter_llm.api import base
+
+    encoded: list[bool] = []  # on the loop?
+    original = base.Framing.encode_in_pieces
+
+    def encode_in_pieces(self, value):
+        encoded.append(threading.current_thread() is threading.main_thread())
+        return original(self, value)
+
+    monkeypatch.setattr(base.Framing, "encode_in_pieces", encode_in_pieces)
+    context = [200 + i % 60 for i in range(20_000)]  # over 64 KiB as JSON
+    body = {"model": "endless", "prompt": "hi", "context": context, "options": {"num_predict": 2}}
+    r = await post(jp_fetch, "api/generate", body)
+    lines = [json.loads(line) for line in r.body.decode().splitlines()]
+    assert lines[-1]["done"] and lines[-1]["context"][: len(context)] == context
+    assert encoded == [False]  # the last value only, off the loop
+    assert all(line.get("response") is not None for line in lines)  # the wire as before
+
+
 # -- embedding batches larger than one message of the runner channel --------------------
 def serving_runner(jp_serverapp):
     (loaded,) = jp_serverapp.web_app.settings["jupyter_llm"].scheduler.loaded_models()

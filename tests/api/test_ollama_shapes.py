@@ -477,3 +477,21 @@ VECTORS = Embedded(
 )
 def test_embeddings_are_written_as_the_runner_encoded_them(body, text):
     assert "".join(json_pieces(body, COMPACT)) == text
+
+
+@pytest.mark.parametrize("framing", ["NDJSON", "SSE", "NAMED_SSE"])
+def test_a_value_encoded_in_pieces_is_the_same_text(framing):
+    """A stream's large value is encoded off the loop a piece at a time: the
+    same bytes as ``json.dumps`` writes, long strings and lists included."""
+    from jupyter_llm.api import base
+
+    frame = getattr(base, framing)
+    value = {
+        "type": "message_delta",
+        "response": 'é"\\\n😀\x00' * 40_000,
+        "context": list(range(30_000)),
+        "logprobs": [{"token": "x", "logprob": -0.5, "bytes": [120]}] * 3_000,
+        "done": True,
+        "nested": {"a": [None, 1.5, "b"], "": {}},
+    }
+    assert frame.encode_in_pieces(value) == frame.encode(value)

@@ -1,6 +1,7 @@
 """Real runner processes on a generated model."""
 
 import asyncio
+import re
 import signal
 import sys
 from pathlib import Path
@@ -127,7 +128,7 @@ async def test_a_request_whose_reader_stopped_is_cancelled_past_its_backlog(
         60,
         "the backlog to cancel the request",
     )
-    with pytest.raises(RunnerFailed, match="fell 16 replies behind"):
+    with pytest.raises(RunnerFailed, match=r"fell 16 replies \([\d,]+ bytes\) behind"):
         await first
         async for _ in stream:
             pass
@@ -135,6 +136,35 @@ async def test_a_request_whose_reader_stopped_is_cancelled_past_its_backlog(
         collect(endless_runner, prompt="x", options={**GREEDY, "num_predict": 2}), 30
     )
     assert done["eval_count"] == 2  # the runner is free: the request was cancelled there
+
+
+async def test_a_reader_that_stopped_is_cancelled_past_its_backlog_bytes(
+    endless_runner, monkeypatch
+):
+    """Replies with logprobs are large (a token message of 256 tokens' top 20
+    is 500 KB): past ``MAX_BACKLOG_BYTES`` of them waiting, the request is
+    cancelled, however few the messages."""
+    from jupyter_llm.runner_client import process
+
+    monkeypatch.setattr(process, "MAX_BACKLOG_BYTES", 64 << 10)
+    options = {**GREEDY, "num_predict": FOREVER}
+    request = Complete(
+        prompt="hello", options=options, stream_interval=0, logprobs=True, top_logprobs=20
+    )
+    stream = endless_runner.complete(request)
+    first = asyncio.ensure_future(anext(stream))
+    await until(
+        lambda: first.done() and not endless_runner.process._pending,
+        60,
+        "the backlog's bytes to cancel the request",
+    )
+    with pytest.raises(RunnerFailed, match=r"fell \d+ replies \(([\d,]+) bytes\) behind") as e:
+        await first
+        async for _ in stream:
+            pass
+    held = int(re.search(r"\(([\d,]+) bytes\)", str(e.value)).group(1).replace(",", ""))
+    assert held > 64 << 10
+    assert not endless_runner.process._backlog  # forgotten with the request
 
 
 async def test_health_while_generating(endless_runner):
