@@ -38,6 +38,7 @@ from jupyter_llm.api.generation import Event, GenerationRequest, Reply, collect,
 from jupyter_llm.api.requests import checked, parse_json_object
 from jupyter_llm.metrics.instruments import ROUTE
 from jupyter_llm.request.errors import LLMError
+from jupyter_llm.request.held_bodies import HeldBodies
 from jupyter_llm.request.identity import Requester, requester_of
 from jupyter_llm.request.json_size import small
 from jupyter_llm.request.limits import BODY_BYTES, DECODE_ON_LOOP_BYTES
@@ -103,6 +104,7 @@ def token_needed() -> web.HTTPError:
 
 
 MAX_JSON_BODY = BODY_BYTES.value
+HELD_BODIES = "jupyter_llm_held_bodies"  # the tornado setting holding ``HeldBodies``
 
 JSON_PIECE = 1 << 16  # characters encoded in one call: well under a millisecond
 LIST_PIECE = JSON_PIECE // 16  # list items encoded in one call
@@ -259,11 +261,14 @@ class LLMHandler(APIHandler):
     api_key_header: str | None = None
     _chunks: list[bytes]
     _received = 0
+    _held = 0  # bytes of this body taken from its user's share (``HeldBodies``)
+    _over_share = False  # its user's share ran out while it arrived: refused (429)
     _client_gone = False  # streams stop (and cancel their generation) once this is set
 
     _gone: asyncio.Event | None = None  # set when the client leaves (``until_gone``)
 
     def on_connection_close(self) -> None:
+        self._give_back_body()
         self._client_gone = True
         if self._gone is not None:
             self._gone.set()
@@ -340,8 +345,27 @@ class LLMHandler(APIHandler):
 
     def data_received(self, chunk: bytes) -> None:
         self._received += len(chunk)
-        if self._received <= self.max_body:
-            self._chunks.append(chunk)
+        if self._received > self.max_body or self._over_share:
+            return
+        if not self.held_bodies.take(self.requester.name, len(chunk)):
+            self._over_share = True  # read_json refuses it; nothing more is kept
+            return
+        self._held += len(chunk)
+        self._chunks.append(chunk)
+
+    @property
+    def held_bodies(self) -> HeldBodies:
+        """The server's one account of the bodies its users' requests hold."""
+        return self.settings.setdefault(HELD_BODIES, HeldBodies())
+
+    def on_finish(self) -> None:
+        self._give_back_body()
+        super().on_finish()
+
+    def _give_back_body(self) -> None:
+        if self._held:
+            self.held_bodies.give(self.requester.name, self._held)
+            self._held = 0
 
     @property
     def llm(self) -> LLMServices:
@@ -358,7 +382,10 @@ class LLMHandler(APIHandler):
         ``blocking`` for a parse that does more than decode."""
         if self._received > self.max_body:
             raise web.HTTPError(413, f"request body is larger than {self.max_body} bytes")
-        return parse_json_object(b"".join(self._chunks))
+        if self._over_share:
+            raise self.held_bodies.refusal(self.requester.name)
+        data, self._chunks = b"".join(self._chunks), []  # not held twice while it is parsed
+        return parse_json_object(data)
 
     async def body_json(self) -> dict[str, Any]:
         """The body as a JSON object; a body of more than a few KiB is decoded

@@ -51,6 +51,15 @@ BODY_BYTES = Limit(
     "20 MiB images; larger bodies are refused before they are held in memory",
     shown="32 MiB",
 )
+BODIES_HELD = Limit(
+    "bodies_held",
+    "request bodies one user has in the server at once (queued prompts and uploads not yet ended)",
+    256 * MiB,
+    "bytes",
+    "eight bodies at body_bytes; a queued request keeps its body until it runs, and one "
+    "user may hold most of the queue's places: 16 queued 32 MiB prompts held 1 GiB",
+    shown="256 MiB",
+)
 BODY_DEPTH = Limit(
     "json_depth",
     "nesting of arrays and objects in a request body",
@@ -512,6 +521,7 @@ PS_REQUESTS = Limit(
 # -- table ----------------------------------------------------------------------------------
 TABLE: tuple[Limit, ...] = (
     BODY_BYTES,
+    BODIES_HELD,
     DRAFT_TOKENS,
     DRAFT_LOOKUP,
     PREDICT_CONTEXTS,

@@ -140,3 +140,39 @@ async def test_a_body_of_tiny_values_at_the_size_limit_leaves_tags_answering(
     assert status == 400, answer
     assert "json_values" in json.dumps(answer), answer
     assert measured.ratio <= MAX_SLOWDOWN, measured
+
+
+async def test_bodies_one_user_holds_are_bounded_and_given_back(
+    jp_serverapp, jp_fetch, jp_base_url, http_server_port, installed_model
+):
+    """A body held (here: an upload stopped short of its end, as a queued
+    prompt is held until it runs) counts against its user's bodies_held; a
+    request past it is a 429 that names the limit, and the share comes back
+    when the held request ends."""
+    from tornado.httpclient import HTTPClientError
+    from waiting import until
+
+    from jupyter_llm.api.base import HELD_BODIES
+    from jupyter_llm.request.held_bodies import HeldBodies
+
+    held = jp_serverapp.web_app.settings[HELD_BODIES] = HeldBodies(limit=200_000)
+    token = jp_serverapp.identity_provider.token
+    _, writer = await asyncio.open_connection("127.0.0.1", http_server_port[1])
+    writer.write(
+        f"POST {jp_base_url}llm/api/show HTTP/1.1\r\nHost: 127.0.0.1:{http_server_port[1]}\r\n"
+        f"Authorization: token {token}\r\nContent-Length: 300000\r\n\r\n".encode()
+        + b" " * 150_000  # the rest never comes
+    )
+    await writer.drain()
+    await until(lambda: held.held.get("local", 0) >= 150_000, 30, "the stalled body to be held")
+    body = json.dumps({"model": "tiny", "pad": "x" * 100_000})
+    with pytest.raises(HTTPClientError) as refused:
+        await jp_fetch("llm", "api", "show", method="POST", body=body)
+    assert refused.value.code == 429
+    assert "(bodies_held)" in json.loads(refused.value.response.body)["error"]
+    assert held.held.get("local", 0) >= 150_000  # the refused one gave back what it took
+    writer.close()  # the stalled client leaves: its share comes back
+    await until(lambda: not held.held, 30, "the stalled body's share to be given back")
+    shown = await jp_fetch("llm", "api", "show", method="POST", body=body)
+    assert json.loads(shown.body)["details"]["format"] == "gguf"
+    assert not held.held  # every ended request gave its share back
