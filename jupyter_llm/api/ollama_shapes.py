@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -55,12 +56,23 @@ from jupyter_llm.request.limits import LICENSES, TEXT_LAYER
 
 
 def now_iso() -> str:
-    """Ollama's ``created_at``: UTC, ``Z``-suffixed."""
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    """Ollama's ``created_at``: UTC as Go's RFC 3339 with nanoseconds writes
+    it (``2026-12-08T00:18:12.392186513Z``, trailing zeros dropped)."""
+    seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    fraction = f"{nanos:09d}".rstrip("0")
+    return f"{stamp}.{fraction}Z" if fraction else f"{stamp}Z"
 
 
 def iso(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
+    """A moment as Go's RFC 3339 with nanoseconds writes it: its fraction's
+    trailing zeros dropped, UTC as ``Z``."""
+    text = moment.isoformat().replace("+00:00", "Z")
+    head, dot, rest = text.partition(".")
+    if not dot:
+        return text
+    digits = rest[:6].rstrip("0")
+    return f"{head}.{digits}{rest[6:]}" if digits else head + rest[6:]
 
 
 # -- bodies -> a generation request --------------------------------------------------
@@ -187,17 +199,20 @@ def message_fields(text: str, thinking: str, calls: list[dict[str, Any]] | None)
 
 
 def done_fields(f: Finished) -> dict[str, Any]:
+    """The last value's fields; a metric that is 0 is left out, as Ollama's
+    ``Metrics`` (``omitempty``) leaves it (a model already loaded: no
+    ``load_duration``)."""
+    metrics = {
+        "total_duration": f.total_duration,
+        "load_duration": f.load_duration,
+        "prompt_eval_count": f.prompt_eval_count,
+        "prompt_eval_duration": f.prompt_eval_duration,
+        "eval_count": f.eval_count,
+        "eval_duration": f.eval_duration,
+    }
     return (
-        {
-            "done": True,
-            "done_reason": f.done_reason,
-            "total_duration": f.total_duration,
-            "load_duration": f.load_duration,
-            "prompt_eval_count": f.prompt_eval_count,
-            "prompt_eval_duration": f.prompt_eval_duration,
-            "eval_count": f.eval_count,
-            "eval_duration": f.eval_duration,
-        }
+        {"done": True, "done_reason": f.done_reason}
+        | {key: value for key, value in metrics.items() if value}
         | draft_fields(f)
         | cache_fields(f)
     )
