@@ -55,10 +55,10 @@ class MessagesHandler(AnthropicHandler):
         call = await self.blocking(messages_call, body)
         request = call.generation
         if call.stream:
-            events = MessageEvents(request.model.display)
+            events = MessageEvents(request.model.as_written)
             await self.stream_generation(request, events.batch, NAMED_SSE)
         elif (reply := await self.whole_completion(request)) is not None:  # None: the client left
-            await self.write_answer(message(request.model.display, reply))
+            await self.write_answer(message(request.model.as_written, reply))
 
 
 class CountTokensHandler(AnthropicHandler):

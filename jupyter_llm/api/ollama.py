@@ -410,7 +410,7 @@ class GenerateHandler(CompletionHandler):
     async def post(self) -> None:
         # a request's template may be as long as the body: rendered off the event loop
         call = await self.blocking(lambda: generate_call(self.read_json()))
-        await self.answer(call, GenerateEncoder(call.generation.model.display))
+        await self.answer(call, GenerateEncoder(call.generation.model.as_written))
 
 
 class ChatHandler(CompletionHandler):
@@ -420,7 +420,7 @@ class ChatHandler(CompletionHandler):
     @authorized("execute")
     async def post(self) -> None:
         call = await self.blocking(lambda: chat_call(self.read_json()))
-        await self.answer(call, ChatEncoder(call.generation.model.display))
+        await self.answer(call, ChatEncoder(call.generation.model.as_written))
 
 
 class EmbedHandler(LLMHandler):
@@ -432,7 +432,7 @@ class EmbedHandler(LLMHandler):
         req = EmbedRequest.parse(await self.body_json())
         if not req.inputs:
             await load_only(self.llm, req.model, req.options, req.keep_alive, self.requester)
-            self.write_json({"model": req.model.display, "embeddings": []})
+            self.write_json({"model": req.model.as_written, "embeddings": []})
             return
         result = await embed(
             self.llm,
@@ -444,7 +444,7 @@ class EmbedHandler(LLMHandler):
             keep_alive=req.keep_alive,
             requester=self.requester,
         )
-        body = embed_body(req.model.display, result)  # the vectors never decoded here
+        body = embed_body(req.model.as_written, result)  # the vectors never decoded here
         await self.write_json_pieces(json_pieces(body, COMPACT))
 
 

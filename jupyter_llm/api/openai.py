@@ -60,7 +60,7 @@ class ChatCompletionsHandler(OpenAIHandler):
         # images, tool schemas and the grammar are CPU work: off the event loop
         call = await self.blocking(chat_call, body)
         request = call.generation
-        head = header("chatcmpl", request.model.display)
+        head = header("chatcmpl", request.model.as_written)
         if call.stream:
             chunks = ChatChunks(head, call.include_usage)
             await self.stream_generation(request, chunks.batch, SSE)
@@ -79,7 +79,7 @@ class CompletionsHandler(OpenAIHandler):
     async def post(self) -> None:
         call = completion_call(await self.body_json())
         request = call.generation
-        head = header("cmpl", request.model.display)
+        head = header("cmpl", request.model.as_written)
         if call.stream:
             chunks = CompletionChunks(head, call.include_usage)
             await self.stream_generation(request, chunks.batch, SSE)
@@ -104,7 +104,7 @@ class EmbeddingsHandler(OpenAIHandler):
             encoding=req.encoding,  # the runner writes base64 itself
             requester=self.requester,
         )
-        body = embeddings_body(req.model.display, result)
+        body = embeddings_body(req.model.as_written, result)
         await self.write_json_pieces(json_pieces(body, COMPACT))
 
 

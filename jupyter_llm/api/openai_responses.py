@@ -77,7 +77,7 @@ class ResponsesHandler(ResponseStoreHandler):
             history = found
         # images, tool schemas and the grammar are CPU work: off the event loop
         call = await self.blocking(responses_call, body, history)
-        head = Head(call.generation.model.display, call.echo, call.previous_response_id)
+        head = Head(call.generation.model.as_written, call.echo, call.previous_response_id)
         asked = [*history, *call.chat]
         size = await self.blocking(conversation_bytes, asked) if call.store or history else 0
         if history:  # a chain of responses sends the runner what one body could

@@ -8,7 +8,7 @@ and are printed in terminals and notebooks: no control character anywhere
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jupyter_llm.request.errors import InvalidRequest
 
@@ -30,6 +30,14 @@ class ModelName:
     namespace: str
     name: str
     tag: str
+    # as the request wrote it ("tiny", "TINY"); not part of which model it is
+    written: str = field(default="", compare=False, repr=False)
+
+    @property
+    def as_written(self) -> str:
+        """What an answer's ``model`` echoes, as Ollama's ``Model: req.Model``
+        does: the request's own text, else ``display``."""
+        return self.written or self.display
 
     @property
     def display(self) -> str:
@@ -76,4 +84,4 @@ def parse_model_name(text: object, field: str = "model") -> ModelName:
         and _TAG.fullmatch(tag)
     ):
         raise InvalidRequest(f"invalid model name: {text!r}")
-    return ModelName(host, namespace, name, tag)
+    return ModelName(host, namespace, name, tag, raw)

@@ -140,7 +140,7 @@ async def test_generate_streaming(jp_fetch, installed_model):
         "eval_duration",
     ):
         assert isinstance(final[key], int) and final[key] > 0, key
-    assert all(c["done"] is False and c["model"] == installed_model for c in chunks[:-1])
+    assert all(c["done"] is False and c["model"] == "tiny" for c in chunks[:-1])  # as written
     text = "".join(c["response"] for c in chunks)
     assert len(text) >= 8
 
@@ -633,3 +633,16 @@ async def test_an_embedding_batch_larger_than_one_channel_message(
 
 
 # embedding bounds (EMBED_INPUTS, EMBED_TOKENS): tests/attacks/test_embed_fair.py
+
+
+async def test_the_model_is_echoed_as_the_request_wrote_it(jp_fetch, installed_model):
+    """Ollama answers ``Model: req.Model``, in any case and with or without
+    its tag (the store reads the name in any case, as Ollama's does)."""
+    for written in ("TINY", "tiny:latest", "Tiny"):
+        body = {"model": written, "prompt": "hi", "stream": False, "options": {"num_predict": 1}}
+        r = await post(jp_fetch, "api/generate", body)
+        assert json.loads(r.body)["model"] == written
+    ask = [{"role": "user", "content": "hi"}]
+    chat = {"model": "Tiny:latest", "messages": ask, "max_tokens": 1}
+    r = await post(jp_fetch, "v1/chat/completions", chat)
+    assert json.loads(r.body)["model"] == "Tiny:latest"
