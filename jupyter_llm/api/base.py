@@ -268,7 +268,8 @@ class LLMHandler(APIHandler):
     _gone: asyncio.Event | None = None  # set when the client leaves (``until_gone``)
 
     def on_connection_close(self) -> None:
-        self._give_back_body()
+        if not self._body_arrived():  # a request that runs on holds its body until it ends
+            self._give_back_body()
         self._client_gone = True
         if self._gone is not None:
             self._gone.set()
@@ -361,6 +362,11 @@ class LLMHandler(APIHandler):
     def on_finish(self) -> None:
         self._give_back_body()
         super().on_finish()
+
+    def _body_arrived(self) -> bool:
+        """Has the whole body come (the method may be running on it)?"""
+        body = getattr(self.request, "_body_future", None)  # tornado's, for streamed bodies
+        return body is None or body.done()
 
     def _give_back_body(self) -> None:
         if self._held:

@@ -322,14 +322,15 @@ class ChatEncoder(OllamaEncoder):
 
 
 def embed_body(model: str, result: Embedded) -> dict[str, Any]:
-    """``/api/embed``'s answer around the vectors, each as the runner wrote it."""
-    return {
-        "model": model,
-        "embeddings": json_array(result.vectors),
+    """``/api/embed``'s answer around the vectors, each as the runner wrote it;
+    a metric that is 0 left out (``EmbedResponse`` is ``omitempty``)."""
+    metrics = {
         "total_duration": result.total_duration,
         "load_duration": result.load_duration,
         "prompt_eval_count": result.prompt_eval_count,
     }
+    body = {"model": model, "embeddings": json_array(result.vectors)}
+    return body | {key: value for key, value in metrics.items() if value}
 
 
 def embedding_body(result: Embedded) -> dict[str, Any]:

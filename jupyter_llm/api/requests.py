@@ -134,7 +134,7 @@ def reasoning_field(body: dict[str, Any]) -> bool | str | None:
         return False
     if effort in THINK_LEVELS:
         return effort
-    if effort in EFFORT_CLAMPED:
+    if isinstance(effort, str) and effort in EFFORT_CLAMPED:
         return EFFORT_CLAMPED[effort]
     efforts = ", ".join(f'"{e}"' for e in ("none", *THINK_LEVELS, *EFFORT_CLAMPED))
     raise InvalidRequest(f"reasoning_effort must be one of {efforts}")

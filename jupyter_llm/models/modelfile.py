@@ -70,7 +70,8 @@ def is_file_source(source: str) -> bool:
 def parse_modelfile(text: str) -> Modelfile:
     source = None
     out = Modelfile(source="")
-    for lineno, command, args in _commands(text):
+    for line in _commands(text):
+        lineno, command, args = line.lineno, line.command, line.args
         if command == "from" and source is None:
             source = args
         elif command == "from":
@@ -87,8 +88,10 @@ def parse_modelfile(text: str) -> Modelfile:
                 raise InvalidRequest(f"Modelfile line {lineno}: DRAFT needs a model name or file")
             out.draft = args.strip()
         elif command == "parameter":
-            name, _, value = args.partition(" ")
+            name, _, value = args.strip().partition(" ")
             name, value = name.lower(), value.strip()
+            if line.quoted is not None:  # its text exactly, as Ollama unquotes it
+                value = '"' + line.quoted + '"'  # the typed reading takes the quotes off
             if name not in OPTION_TYPES:
                 raise InvalidRequest(f"Modelfile line {lineno}: unknown parameter {name!r}")
             typed = _checked(name, _typed_value(name, value, OPTION_TYPES[name][0], lineno), lineno)
@@ -99,12 +102,17 @@ def parse_modelfile(text: str) -> Modelfile:
         elif command in ("template", "system"):
             setattr(out, command, args)
         elif command == "message":
-            role, _, content = args.partition(" ")
+            role, _, content = args.strip().partition(" ")
             if role.lower() not in ROLES:
                 raise InvalidRequest(
                     f"Modelfile line {lineno}: MESSAGE role must be one of {', '.join(ROLES)}"
                 )
-            out.messages.append({"role": role.lower(), "content": content.strip()})
+            content = content.strip()
+            if line.quoted is not None:
+                content = line.quoted
+            elif len(content) >= 2 and content[0] == content[-1] == '"':
+                content = content[1:-1]
+            out.messages.append({"role": role.lower(), "content": content})
         elif command == "license":
             out.license.append(args)
         elif command == "adapter":
@@ -115,8 +123,20 @@ def parse_modelfile(text: str) -> Modelfile:
     return out
 
 
-def _commands(text: str) -> list[tuple[int, str, str]]:
-    """(line number, command, argument) with triple-quoted arguments joined."""
+@dataclass
+class _Line:
+    """A Modelfile command and its argument. A quoted argument of PARAMETER
+    or MESSAGE keeps its text exactly in ``quoted`` (``args`` is what came
+    before the quote: the name or role), as Ollama trims before it unquotes."""
+
+    lineno: int
+    command: str
+    args: str
+    quoted: str | None = None
+
+
+def _commands(text: str) -> list[_Line]:
+    """The commands, with quoted arguments over several lines joined."""
     out = []
     lines = text.splitlines()
     i = 0
@@ -130,10 +150,11 @@ def _commands(text: str) -> list[tuple[int, str, str]]:
         if not m or m.group(1).lower() not in COMMANDS:
             raise InvalidRequest(f"Modelfile line {lineno}: unknown command {line.split()[0]!r}")
         command, args = m.group(1).lower(), m.group(2)
+        head, body = args, None
         if '"""' in args:
             head, _, rest = args.partition('"""')
-            if '"""' in rest:
-                body = rest.partition('"""')[0]
+            if '"""' in rest:  # the last one closes: the text may end with '"'
+                body = rest.rpartition('"""')[0]
             else:
                 parts = [rest]
                 while i < len(lines) and '"""' not in lines[i]:
@@ -141,26 +162,26 @@ def _commands(text: str) -> list[tuple[int, str, str]]:
                     i += 1
                 if i >= len(lines):
                     raise InvalidRequest(f'Modelfile line {lineno}: unterminated """')
-                parts.append(lines[i].partition('"""')[0])
+                parts.append(lines[i].rpartition('"""')[0])
                 i += 1
                 body = "\n".join(parts)
-            args = (head + body) if command in ("parameter", "message") else body
-        elif (opened := _open_quote(command, args)) is not None:
-            # a '"' argument that goes on over lines, as Ollama writes text with
-            # newlines (and no '"') in the modelfile /api/show answers
-            head, rest = args[:opened], args[opened + 1 :]
-            parts = [rest]
-            while i < len(lines) and '"' not in lines[i]:
-                parts.append(lines[i])
-                i += 1
-            if i >= len(lines):
-                raise InvalidRequest(f'Modelfile line {lineno}: unterminated "')
-            parts.append(lines[i].partition('"')[0])
-            i += 1
-            args = head + "\n".join(parts)
+        elif (opened := _open_quote(command, args)) is not None and (
+            end := _closing_line(lines, i)
+        ) is not None:
+            # a '"' argument over lines, as Ollama writes text with newlines and
+            # no '"' (the modelfile /api/show answers): it ends at a line's last '"'
+            head = args[:opened]
+            parts = [args[opened + 1 :], *lines[i:end], lines[end].rstrip()[:-1]]
+            body = "\n".join(parts)
+            i = end + 1
         elif len(args) >= 2 and args[0] == args[-1] == '"':
-            args = args[1:-1]
-        out.append((lineno, command, args))
+            body = args[1:-1]
+        if body is None:
+            out.append(_Line(lineno, command, args))
+        elif command in ("parameter", "message"):
+            out.append(_Line(lineno, command, head, body))
+        else:
+            out.append(_Line(lineno, command, body))
     return out
 
 
@@ -172,6 +193,17 @@ def _open_quote(command: str, args: str) -> int | None:
         return None
     if args[start : start + 1] == '"' and '"' not in args[start + 1 :]:
         return start
+    return None
+
+
+def _closing_line(lines: list[str], start: int) -> int | None:
+    """The line from ``start`` on that closes a '"' argument: the first with
+    a '"', if that is its only one and ends it; otherwise None, and the '"'
+    is taken as it is (``PARAMETER stop "``)."""
+    for j in range(start, len(lines)):
+        if '"' in lines[j]:
+            closing = lines[j].rstrip()
+            return j if closing.endswith('"') and closing.count('"') == 1 else None
     return None
 
 

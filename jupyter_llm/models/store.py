@@ -267,17 +267,22 @@ class ModelStore:
         return self.manifests_dir.joinpath(*name.manifest_parts())
 
     def existing_name(self, name: ModelName) -> ModelName:
-        """The stored model ``name`` means, read in any case as Ollama reads
-        names (``TINY`` is ``tiny:latest``); ``name`` itself when it is stored
-        as written or no stored name matches. A miss walks the manifests."""
-        if self.manifest_path(name).is_file():
-            return name
-        wanted = tuple(part.casefold() for part in name.manifest_parts())
-        for path in self.manifests_dir.glob("*/*/*/*"):
-            parts = path.relative_to(self.manifests_dir).parts
-            if tuple(p.casefold() for p in parts) == wanted and path.is_file():
-                return ModelName(*parts)
-        return name
+        """``name`` with each part spelled as the store has it, read in any
+        case as Ollama's ``getExistingName`` reads names (``TINY`` is
+        ``tiny:latest``; ``TINY:v2`` beside it is ``tiny:v2``); a part the
+        store lacks stays as written. The spelling comes from the folders'
+        listings, so a case-insensitive file system gives it too."""
+        folder, parts = self.manifests_dir, []
+        for part in name.manifest_parts():
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                names = []
+            if part not in names:
+                part = next((n for n in sorted(names) if n.casefold() == part.casefold()), part)
+            parts.append(part)
+            folder = folder / part
+        return ModelName(*parts, name.written)
 
     def create(
         self,

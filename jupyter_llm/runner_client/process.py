@@ -256,9 +256,12 @@ class RunnerProcess:
                 queue = self._pending.get(rid)
                 if queue is None:
                     continue
-                held = self._backlog.get(rid, 0) + len(line)
+                # the bytes already waiting: one large reply (a context's tokens, up
+                # to STREAM_LIMIT) still goes to a reader that keeps up
+                waiting = self._backlog.get(rid, 0)
+                held = waiting + len(line)
                 self._backlog[rid] = held
-                if queue.qsize() >= MAX_BACKLOG or held > MAX_BACKLOG_BYTES:
+                if queue.qsize() >= MAX_BACKLOG or waiting > MAX_BACKLOG_BYTES:
                     del self._pending[rid]  # the reader stopped: stop the request
                     queue.put_nowait(backlog_error(rid, queue.qsize(), held))
                     with contextlib.suppress(Exception):

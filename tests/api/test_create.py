@@ -193,8 +193,47 @@ def test_a_quoted_argument_goes_on_over_lines_as_ollama_writes_it():
     assert mf.parameters["stop"] == ["a\nb"]
     assert mf.messages == [{"role": "user", "content": "hi\nthere"}]
     assert mf.license == ["MIT\n\nfree"]
-    with pytest.raises(InvalidRequest, match='line 2: unterminated "'):
+    # no later line closes it: the '"' is the text (a stop of '"'), as before
+    with pytest.raises(InvalidRequest, match="line 3: unknown command 'at'"):
         parse_modelfile('FROM m\nSYSTEM "no end\nat all\n')
+    kept = parse_modelfile(
+        'FROM m\nPARAMETER stop "\nSYSTEM be brief\nTEMPLATE """{{ .Prompt }}"""'
+    )
+    assert kept.parameters["stop"] == ['"']
+    assert (kept.system, kept.template) == ("be brief", "{{ .Prompt }}")
+
+
+@pytest.mark.parametrize(
+    "params, system, messages",
+    [  # text the writer quotes over lines, kept exactly: Ollama trims, then unquotes
+        ({"stop": ["\n\n", "\nUser:", " x "]}, "a", []),
+        ({}, 'two\nlines "q"', []),  # ends with '"': the last \"\"\" closes
+        ({}, "\nstarts with a newline", [{"role": "user", "content": "\n hi \n"}]),
+        ({"stop": ['"']}, "s", [{"role": "assistant", "content": 'say "x"'}]),
+    ],
+)
+def test_the_modelfile_show_writes_reads_back_exactly(params, system, messages):
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from jupyter_llm.api.ollama_shapes import modelfile_text
+    from jupyter_llm.models.names import parse_model_name
+    from jupyter_llm.models.store import ModelEntry
+
+    entry = ModelEntry(
+        name=parse_model_name("m"),
+        model_path=Path("/m/blobs/sha256-" + "a" * 64),
+        digest="d",
+        size=1,
+        modified_at=datetime.now(UTC),
+        template=None,
+        system=system,
+        config={},
+        params=params,
+        messages=messages,
+    )
+    parsed = parse_modelfile(modelfile_text(entry))
+    assert (parsed.parameters, parsed.system, parsed.messages) == (params, system, messages)
 
 
 def test_modelfile_from_a_file():

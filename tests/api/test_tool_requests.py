@@ -118,9 +118,10 @@ def test_reasoning_effort(body, expected):
     assert reasoning_field(body) == expected
 
 
-def test_bad_reasoning_effort():
+@pytest.mark.parametrize("effort", ["extreme", ["x"], {}, 3])
+def test_bad_reasoning_effort(effort):  # a list or an object: a 400, not a TypeError's 500
     with pytest.raises(InvalidRequest, match="reasoning_effort must be"):
-        reasoning_field({"reasoning_effort": "extreme"})
+        reasoning_field({"reasoning_effort": effort})
 
 
 @pytest.mark.parametrize(

@@ -176,3 +176,47 @@ async def test_bodies_one_user_holds_are_bounded_and_given_back(
     shown = await jp_fetch("llm", "api", "show", method="POST", body=body)
     assert json.loads(shown.body)["details"]["format"] == "gguf"
     assert not held.held  # every ended request gave its share back
+
+
+async def test_a_request_running_after_its_client_left_keeps_its_share(
+    jp_serverapp, jp_base_url, http_server, http_server_port, installed_model, monkeypatch
+):
+    """A request whose client left after sending its body runs on (an embed
+    queued behind a busy model does not watch its client): its body stays
+    held, so its share is given back when it ends, not when the client left."""
+    from waiting import until
+
+    from jupyter_llm.api import ollama
+    from jupyter_llm.api.base import HELD_BODIES, LLMHandler
+    from jupyter_llm.request.held_bodies import HeldBodies
+
+    held = jp_serverapp.web_app.settings[HELD_BODIES] = HeldBodies()
+    started, release, closed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real_embed, real_close = ollama.embed, LLMHandler.on_connection_close
+
+    async def queued_embed(*args, **kwargs):  # waits as an embed behind a busy model
+        started.set()
+        await release.wait()
+        return await real_embed(*args, **kwargs)
+
+    def on_connection_close(self):
+        real_close(self)
+        closed.set()
+
+    monkeypatch.setattr(ollama, "embed", queued_embed)
+    monkeypatch.setattr(LLMHandler, "on_connection_close", on_connection_close)
+    token = jp_serverapp.identity_provider.token
+    body = json.dumps({"model": "tiny", "input": "x" * 100_000}).encode()
+    _, writer = await asyncio.open_connection("127.0.0.1", http_server_port[1])
+    writer.write(
+        f"POST {jp_base_url}llm/api/embed HTTP/1.1\r\nHost: 127.0.0.1:{http_server_port[1]}\r\n"
+        f"Authorization: token {token}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    await asyncio.wait_for(started.wait(), 30)
+    writer.close()  # the client leaves while its request waits
+    await asyncio.wait_for(closed.wait(), 30)
+    assert held.held == {"local": len(body)}  # its body is still held
+    release.set()
+    await until(lambda: not held.held, 30, "the ended request to give its share back")

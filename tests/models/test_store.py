@@ -177,6 +177,8 @@ def test_a_name_in_another_case_is_the_stored_model(tmp_path, demo_gguf):
     store.create("team/tiny", {"t.gguf": digest}, system="again")  # the same model, replaced
     assert sorted(e.name.display for e in store.list()) == ["Team/Tiny:latest", "copy:latest"]
     assert store.get("Team/Tiny").system == "again"
+    store.create("TEAM/TINY:v2", {"t.gguf": digest})  # each part as stored, as Ollama's
+    assert store.get("team/tiny:V2").name.display == "Team/Tiny:v2"
     store.delete("COPY")
     with pytest.raises(ModelNotFound):
         store.get("copy")
