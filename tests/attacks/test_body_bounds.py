@@ -184,6 +184,7 @@ async def test_a_request_running_after_its_client_left_keeps_its_share(
     """A request whose client left after sending its body runs on (an embed
     queued behind a busy model does not watch its client): its body stays
     held, so its share is given back when it ends, not when the client left."""
+    from raw_http import open_post
     from waiting import until
 
     from jupyter_llm.api import ollama
@@ -206,17 +207,11 @@ async def test_a_request_running_after_its_client_left_keeps_its_share(
     monkeypatch.setattr(ollama, "embed", queued_embed)
     monkeypatch.setattr(LLMHandler, "on_connection_close", on_connection_close)
     token = jp_serverapp.identity_provider.token
-    body = json.dumps({"model": "tiny", "input": "x" * 100_000}).encode()
-    _, writer = await asyncio.open_connection("127.0.0.1", http_server_port[1])
-    writer.write(
-        f"POST {jp_base_url}llm/api/embed HTTP/1.1\r\nHost: 127.0.0.1:{http_server_port[1]}\r\n"
-        f"Authorization: token {token}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    await writer.drain()
+    body = {"model": "tiny", "input": "x" * 100_000}
+    _, writer = await open_post(http_server_port[1], jp_base_url, token, "api/embed", body)
     await asyncio.wait_for(started.wait(), 30)
     writer.close()  # the client leaves while its request waits
     await asyncio.wait_for(closed.wait(), 30)
-    assert held.held == {"local": len(body)}  # its body is still held
+    assert held.held == {"local": len(json.dumps(body))}  # its body is still held
     release.set()
     await until(lambda: not held.held, 30, "the ended request to give its share back")
