@@ -17,7 +17,7 @@ from jupyter_llm.api import (
     plan,
     usage,
 )
-from jupyter_llm.api.base import TOKEN_NEEDED, LLMHandler, token_needed
+from jupyter_llm.api.base import LLMHandler, token_needed
 
 # A path that no route takes, with a trailing "/" too: jupyter_server's
 # TrailingSlashHandler would answer those with a redirect (GET) or an HTML 403.
@@ -65,8 +65,8 @@ class NotFoundHandler(LLMHandler):
         return message
 
     def token_refused(self) -> web.HTTPError:
-        """Under ``v1/``, OpenAI's 401, as its routes answer (``OpenAIHandler``)."""
-        return web.HTTPError(401, TOKEN_NEEDED) if self.under_v1() else token_needed()
+        """Under ``v1/``, OpenAI's 401, as its routes answer."""
+        return openai.key_refused() if self.under_v1() else token_needed()
 
 
 def handlers() -> list[tuple[str, type]]:

@@ -177,33 +177,17 @@ def json_pieces(value: Any, separators: tuple[str, str] = JSON_SEPARATORS) -> It
         yield json.dumps(value)
 
 
-def json_chunks(value: Any) -> list[bytes]:
-    """``json_pieces`` of ``value`` joined into UTF-8 chunks of about
-    ``JSON_PIECE`` characters: call it off the event loop, where neither the
-    encoding nor a fresh multi-MiB buffer stalls it."""
-    chunks: list[bytes] = []
+def next_chunk(pieces: Iterator[str], size: int = FLUSH_CHARS) -> bytes:
+    """The next ``size`` characters or so of ``pieces`` (``json_pieces``) as
+    UTF-8, ``b""`` at their end: one step of an answer encoded off the loop
+    as it is written, where neither the encoding nor a fresh multi-MiB
+    buffer stalls the loop."""
     group: list[str] = []
-    size = 0
-    for piece in json_pieces(value):
-        group.append(piece)
-        size += len(piece)
-        if size >= JSON_PIECE:
-            chunks.append("".join(group).encode())
-            group, size = [], 0
-    if group or not chunks:
-        chunks.append("".join(group).encode())
-    return chunks
-
-
-def next_chunk(pieces: Iterator[str]) -> bytes:
-    """The next ``FLUSH_CHARS`` or so of ``pieces`` as UTF-8 (``b""`` at
-    their end): one step of an answer encoded off the loop as it is written."""
-    group: list[str] = []
-    size = 0
+    held = 0
     for piece in pieces:
         group.append(piece)
-        size += len(piece)
-        if size >= FLUSH_CHARS:
+        held += len(piece)
+        if held >= size:
             break
     return "".join(group).encode()
 
@@ -431,17 +415,12 @@ class LLMHandler(APIHandler):
         except StreamClosedError:
             pass  # the client left, or read nothing for STALLED_CLIENT_SECONDS
 
-    async def write_json_pieces(
-        self, pieces: Iterable[str] | Iterable[bytes], length: int | None = None
-    ) -> None:
-        """Answer with a large JSON value (``json_pieces``, or ``json_chunks``
-        encoded off the loop, whose ``length`` is known), flushed every
+    async def write_json_pieces(self, pieces: Iterable[str]) -> None:
+        """Answer with a large JSON value (``json_pieces``), flushed every
         ``FLUSH_CHARS``: the loop handles one small piece at a time, and a
         slow client holds back the writing rather than piling up the answer
         in memory; one that reads nothing is let go as a stream's is."""
         self.set_header("Content-Type", "application/json")
-        if length is not None:
-            self.set_header("Content-Length", length)
         pending = 0
         try:
             for piece in pieces:

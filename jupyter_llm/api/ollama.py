@@ -30,7 +30,6 @@ from jupyter_llm.api.base import (
     LLMHandler,
     authorized,
     authorized_in_prepare,
-    json_chunks,
     json_pieces,
 )
 from jupyter_llm.api.generation import GenerationRequest, embed, load_only, unload
@@ -55,13 +54,7 @@ from jupyter_llm.api.ollama_shapes import (
 from jupyter_llm.api.ps import ps_body
 from jupyter_llm.api.requests import EmbedRequest, typed_field
 from jupyter_llm.chat_formats.detect import detect_format, template_format
-from jupyter_llm.models.gguf_header import LongArray
-from jupyter_llm.models.gguf_info import (
-    SHOW_ARRAY_LIMIT,
-    builtin_template,
-    load_header,
-    read_metadata,
-)
+from jupyter_llm.models.gguf_info import builtin_template, read_metadata, read_model_info
 from jupyter_llm.models.names import parse_model_name
 from jupyter_llm.models.store import ModelEntry, ModelStore, parse_digest
 from jupyter_llm.request import helper_process
@@ -483,28 +476,18 @@ class ShowHandler(LLMHandler):
         name = parse_model_name(body.get("model", body.get("name")))
         verbose = typed_field(body, "verbose", bool, "a boolean", False)
         entry = await self.blocking(self.llm.store.get, name)
-        # the files' keys, a template (up to 4 MiB, perhaps hostile) read and
-        # the answer encoded are all CPU work: off the loop
-        chunks = await self.blocking(show_chunks, entry, verbose)
-        await self.write_json_pieces(chunks, length=sum(map(len, chunks)))
-
-
-def show_chunks(entry: ModelEntry, verbose: bool) -> list[bytes]:
-    """``/api/show``'s answer (``show_body``) as JSON chunks (``json_chunks``)."""
-    return json_chunks(show_body(entry, read_model(entry, verbose)))
+        # the files' keys, a template (up to 4 MiB, perhaps hostile) and up to
+        # 65,536 tensors read and shaped off the loop; write_answer encodes the
+        # answer off it too, a chunk at a time as the client takes them
+        body = await self.blocking(lambda: show_body(entry, read_model(entry, verbose)))
+        await self.write_answer(body)
 
 
 def read_model(entry: ModelEntry, verbose: bool, projector: bool = True) -> ShowRead:
     """What ``/api/show`` (and ``/api/tags``, without the ``projector``'s
     keys) read from a model's files: its GGUF's keys and tensor table, read
     once, and the template it chats in. Blocking."""
-    header = load_header(entry.model_path, None if verbose else SHOW_ARRAY_LIMIT)
-    # as read_metadata: long arrays are None unless verbose
-    info: dict[str, Any] = {
-        key: None if isinstance(value, LongArray) else value
-        for key, value in header.metadata.items()
-    }
-    info["general.parameter_count"] = sum(t.n_elements for t in header.tensors)
+    info, tensors = read_model_info(entry.model_path, verbose)
     # a GGUF without a template chats in its family's built-in one
     builtin = builtin_template(entry.model_path, info)
     own = str(info.get("tokenizer.chat_template") or "") or (builtin.source if builtin else "")
@@ -517,7 +500,7 @@ def read_model(entry: ModelEntry, verbose: bool, projector: bool = True) -> Show
     template = entry.template or own  # a Modelfile's TEMPLATE over the GGUF's
     fmt = template_format(template, read_long)
     name = builtin.name if builtin else None
-    return ShowRead(info, template, name, projector_info, fmt, header.tensors)
+    return ShowRead(info, template, name, projector_info, fmt, tensors)
 
 
 class CopyHandler(LLMHandler):

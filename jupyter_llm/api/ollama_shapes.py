@@ -599,8 +599,9 @@ def tensor_type_names() -> dict[int, str]:
 
 
 def show_body(entry: ModelEntry, read: ShowRead) -> dict[str, Any]:
-    """``/api/show``'s answer (a 4 MiB template encoded: call it off the loop),
-    in the order of Ollama's ``ShowResponse``, its empty fields left out."""
+    """``/api/show``'s answer (every tensor shaped, the keys copied: call it
+    off the loop), in the order of Ollama's ``ShowResponse``, its empty
+    fields left out."""
     details = entry.details
     if read.builtin is not None:  # the family's template a GGUF without one chats in
         details = {**details, "builtin_template": read.builtin}

@@ -45,9 +45,14 @@ class OpenAIHandler(LLMHandler):
         return openai_error(status, message)
 
     def token_refused(self) -> web.HTTPError:
-        """OpenAI's 401 for a missing or wrong key: the client raises its
-        ``AuthenticationError`` (a 403 is its ``PermissionDeniedError``)."""
-        return web.HTTPError(401, TOKEN_NEEDED)
+        return key_refused()
+
+
+def key_refused() -> web.HTTPError:
+    """OpenAI's 401 for a missing or wrong key, on every path under ``v1/``:
+    the client raises its ``AuthenticationError`` (a 403 is its
+    ``PermissionDeniedError``)."""
+    return web.HTTPError(401, TOKEN_NEEDED)
 
 
 class ChatCompletionsHandler(OpenAIHandler):

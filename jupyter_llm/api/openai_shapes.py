@@ -81,10 +81,7 @@ class OpenAICall:
 
 
 def parallel_field(body: dict[str, Any]) -> bool | None:
-    value = body.get("parallel_tool_calls")
-    if value is not None and not isinstance(value, bool):
-        raise InvalidRequest("parallel_tool_calls must be a boolean")
-    return value
+    return typed_field(body, "parallel_tool_calls", bool, "a boolean")
 
 
 def stream_flag(body: dict[str, Any]) -> bool:

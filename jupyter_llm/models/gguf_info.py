@@ -18,6 +18,7 @@ from jupyter_llm.models.gguf_header import (
     GGUFFormatError,
     GGUFHeader,
     LongArray,
+    TensorInfo,
     read_header,
 )
 from jupyter_llm.request.errors import InvalidRequest
@@ -158,13 +159,21 @@ def read_metadata(path: Path, verbose: bool = False) -> dict[str, object]:
     """All GGUF key/values, as Ollama's ``model_info``: long arrays (the
     tokenizer's) are None unless ``verbose`` (then they are read, within the
     reader's memory cap). Blocking."""
+    return read_model_info(path, verbose)[0]
+
+
+def read_model_info(
+    path: Path, verbose: bool = False
+) -> tuple[dict[str, object], tuple[TensorInfo, ...]]:
+    """``read_metadata`` and the tensor table, from one read of the header
+    (``/api/show`` sends both). Blocking."""
     header = load_header(path, None if verbose else SHOW_ARRAY_LIMIT)
     info: dict[str, object] = {
         key: None if isinstance(value, LongArray) else value
         for key, value in header.metadata.items()
     }
     info["general.parameter_count"] = sum(t.n_elements for t in header.tensors)
-    return info
+    return info, header.tensors
 
 
 TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 3, 4  # gguf's TokenType

@@ -89,9 +89,7 @@ def parse_modelfile(text: str) -> Modelfile:
             out.draft = args.strip()
         elif command == "parameter":
             name, _, value = args.strip().partition(" ")
-            name, value = name.lower(), value.strip()
-            if line.quoted is not None:  # its text exactly, as Ollama unquotes it
-                value = '"' + line.quoted + '"'  # the typed reading takes the quotes off
+            name, value = name.lower(), line.argument(value)
             if name not in OPTION_TYPES:
                 raise InvalidRequest(f"Modelfile line {lineno}: unknown parameter {name!r}")
             typed = _checked(name, _typed_value(name, value, OPTION_TYPES[name][0], lineno), lineno)
@@ -107,12 +105,7 @@ def parse_modelfile(text: str) -> Modelfile:
                 raise InvalidRequest(
                     f"Modelfile line {lineno}: MESSAGE role must be one of {', '.join(ROLES)}"
                 )
-            content = content.strip()
-            if line.quoted is not None:
-                content = line.quoted
-            elif len(content) >= 2 and content[0] == content[-1] == '"':
-                content = content[1:-1]
-            out.messages.append({"role": role.lower(), "content": content})
+            out.messages.append({"role": role.lower(), "content": line.argument(content)})
         elif command == "license":
             out.license.append(args)
         elif command == "adapter":
@@ -133,6 +126,14 @@ class _Line:
     command: str
     args: str
     quoted: str | None = None
+
+    def argument(self, value: str) -> str:
+        """PARAMETER's value or MESSAGE's content (``value``, what followed the
+        name or role on the line), trimmed, then unquoted, as Ollama reads it."""
+        if self.quoted is not None:
+            return self.quoted
+        value = value.strip()
+        return value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
 
 
 def _commands(text: str) -> list[_Line]:
@@ -208,8 +209,6 @@ def _closing_line(lines: list[str], start: int) -> int | None:
 
 
 def _typed_value(name: str, value: str, kind: Any, lineno: int) -> Any:
-    if len(value) >= 2 and value[0] == value[-1] == '"':
-        value = value[1:-1]
     try:
         if kind is bool:
             if value.lower() not in ("true", "false"):

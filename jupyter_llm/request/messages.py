@@ -17,6 +17,7 @@ ROLES = ("system", "user", "assistant", "tool")
 # OpenAI's extra roles, as the template knows them (on Ollama's routes too,
 # where a client built for OpenAI's sends them)
 OPENAI_ROLES = {"developer": "system"}
+ROLE_OF = {**{r: r for r in ROLES}, **OPENAI_ROLES}  # a role as written, lowercased
 
 
 def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
@@ -34,15 +35,14 @@ def parse_messages(raw: Any, *, openai: bool = False) -> list[dict[str, Any]]:
         return []
     if not isinstance(raw, list):
         raise ValueError("messages must be a list of messages")
-    roles = {**{r: r for r in ROLES}, **OPENAI_ROLES}
     messages = []
     arguments = [0]  # values in the tool calls' arguments so far (``_tool_calls``)
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise ValueError(f"messages[{i}] must be an object")
-        role = roles.get(m["role"].lower()) if isinstance(m.get("role"), str) else None
+        role = ROLE_OF.get(m["role"].lower()) if isinstance(m.get("role"), str) else None
         if role is None:
-            raise ValueError(f"messages[{i}].role must be one of {', '.join(roles)}")
+            raise ValueError(f"messages[{i}].role must be one of {', '.join(ROLE_OF)}")
         content, images = _content(m.get("content"), i, openai)
         message: dict[str, Any] = {"role": role, "content": content}
         if not openai:

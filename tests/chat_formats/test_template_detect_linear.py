@@ -13,7 +13,7 @@ from functools import partial
 
 import pytest
 
-from jupyter_llm.api.base import JSON_PIECE, json_chunks
+from jupyter_llm.api.base import JSON_PIECE, json_pieces, next_chunk
 from jupyter_llm.api.ollama_shapes import model_capabilities
 from jupyter_llm.chat_formats import detect
 from jupyter_llm.chat_formats.detect import (
@@ -248,7 +248,8 @@ BIG = JSON_PIECE * 3 + 7
     ids=["{}", "[]", "small", "4x piece", "escapes", "vocabulary", "objects", "list", "int key"],
 )
 def test_fair_json_is_what_json_dumps_writes(value):
-    chunks = json_chunks(value)
+    pieces = json_pieces(value)
+    chunks = list(iter(lambda: next_chunk(pieces, JSON_PIECE), b""))
     assert b"".join(chunks) == json.dumps(value).encode()
     assert all(len(chunk) <= 6 * JSON_PIECE + 64 for chunk in chunks)  # \uXXXX is 6
 
